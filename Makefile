@@ -1,0 +1,59 @@
+# moe-control — the two commands a newcomer needs are `make run` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+VLLM_VENV := .venv-vllm
+BIN := $(VENV)/bin
+VLLM_VERSION := 0.33.0
+HOST ?= 127.0.0.1
+PORT ?= 50151
+METRICS_PORT ?= 9464
+
+.PHONY: run test lint typecheck unit parity install install-vllm clean help bench
+
+help:
+	@echo "make run   - install on first use and serve on $(HOST):$(PORT) (metrics on :$(METRICS_PORT))"
+	@echo "make test  - build everything from nothing and run lint, type checks and all tests"
+
+# The product's own environment: the package (editable) plus the dev tools.
+$(VENV)/.stamp: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+# vLLM lives in its own environment: the parity suite runs it as the reference in a
+# subprocess, so the product's environment never imports vLLM (or torch) by accident.
+$(VLLM_VENV)/.stamp:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet vllm==$(VLLM_VERSION)
+	touch $@
+
+install: $(VENV)/.stamp
+install-vllm: $(VLLM_VENV)/.stamp
+
+lint: $(VENV)/.stamp
+	$(BIN)/ruff check service tests bench
+	$(BIN)/ruff format --check service tests bench
+
+typecheck: $(VENV)/.stamp
+	$(BIN)/mypy
+
+unit: $(VENV)/.stamp
+	$(BIN)/pytest -q -m "not parity and not gpu"
+
+parity: $(VENV)/.stamp $(VLLM_VENV)/.stamp
+	MOE_CONTROL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/pytest -q -m parity
+
+test: $(VENV)/.stamp $(VLLM_VENV)/.stamp lint typecheck
+	MOE_CONTROL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/pytest -q -m "not gpu"
+
+run: $(VENV)/.stamp
+	$(BIN)/moe-control --help
+
+bench: $(VENV)/.stamp
+	$(BIN)/python bench/select_bench.py
+
+clean:
+	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache
