@@ -1,0 +1,70 @@
+"""Generate the Python code and `.pyi` stubs of the contract in `protos/` (`make protos`).
+
+grpcio-tools writes imports that mirror the proto paths (`from moe_control.v1 import x_pb2`);
+the generated package lives at `service.api.generated`, so those imports are rewritten to
+`from service.api.generated.moe_control.v1 import x_pb2`. The checked-in code must equal what
+this module writes (tests/api/test_codegen.py regenerates into a temporary directory).
+
+Needs the dev extra (grpcio-tools, pinned to the grpcio of the oldest runtime we serve on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PROTO_ROOT = REPO_ROOT / "protos"
+GENERATED_ROOT = Path(__file__).resolve().parent / "generated"
+#: The Python package the generated modules live in.
+GENERATED_PACKAGE = "service.api.generated"
+
+_IMPORT = re.compile(r"^from moe_control\.v1 import ", re.MULTILINE)
+
+
+def proto_files(proto_root: Path = PROTO_ROOT) -> list[Path]:
+    return sorted(proto_root.rglob("*.proto"))
+
+
+def generate(out_dir: Path, proto_root: Path = PROTO_ROOT) -> list[Path]:
+    """Write `*_pb2.py`, `*_pb2.pyi` and `*_pb2_grpc.py` for every proto under `out_dir`.
+
+    Returns the written files, relative to `out_dir`.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    protos = [str(p.relative_to(proto_root)) for p in proto_files(proto_root)]
+    command = [
+        sys.executable,
+        "-m",
+        "grpc_tools.protoc",
+        f"--proto_path={proto_root}",
+        f"--python_out={out_dir}",
+        f"--pyi_out={out_dir}",
+        f"--grpc_python_out={out_dir}",
+        *protos,
+    ]
+    subprocess.run(command, check=True, cwd=proto_root)
+    written: list[Path] = []
+    for path in sorted(out_dir.rglob("*_pb2*.py*")):
+        text = path.read_text()
+        fixed = _IMPORT.sub(f"from {GENERATED_PACKAGE}.moe_control.v1 import ", text)
+        if fixed != text:
+            path.write_text(fixed)
+        written.append(path.relative_to(out_dir))
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=GENERATED_ROOT, help="output root")
+    args = parser.parse_args(argv)
+    for path in generate(args.out):
+        print(args.out / path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

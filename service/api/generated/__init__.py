@@ -1,0 +1,1 @@
+"""Code generated from protos/ by `make protos` (service/api/codegen.py); do not edit."""
