@@ -1,0 +1,213 @@
+"""`moe-control select`: what vLLM 0.33 gives a MoE layer, and why, locally or via a server.
+
+Local mode needs nothing but this package: it imports neither grpc nor torch. `--server`
+asks a running moe-control server instead (same output, plus the server's platform).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from service.oracle import (
+    InvalidSpecError,
+    OracleError,
+    SelectionError,
+    deployment_from_model_config,
+    select,
+)
+from service.oracle.platform import KNOWN_PACKAGES, preset
+
+EXIT_OK = 0
+EXIT_SELECTION_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "select",
+        help="which WNA16 MoE backend vLLM picks, and every other backend's reason",
+        description="Answer what vLLM 0.33 selects for a quantized MoE layer. Give "
+        "--deployment (a JSON object, or JSON Lines with one spec per line) or --config "
+        "(a model's config.json) with a platform (--gpu).",
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--deployment", type=Path, help="deployment spec file (JSON or JSONL)")
+    source.add_argument("--config", type=Path, help="a model's config.json")
+    parser.add_argument("--gpu", "--platform", dest="gpu", help="platform preset, e.g. h100")
+    parser.add_argument(
+        "--packages",
+        help=f"installed kernel packages, comma separated ({','.join(KNOWN_PACKAGES)}) or 'none'",
+    )
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE", help="a VLLM_* flag"
+    )
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int)
+    parser.add_argument("--data-parallel-size", "-dp", type=int)
+    parser.add_argument("--enable-expert-parallel", action="store_true", default=None)
+    parser.add_argument("--all2all-backend")
+    parser.add_argument("--quantization", "-q", help="vLLM's --quantization")
+    parser.add_argument("--moe-backend", help="vLLM's --moe-backend (default auto)")
+    parser.add_argument("--enable-lora", action="store_true", default=None)
+    parser.add_argument("--json", action="store_true", help="one JSON object per deployment")
+    parser.add_argument("--server", help="ask a moe-control server at HOST:PORT instead")
+    parser.add_argument("--token", help="bearer token for --server")
+    parser.add_argument("--tls-ca", type=Path, help="CA bundle to verify --server over TLS")
+    parser.set_defaults(handler=run)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise InvalidSpecError.single(str(path), f"cannot read: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidSpecError.single(str(path), f"not JSON: {exc}") from None
+
+
+def _deployments(path: Path) -> Iterator[Any]:
+    """One spec from a JSON file, or one per non-empty line of a JSON Lines file."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InvalidSpecError.single(str(path), f"cannot read: {exc.strerror}") from None
+    try:
+        yield json.loads(text)
+        return
+    except json.JSONDecodeError:
+        pass
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError as exc:
+            yield InvalidSpecError.single(f"{path}:{number}", f"not JSON: {exc}")
+
+
+def _apply_flags(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Command-line flags override (or fill in) the spec's fields."""
+    spec = dict(spec)
+    if args.gpu or args.packages is not None or args.env:
+        platform = spec.get("platform")
+        if args.gpu:
+            platform = preset(args.gpu, field_name="--gpu").to_json()
+        elif isinstance(platform, str):
+            platform = preset(platform).to_json()
+        if not isinstance(platform, dict):
+            raise InvalidSpecError.single("--gpu", "required: a platform preset, e.g. h100")
+        platform = dict(platform)
+        if args.packages is not None:
+            names = [] if args.packages in ("", "none") else args.packages.split(",")
+            platform["packages"] = [name.strip() for name in names if name.strip()]
+        for item in args.env:
+            name, sep, value = item.partition("=")
+            if not sep or not name:
+                raise InvalidSpecError.single("--env", f"expected NAME=VALUE, got {item!r}")
+            platform["env"] = {**(platform.get("env") or {}), name: value}
+        spec["platform"] = platform
+    parallel = dict(spec.get("parallel") or {})
+    for flag, key in (
+        ("tensor_parallel_size", "tensor_parallel_size"),
+        ("data_parallel_size", "data_parallel_size"),
+        ("enable_expert_parallel", "enable_expert_parallel"),
+        ("all2all_backend", "all2all_backend"),
+    ):
+        if getattr(args, flag) is not None:
+            parallel[key] = getattr(args, flag)
+    if parallel:
+        spec["parallel"] = parallel
+    if args.quantization is not None:
+        spec["quantization"] = args.quantization
+    if args.moe_backend is not None:
+        spec["moe_backend"] = args.moe_backend
+    if args.enable_lora is not None:
+        spec["lora"] = args.enable_lora
+    return spec
+
+
+def answer(spec: Any) -> tuple[dict[str, Any], int]:
+    """The JSON answer for one spec and the exit status it implies."""
+    try:
+        if isinstance(spec, InvalidSpecError):
+            raise spec
+        return select(spec).to_json(), EXIT_OK
+    except SelectionError as exc:
+        return exc.to_json(), EXIT_SELECTION_FAILED
+    except InvalidSpecError as exc:
+        violations = [{"field": v.field, "description": v.description} for v in exc.violations]
+        return {"invalid": violations}, EXIT_BAD_INPUT
+
+
+def render_table(result: dict[str, Any]) -> str:
+    lines: list[str] = []
+    if "invalid" in result:
+        lines.append("invalid deployment spec:")
+        lines.extend(f"  {v['field']}: {v['description']}" for v in result["invalid"])
+        return "\n".join(lines)
+    if platform := result.get("server_platform"):
+        lines.append(f"server platform: {json.dumps(platform, sort_keys=True)}")
+    lines.append(
+        f"quantization: {result.get('quantization')}   moe method: {result.get('moe_method')}"
+    )
+    if error := result.get("error"):
+        lines.append(f"error ({error['stage']}): {error['type']}: {error['message']}")
+    else:
+        lines.append(f"backend: {result['backend']}   experts class: {result['experts_class']}")
+    candidates = result.get("candidates") or []
+    if candidates:
+        width = max(len(c["backend"]) for c in candidates)
+        lines.append(f"{'BACKEND'.ljust(width)}  {'VERDICT'.ljust(11)}  REASON")
+        for c in candidates:
+            reason = f"[{c['reason_code']}] {c['reason']}" if c.get("reason") else ""
+            lines.append(f"{c['backend'].ljust(width)}  {c['verdict'].ljust(11)}  {reason}")
+    for hazard in result.get("hazards") or []:
+        lines.append(f"hazard {hazard['code']}: {hazard['message']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.config is not None:
+            specs: Iterator[Any] = iter([deployment_from_model_config(_read_json(args.config))])
+        else:
+            specs = _deployments(args.deployment)
+        status = EXIT_OK
+        first = True
+        for raw in specs:
+            if isinstance(raw, InvalidSpecError):
+                result, code = answer(raw)
+            elif not isinstance(raw, dict):
+                result, code = answer(InvalidSpecError.single("", "a spec must be a JSON object"))
+            else:
+                spec = _apply_flags(raw, args)
+                if args.server:
+                    result, code = _remote(args, spec)
+                else:
+                    result, code = answer(spec)
+            status = max(status, code)
+            if args.json:
+                print(json.dumps(result, sort_keys=False))
+            else:
+                if not first:
+                    print()
+                print(render_table(result))
+            first = False
+        return status
+    except OracleError as exc:
+        result, code = answer(exc) if isinstance(exc, InvalidSpecError) else ({}, EXIT_BAD_INPUT)
+        print(json.dumps(result) if args.json else render_table(result), file=sys.stderr)
+        return code
+
+
+def _remote(args: argparse.Namespace, spec: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    from service.api.client import RemoteSelectionError, remote_select
+
+    try:
+        return remote_select(args.server, spec, token=args.token, tls_ca=args.tls_ca), EXIT_OK
+    except RemoteSelectionError as exc:
+        return exc.result, exc.exit_code

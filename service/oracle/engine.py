@@ -1,0 +1,190 @@
+"""The decision engine: vLLM's `select_wna16_moe_backend`, evaluated over a ruleset.
+
+It walks the same path a vLLM start-up takes for one MoE layer (method resolution, capability
+gate, MoE method construction, backend selection, the method's own post-selection checks)
+and records, for every backend of the priority list, the verdict and the reason vLLM gives or
+would give, so users see why each alternative was not used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from service.oracle.decision import Candidate, Decision, Verdict
+from service.oracle.errors import ErrorInfo, SelectionError
+from service.oracle.hazards import hazards_for
+from service.oracle.moe_config import ROUTING_METHODS, moe_config
+from service.oracle.quantization import OracleCall, OtherMethod, build_moe_method
+from service.oracle.rulesets import DEFAULT_RULESET, get_ruleset
+from service.oracle.rulesets.base import ExpertsClass, RuleContext, Ruleset
+from service.oracle.spec import DeploymentSpec, parse_deployment
+
+_KERNEL = "kernel does not support "
+_TORCH_DTYPES = {
+    "float32": "torch.float32",
+    "bfloat16": "torch.bfloat16",
+    "float16": "torch.float16",
+}
+
+
+def _class_rejection(
+    cls: ExpertsClass, ctx: RuleContext, activation_format: str
+) -> tuple[str, str] | None:
+    """`FusedMoEExperts.is_supported_config` in vLLM's order, then the class's own checks."""
+    moe, platform = ctx.moe, ctx.platform
+    if not cls.supports_device(platform):
+        return "DEVICE", f"{_KERNEL}current device {platform.device}"
+    if not (moe.is_act_and_mul or cls.supports_no_act_and_mul):
+        return "NON_GATED", f"{_KERNEL}no act_and_mul MLP layer"
+    if moe.activation not in cls.activations:
+        return "ACTIVATION", f"{_KERNEL}MoEActivation.{moe.activation.upper()} activation"
+    if not cls.supports_quant_scheme(ctx.weight_key):
+        return "QUANT_SCHEME", f"{_KERNEL}quantization scheme {ctx.weight_key.render()}xNone"
+    if not cls.supports_parallel(moe.parallel):
+        return "PARALLEL_CONFIG", f"{_KERNEL}parallel config {moe.parallel.render()}"
+    if cls.routing_methods is not None and moe.routing_method not in cls.routing_methods:
+        number = ROUTING_METHODS[moe.routing_method]
+        return "ROUTING_METHOD", f"{_KERNEL}routing method {number}"
+    if cls.supports_router_logits is not None and not cls.supports_router_logits(
+        moe.router_logits_dtype, moe.routing_method
+    ):
+        dtype = _TORCH_DTYPES[moe.router_logits_dtype]
+        return "ROUTER_LOGITS_DTYPE", f"{_KERNEL}router logits dtype {dtype}"
+    if activation_format != cls.activation_format:
+        return "ACTIVATION_FORMAT", f"{_KERNEL}('{activation_format}',) activation format"
+    if ctx.env_bool("VLLM_BATCH_INVARIANT") and not cls.batch_invariant:
+        return "BATCH_INVARIANCE", f"{_KERNEL}batch invariance"
+    if moe.is_lora_enabled and not cls.lora:
+        return "LORA", f"{_KERNEL}LoRA"
+    for check in cls.extra_checks:
+        rejection = check(ctx)
+        if rejection is not None:
+            return rejection
+    return None
+
+
+def evaluate_backend(
+    ruleset: Ruleset, backend: str, ctx: RuleContext, activation_format: str
+) -> tuple[str | None, str, str]:
+    """(experts class that would run, reason code, reason): a class name and no reason
+    when the backend fits; otherwise the structural reason, or the last class's reason."""
+    for rule in ruleset.structural_rules:
+        if backend in rule.backends and rule.applies(ctx):
+            return None, rule.code, rule.text(ctx)
+    code, reason = "", ""
+    for cls in ruleset.experts_classes[backend]:
+        rejection = _class_rejection(cls, ctx, activation_format)
+        if rejection is None:
+            return cls.name, "", ""
+        code, reason = rejection
+    return None, code, reason
+
+
+def _unsupported_message(backend: str, reason: str) -> str:
+    base = f"WNA16 MoE backend '{backend}' does not support the deployment configuration"
+    return f"{base} since {reason}." if reason else f"{base}."
+
+
+def _select_backend(
+    ruleset: Ruleset, ctx: RuleContext, moe_backend: str
+) -> tuple[str, str, tuple[Candidate, ...]]:
+    """The backend, its experts class and every candidate; raises vLLM's errors."""
+    fmt = "batched_experts" if ctx.moe.parallel.use_batched_activation_format else "standard"
+    order = ruleset.priority(ctx.platform)
+
+    def would_be(backend: str) -> Candidate:
+        _, code, reason = evaluate_backend(ruleset, backend, ctx, fmt)
+        return Candidate(backend, Verdict.NOT_REACHED, code, reason)
+
+    if moe_backend != "auto":
+        forced = ruleset.user_backends.get(moe_backend)
+        if forced is None:
+            raise SelectionError(
+                ErrorInfo(
+                    "backend",
+                    "ValueError",
+                    f"moe_backend='{moe_backend}' is not supported for WNA16 MoE. "
+                    f"Expected one of {list(ruleset.user_backends)}.",
+                ),
+                candidates=tuple(would_be(b) for b in order),
+            )
+        experts, code, reason = evaluate_backend(ruleset, forced, ctx, fmt)
+        rest = tuple(would_be(b) for b in order if b != forced)
+        if experts is None:
+            rejected = Candidate(forced, Verdict.REJECTED, code, reason)
+            raise SelectionError(
+                ErrorInfo("backend", "ValueError", _unsupported_message(forced, reason)),
+                candidates=(rejected, *rest),
+            )
+        return forced, experts, (Candidate(forced, Verdict.SELECTED), *rest)
+
+    candidates: list[Candidate] = []
+    for index, backend in enumerate(order):
+        experts, code, reason = evaluate_backend(ruleset, backend, ctx, fmt)
+        if experts is not None:
+            candidates.append(Candidate(backend, Verdict.SELECTED))
+            candidates.extend(would_be(b) for b in order[index + 1 :])
+            return backend, experts, tuple(candidates)
+        candidates.append(Candidate(backend, Verdict.REJECTED, code, reason))
+    raise SelectionError(
+        ErrorInfo(
+            "backend",
+            "NotImplementedError",
+            "No WNA16 MoE backend supports the deployment configuration.",
+        ),
+        candidates=tuple(candidates),
+    )
+
+
+def decide(spec: DeploymentSpec, ruleset_name: str = DEFAULT_RULESET) -> Decision:
+    """The decision for a parsed spec; raises `SelectionError` where vLLM would fail."""
+    ruleset = get_ruleset(ruleset_name)
+    moe = moe_config(spec)
+    plan = build_moe_method(spec, moe)
+    if isinstance(plan, OtherMethod):
+        return Decision(ruleset.name, plan.quantization, plan.moe_method, None, None)
+    assert isinstance(plan, OracleCall)
+    ctx = RuleContext(
+        moe=moe,
+        platform=spec.platform,
+        weight_key=plan.weight_key,
+        quant_config=plan.quant_config,
+        may_have_zp=plan.may_have_zp,
+        may_have_bias=plan.may_have_bias,
+        allow_tile_padding=plan.allow_tile_padding,
+    )
+    try:
+        backend, experts, candidates = _select_backend(ruleset, ctx, moe.moe_backend)
+    except SelectionError as exc:
+        exc.quantization, exc.moe_method = plan.quantization, plan.moe_method
+        raise
+    try:
+        plan.after_selection(backend)
+    except SelectionError as exc:
+        exc.quantization, exc.moe_method = plan.quantization, plan.moe_method
+        exc.candidates = candidates
+        raise
+    return Decision(
+        ruleset=ruleset.name,
+        quantization=plan.quantization,
+        moe_method=plan.moe_method,
+        backend=backend,
+        experts_class=experts,
+        weight_key=plan.weight_key.to_weight_key(),
+        may_have_zp=plan.may_have_zp,
+        may_have_bias=plan.may_have_bias,
+        allow_tile_padding=plan.allow_tile_padding,
+        candidates=candidates,
+        hazards=hazards_for(spec, plan, backend, moe),
+    )
+
+
+def select(spec: DeploymentSpec | Mapping[str, Any], *, ruleset: str = DEFAULT_RULESET) -> Decision:
+    """What vLLM would pick for this deployment's MoE layer, and why, exactly.
+
+    Raises `InvalidSpecError` for a malformed spec and `SelectionError` where vLLM itself
+    would fail (with vLLM's exception type and message, and the per-backend verdicts).
+    """
+    parsed = spec if isinstance(spec, DeploymentSpec) else parse_deployment(spec)
+    return decide(parsed, ruleset)

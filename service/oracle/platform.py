@@ -1,0 +1,251 @@
+"""Platform profiles: what vLLM's decision can see of a machine, and named GPU presets.
+
+vLLM decides per machine from the device kind, the compute capability, which optional
+kernel packages are importable, CPU features and a few environment flags. A profile captures
+exactly those, so a decision can be computed for a GPU the caller does not have at hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from service.oracle.errors import FieldViolation, InvalidSpecError
+
+DEVICE_KINDS = ("cuda", "rocm", "xpu", "cpu")
+
+#: Optional kernel packages that change vLLM's decision (import names as vLLM probes them).
+KNOWN_PACKAGES = ("humming", "flashinfer", "zentorch")
+
+#: What a stock `pip install vllm==0.33.0` brings: humming-kernels and flashinfer-python are
+#: among its dependencies; they only matter on CUDA.
+DEFAULT_CUDA_PACKAGES = frozenset({"humming", "flashinfer"})
+
+#: Environment flags that reach the WNA16 MoE decision in vLLM 0.33, with their meaning.
+DECISION_ENV_FLAGS: Mapping[str, str] = MappingProxyType(
+    {
+        "VLLM_USE_FLASHINFER_MOE_INT4": "enables FlashInfer TRT-LLM MxInt4 MoE on SM100",
+        "VLLM_BATCH_INVARIANT": "requires batch-invariant kernels (rejects Marlin, FlashInfer)",
+        "VLLM_HUMMING_MOE_GEMM_TYPE": "which humming MoE GEMM class is preferred",
+        "VLLM_MARLIN_INPUT_DTYPE": "Marlin activation quantization (int8 / fp8)",
+        "VLLM_CPU_INT4_W4A8": "enables the zentorch DA8W4 MoE path on AMD Zen CPUs (default 1)",
+    }
+)
+
+
+def parse_capability(value: object, *, field_name: str = "platform.capability") -> tuple[int, int]:
+    """Parse "9.0", "90", 9.0, [9, 0] or (9, 0) into a (major, minor) pair."""
+    if (
+        isinstance(value, list | tuple)
+        and len(value) == 2
+        and all(isinstance(v, int) for v in value)
+    ):
+        return int(value[0]), int(value[1])
+    text = str(value).strip()
+    if "." in text:
+        major, _, minor = text.partition(".")
+    elif text.isdigit() and len(text) >= 2:
+        major, minor = text[:-1], text[-1]
+    else:
+        major, minor = "", ""
+    if not (major.isdigit() and minor.isdigit()):
+        raise InvalidSpecError.single(
+            field_name, f"expected a compute capability like '9.0' or [9, 0], got {value!r}"
+        )
+    return int(major), int(minor)
+
+
+@dataclass(frozen=True, slots=True)
+class PlatformProfile:
+    """Everything of a machine that vLLM's WNA16 MoE decision depends on."""
+
+    device: str
+    capability: tuple[int, int] | None = None
+    arch: str | None = None
+    amx: bool = False
+    x86: bool = True
+    packages: frozenset[str] = field(default=frozenset())
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.env, MappingProxyType):
+            object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+
+    @property
+    def capability_int(self) -> int:
+        """Capability as vLLM's `to_int()` gives it (9.0 -> 90); -1 when unknown."""
+        if self.capability is None:
+            return -1
+        return self.capability[0] * 10 + self.capability[1]
+
+    def has_package(self, name: str) -> bool:
+        return name in self.packages
+
+    def env_flag(self, name: str, default: str | None = None) -> str | None:
+        return self.env.get(name, default)
+
+    def with_overrides(
+        self,
+        *,
+        packages: frozenset[str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> PlatformProfile:
+        merged_env = dict(self.env) if env is None else {**self.env, **env}
+        return replace(
+            self,
+            packages=self.packages if packages is None else packages,
+            env=MappingProxyType(merged_env),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "capability": (
+                None if self.capability is None else f"{self.capability[0]}.{self.capability[1]}"
+            ),
+            "arch": self.arch,
+            "amx": self.amx,
+            "x86": self.x86,
+            "packages": sorted(self.packages),
+            "env": dict(sorted(self.env.items())),
+            "name": self.name,
+        }
+
+    @classmethod
+    def from_json(
+        cls, obj: Mapping[str, Any], *, field_prefix: str = "platform"
+    ) -> PlatformProfile:
+        """Build a profile from its JSON form; unknown keys and bad values are domain errors."""
+        allowed = {"device", "capability", "arch", "amx", "x86", "packages", "env", "name"}
+        violations = [
+            FieldViolation(f"{field_prefix}.{key}", f"unknown field; allowed: {sorted(allowed)}")
+            for key in obj
+            if key not in allowed
+        ]
+        device = obj.get("device")
+        if device not in DEVICE_KINDS:
+            violations.append(
+                FieldViolation(
+                    f"{field_prefix}.device", f"must be one of {list(DEVICE_KINDS)}, got {device!r}"
+                )
+            )
+        packages_raw = obj.get("packages")
+        if packages_raw is None:
+            packages = DEFAULT_CUDA_PACKAGES if device == "cuda" else frozenset()
+        elif isinstance(packages_raw, list | tuple | set | frozenset) and all(
+            isinstance(p, str) for p in packages_raw
+        ):
+            packages = frozenset(packages_raw)
+            unknown = sorted(packages - set(KNOWN_PACKAGES))
+            if unknown:
+                violations.append(
+                    FieldViolation(
+                        f"{field_prefix}.packages",
+                        f"unknown packages {unknown}; allowed: {list(KNOWN_PACKAGES)}",
+                    )
+                )
+        else:
+            packages = frozenset()
+            violations.append(
+                FieldViolation(f"{field_prefix}.packages", "must be a list of package names")
+            )
+        env_raw = obj.get("env") or {}
+        if not isinstance(env_raw, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str | int | bool) for k, v in env_raw.items()
+        ):
+            violations.append(
+                FieldViolation(f"{field_prefix}.env", "must map VLLM_* names to string values")
+            )
+            env_raw = {}
+        env = {k: _env_value(v) for k, v in env_raw.items()}
+        capability = None
+        if obj.get("capability") is not None:
+            try:
+                capability = parse_capability(
+                    obj["capability"], field_name=f"{field_prefix}.capability"
+                )
+            except InvalidSpecError as exc:
+                violations.extend(exc.violations)
+        elif device in ("cuda", "rocm"):
+            violations.append(
+                FieldViolation(
+                    f"{field_prefix}.capability", f"required for device {device!r}, e.g. '9.0'"
+                )
+            )
+        for flag in ("amx", "x86"):
+            if flag in obj and not isinstance(obj[flag], bool):
+                violations.append(FieldViolation(f"{field_prefix}.{flag}", "must be a boolean"))
+        if violations:
+            raise InvalidSpecError(violations)
+        return cls(
+            device=str(device),
+            capability=capability,
+            arch=obj.get("arch"),
+            amx=bool(obj.get("amx", False)),
+            x86=bool(obj.get("x86", True)),
+            packages=packages,
+            env=MappingProxyType(env),
+            name=obj.get("name"),
+        )
+
+
+def _env_value(value: str | int | bool) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def _cuda(name: str, major: int, minor: int) -> PlatformProfile:
+    return PlatformProfile(
+        device="cuda", capability=(major, minor), packages=DEFAULT_CUDA_PACKAGES, name=name
+    )
+
+
+def _rocm(name: str, arch: str, major: int, minor: int) -> PlatformProfile:
+    return PlatformProfile(device="rocm", capability=(major, minor), arch=arch, name=name)
+
+
+#: Named presets, so `--gpu h100` answers without the device at hand.
+PLATFORM_PRESETS: Mapping[str, PlatformProfile] = MappingProxyType(
+    {
+        "v100": _cuda("v100", 7, 0),
+        "t4": _cuda("t4", 7, 5),
+        "a10": _cuda("a10", 8, 6),
+        "a100": _cuda("a100", 8, 0),
+        "l4": _cuda("l4", 8, 9),
+        "l40s": _cuda("l40s", 8, 9),
+        "h100": _cuda("h100", 9, 0),
+        "h200": _cuda("h200", 9, 0),
+        "gh200": _cuda("gh200", 9, 0),
+        "b200": _cuda("b200", 10, 0),
+        "gb200": _cuda("gb200", 10, 0),
+        "b300": _cuda("b300", 10, 3),
+        "rtx5090": _cuda("rtx5090", 12, 0),
+        "gb10": _cuda("gb10", 12, 1),
+        "mi300x": _rocm("mi300x", "gfx942", 9, 4),
+        "mi355x": _rocm("mi355x", "gfx950", 9, 5),
+        "gfx1100": _rocm("gfx1100", "gfx1100", 11, 0),
+        "gfx1201": _rocm("gfx1201", "gfx1201", 12, 0),
+        "xpu": PlatformProfile(device="xpu", name="xpu"),
+        "cpu": PlatformProfile(device="cpu", amx=True, name="cpu"),
+        "cpu-noamx": PlatformProfile(device="cpu", amx=False, name="cpu-noamx"),
+    }
+)
+
+#: Spellings users type for the same preset.
+_PRESET_ALIASES = {"rtx-5090": "rtx5090", "5090": "rtx5090", "mi300": "mi300x"}
+
+
+def preset(name: str, *, field_name: str = "platform") -> PlatformProfile:
+    """Look a preset up by name (case-insensitive); unknown names list the known ones."""
+    key = name.strip().lower()
+    key = _PRESET_ALIASES.get(key, key)
+    try:
+        return PLATFORM_PRESETS[key]
+    except KeyError:
+        raise InvalidSpecError.single(
+            field_name, f"unknown platform preset {name!r}; known: {sorted(PLATFORM_PRESETS)}"
+        ) from None

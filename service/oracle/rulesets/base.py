@@ -1,0 +1,86 @@
+"""The shape of a ruleset: vLLM's backend rules for one release, as data.
+
+A ruleset lists the backends, the experts classes each one tries, every class's support
+checks, the structural rules that reject a backend before its classes are tried, and the
+priority order per platform. The engine (`service.oracle.engine`) evaluates any ruleset the
+same way vLLM's `select_wna16_moe_backend` does, so a new vLLM release is a new table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from service.oracle.moe_config import MoEConfig, MoEParallelConfig
+from service.oracle.platform import PlatformProfile
+from service.oracle.quant_key import QuantKey
+from service.oracle.quantization import QuantConfig
+
+
+@dataclass(frozen=True, slots=True)
+class RuleContext:
+    """Everything a structural rule or a support check may look at."""
+
+    moe: MoEConfig
+    platform: PlatformProfile
+    weight_key: QuantKey
+    quant_config: QuantConfig
+    may_have_zp: bool
+    may_have_bias: bool
+    allow_tile_padding: bool
+
+    def env_bool(self, name: str, default: str = "0") -> bool:
+        """vLLM's `bool(int(os.getenv(name, default)))`."""
+        return bool(int(self.platform.env_flag(name, default) or default))
+
+
+#: A check that returns a (reason_code, reason_text) pair when it rejects, else None.
+Check = Callable[[RuleContext], tuple[str, str] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class StructuralRule:
+    """One line of `_backend_incompatibility_reason`: which backends, when, and why."""
+
+    backends: frozenset[str]
+    applies: Callable[[RuleContext], bool]
+    code: str
+    reason: str | Callable[[RuleContext], str]
+
+    def text(self, ctx: RuleContext) -> str:
+        return self.reason if isinstance(self.reason, str) else self.reason(ctx)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertsClass:
+    """One experts class and what its `is_supported_config` accepts."""
+
+    name: str
+    supports_device: Callable[[PlatformProfile], bool]
+    supports_no_act_and_mul: bool
+    activations: frozenset[str]
+    supports_quant_scheme: Callable[[QuantKey], bool]
+    supports_parallel: Callable[[MoEParallelConfig], bool]
+    activation_format: str = "standard"
+    monolithic: bool = False
+    #: Routing methods accepted (vLLM's RoutingMethodType names); None accepts all.
+    routing_methods: frozenset[str] | None = None
+    #: (router_logits_dtype, routing_method) -> supported; None accepts all.
+    supports_router_logits: Callable[[str, str], bool] | None = None
+    batch_invariant: bool = False
+    lora: bool = False
+    #: Checks a class adds after the common ones pass (its own `is_supported_config`).
+    extra_checks: tuple[Check, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Ruleset:
+    """vLLM's WNA16 MoE backend rules for one release."""
+
+    name: str
+    backends: tuple[str, ...]
+    experts_classes: dict[str, tuple[ExpertsClass, ...]]
+    structural_rules: tuple[StructuralRule, ...]
+    #: Maps the user's `--moe-backend` string to a backend.
+    user_backends: dict[str, str]
+    priority: Callable[[PlatformProfile], tuple[str, ...]]
