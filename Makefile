@@ -4,12 +4,14 @@ PYTHON ?= python3
 VENV := .venv
 VLLM_VENV := .venv-vllm
 BIN := $(VENV)/bin
+BUF_VERSION := 1.75.0
+BUF := node_modules/.bin/buf
 VLLM_VERSION := 0.33.0
 HOST ?= 127.0.0.1
 PORT ?= 50151
 METRICS_PORT ?= 9464
 
-.PHONY: run test lint typecheck unit parity install install-vllm clean help bench
+.PHONY: run test lint typecheck unit parity install install-vllm clean help bench protos proto-lint load-bench
 
 help:
 	@echo "make run   - install on first use and serve on $(HOST):$(PORT) (metrics on :$(METRICS_PORT))"
@@ -46,14 +48,29 @@ unit: $(VENV)/.stamp
 parity: $(VENV)/.stamp $(VLLM_VENV)/.stamp
 	MOE_CONTROL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/pytest -q -m parity
 
-test: $(VENV)/.stamp $(VLLM_VENV)/.stamp lint typecheck
+# The contract: regenerate the checked-in Python code and .pyi stubs from protos/
+# (grpcio-tools is pinned in the dev extra; tests/api/test_codegen.py fails on drift).
+protos: $(VENV)/.stamp
+	$(BIN)/python -m service.api.codegen
+
+# buf (from npm, into a local ignored node_modules/) lints the contract with STANDARD rules.
+$(BUF):
+	npm install --no-save --no-package-lock --no-audit --no-fund @bufbuild/buf@$(BUF_VERSION)
+
+proto-lint: $(BUF)
+	$(BUF) lint
+
+test: $(VENV)/.stamp $(VLLM_VENV)/.stamp lint typecheck proto-lint
 	MOE_CONTROL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/pytest -q -m "not gpu"
 
 run: $(VENV)/.stamp
-	$(BIN)/moe-control --help
+	$(BIN)/moe-control serve --host $(HOST) --port $(PORT) --metrics-port $(METRICS_PORT)
 
 bench: $(VENV)/.stamp
 	$(BIN)/python bench/select_bench.py
 
+load-bench: $(VENV)/.stamp
+	$(BIN)/python bench/load_bench.py
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) node_modules .mypy_cache .ruff_cache .pytest_cache

@@ -26,19 +26,19 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from service.api.generated.moe_control.v1 import platform_pb2 as moe__control_dot_v1_dot_platform__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1emoe_control/v1/selection.proto\x12\x0emoe_control.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1dmoe_control/v1/platform.proto\"\xa0\x01\n\x12QuantizationConfig\x12,\n\thf_config\x18\x01 \x01(\x0b\x32\x17.google.protobuf.StructH\x00\x12\x18\n\x0ehf_config_json\x18\x02 \x01(\tH\x00\x12\x38\n\x08\x65xplicit\x18\x03 \x01(\x0b\x32$.moe_control.v1.ExplicitQuantizationH\x00\x42\x08\n\x06source\"\xf6\x01\n\x14\x45xplicitQuantization\x12+\n\x06method\x18\x01 \x01(\x0e\x32\x1b.moe_control.v1.QuantMethod\x12\x0c\n\x04\x62its\x18\x02 \x01(\r\x12\x12\n\ngroup_size\x18\x03 \x01(\x05\x12\x16\n\tsymmetric\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x10\n\x08\x64\x65sc_act\x18\x05 \x01(\x08\x12+\n\tact_order\x18\x06 \x01(\x0e\x32\x18.moe_control.v1.ActOrder\x12\x19\n\x11\x63heckpoint_format\x18\x07 \x01(\t\x12\x0f\n\x07version\x18\x08 \x01(\tB\x0c\n\n_symmetric\"\xfc\x02\n\rRoutingConfig\x12\x14\n\x0cscoring_func\x18\x01 \x01(\t\x12\x18\n\x0brenormalize\x18\x02 \x01(\x08H\x00\x88\x01\x01\x12\x1d\n\x10use_grouped_topk\x18\x03 \x01(\x08H\x01\x88\x01\x01\x12\x1d\n\x10num_expert_group\x18\x04 \x01(\rH\x02\x88\x01\x01\x12\x17\n\ntopk_group\x18\x05 \x01(\rH\x03\x88\x01\x01\x12$\n\x17\x65_score_correction_bias\x18\x06 \x01(\x08H\x04\x88\x01\x01\x12\"\n\x15routed_scaling_factor\x18\x07 \x01(\x01H\x05\x88\x01\x01\x12\x1b\n\x13router_logits_dtype\x18\x08 \x01(\tB\x0e\n\x0c_renormalizeB\x13\n\x11_use_grouped_topkB\x13\n\x11_num_expert_groupB\r\n\x0b_topk_groupB\x1a\n\x18_e_score_correction_biasB\x18\n\x16_routed_scaling_factor\"\xd5\x01\n\x08MoeLayer\x12\x13\n\x0bnum_experts\x18\x01 \x01(\r\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\x13\n\x0bhidden_size\x18\x03 \x01(\x04\x12\x19\n\x11intermediate_size\x18\x04 \x01(\x04\x12\x12\n\nactivation\x18\x05 \x01(\t\x12\x15\n\x08has_bias\x18\x06 \x01(\x08H\x00\x88\x01\x01\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12.\n\x07routing\x18\x08 \x01(\x0b\x32\x1d.moe_control.v1.RoutingConfigB\x0b\n\t_has_bias\"\x8c\x01\n\x0eParallelConfig\x12!\n\x14tensor_parallel_size\x18\x01 \x01(\rH\x00\x88\x01\x01\x12#\n\x16\x65nable_expert_parallel\x18\x02 \x01(\x08H\x01\x88\x01\x01\x42\x17\n\x15_tensor_parallel_sizeB\x19\n\x17_enable_expert_parallel\"\xd7\x01\n\x0e\x44\x65ploymentSpec\x12?\n\x13quantization_config\x18\x01 \x01(\x0b\x32\".moe_control.v1.QuantizationConfig\x12\x14\n\x0cquantization\x18\x02 \x01(\t\x12\'\n\x05layer\x18\x03 \x01(\x0b\x32\x18.moe_control.v1.MoeLayer\x12\x30\n\x08parallel\x18\x04 \x01(\x0b\x32\x1e.moe_control.v1.ParallelConfig\x12\x13\n\x0bmoe_backend\x18\x05 \x01(\t\"\xb6\x01\n\x0bModelConfig\x12\x15\n\x0b\x63onfig_json\x18\x01 \x01(\tH\x00\x12)\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x17.google.protobuf.StructH\x00\x12\x14\n\x0cquantization\x18\x03 \x01(\t\x12\x30\n\x08parallel\x18\x04 \x01(\x0b\x32\x1e.moe_control.v1.ParallelConfig\x12\x13\n\x0bmoe_backend\x18\x05 \x01(\tB\x08\n\x06source\"z\n\x10PlatformSelector\x12\x10\n\x06preset\x18\x01 \x01(\tH\x00\x12\x32\n\x07profile\x18\x02 \x01(\x0b\x32\x1f.moe_control.v1.PlatformProfileH\x00\x12\x16\n\x0cworker_index\x18\x03 \x01(\rH\x00\x42\x08\n\x06source\"r\n\x10\x42\x61\x63kendCandidate\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12(\n\x07verdict\x18\x02 \x01(\x0e\x32\x17.moe_control.v1.Verdict\x12\x13\n\x0breason_code\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\'\n\x06Hazard\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"W\n\tWeightKey\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\x13\n\x0bscale_dtype\x18\x02 \x01(\t\x12\x13\n\x0bgroup_shape\x18\x03 \x03(\x03\x12\x11\n\tsymmetric\x18\x04 \x01(\x08\"\x8e\x02\n\x10SelectionFailure\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x19\n\x0cquantization\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x17\n\nmoe_method\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\x34\n\ncandidates\x18\x06 \x03(\x0b\x32 .moe_control.v1.BackendCandidate\x12\x0f\n\x07ruleset\x18\x07 \x01(\t\x12\x31\n\x08platform\x18\x08 \x01(\x0b\x32\x1f.moe_control.v1.PlatformProfileB\x0f\n\r_quantizationB\r\n\x0b_moe_method*}\n\x0bQuantMethod\x12\x1c\n\x18QUANT_METHOD_UNSPECIFIED\x10\x00\x12\x15\n\x11QUANT_METHOD_GPTQ\x10\x01\x12\x14\n\x10QUANT_METHOD_AWQ\x10\x02\x12#\n\x1fQUANT_METHOD_COMPRESSED_TENSORS\x10\x03*{\n\x08\x41\x63tOrder\x12\x19\n\x15\x41\x43T_ORDER_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x41\x43T_ORDER_NONE\x10\x01\x12\x13\n\x0f\x41\x43T_ORDER_GROUP\x10\x02\x12\x14\n\x10\x41\x43T_ORDER_WEIGHT\x10\x03\x12\x15\n\x11\x41\x43T_ORDER_DYNAMIC\x10\x04*g\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x14\n\x10VERDICT_SELECTED\x10\x01\x12\x14\n\x10VERDICT_REJECTED\x10\x02\x12\x17\n\x13VERDICT_NOT_REACHED\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1emoe_control/v1/selection.proto\x12\x0emoe_control.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1dmoe_control/v1/platform.proto\"\xa0\x01\n\x12QuantizationConfig\x12,\n\thf_config\x18\x01 \x01(\x0b\x32\x17.google.protobuf.StructH\x00\x12\x18\n\x0ehf_config_json\x18\x02 \x01(\tH\x00\x12\x38\n\x08\x65xplicit\x18\x03 \x01(\x0b\x32$.moe_control.v1.ExplicitQuantizationH\x00\x42\x08\n\x06source\"\xf6\x01\n\x14\x45xplicitQuantization\x12+\n\x06method\x18\x01 \x01(\x0e\x32\x1b.moe_control.v1.QuantMethod\x12\x0c\n\x04\x62its\x18\x02 \x01(\r\x12\x12\n\ngroup_size\x18\x03 \x01(\x05\x12\x16\n\tsymmetric\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x10\n\x08\x64\x65sc_act\x18\x05 \x01(\x08\x12+\n\tact_order\x18\x06 \x01(\x0e\x32\x18.moe_control.v1.ActOrder\x12\x19\n\x11\x63heckpoint_format\x18\x07 \x01(\t\x12\x0f\n\x07version\x18\x08 \x01(\tB\x0c\n\n_symmetric\"\xfc\x02\n\rRoutingConfig\x12\x14\n\x0cscoring_func\x18\x01 \x01(\t\x12\x18\n\x0brenormalize\x18\x02 \x01(\x08H\x00\x88\x01\x01\x12\x1d\n\x10use_grouped_topk\x18\x03 \x01(\x08H\x01\x88\x01\x01\x12\x1d\n\x10num_expert_group\x18\x04 \x01(\rH\x02\x88\x01\x01\x12\x17\n\ntopk_group\x18\x05 \x01(\rH\x03\x88\x01\x01\x12$\n\x17\x65_score_correction_bias\x18\x06 \x01(\x08H\x04\x88\x01\x01\x12\"\n\x15routed_scaling_factor\x18\x07 \x01(\x01H\x05\x88\x01\x01\x12\x1b\n\x13router_logits_dtype\x18\x08 \x01(\tB\x0e\n\x0c_renormalizeB\x13\n\x11_use_grouped_topkB\x13\n\x11_num_expert_groupB\r\n\x0b_topk_groupB\x1a\n\x18_e_score_correction_biasB\x18\n\x16_routed_scaling_factor\"\xe3\x01\n\x08MoeLayer\x12\x13\n\x0bnum_experts\x18\x01 \x01(\r\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\x13\n\x0bhidden_size\x18\x03 \x01(\x04\x12\x19\n\x11intermediate_size\x18\x04 \x01(\x04\x12\x12\n\nactivation\x18\x05 \x01(\t\x12\x15\n\x08has_bias\x18\x06 \x01(\x08H\x00\x88\x01\x01\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12.\n\x07routing\x18\x08 \x01(\x0b\x32\x1d.moe_control.v1.RoutingConfig\x12\x0c\n\x04name\x18\t \x01(\tB\x0b\n\t_has_bias\"\x87\x02\n\x0eParallelConfig\x12!\n\x14tensor_parallel_size\x18\x01 \x01(\rH\x00\x88\x01\x01\x12#\n\x16\x65nable_expert_parallel\x18\x02 \x01(\x08H\x01\x88\x01\x01\x12\x1f\n\x12\x64\x61ta_parallel_size\x18\x03 \x01(\rH\x02\x88\x01\x01\x12\x17\n\x0f\x61ll2all_backend\x18\x04 \x01(\t\x12\x18\n\x0b\x65nable_eplb\x18\x05 \x01(\x08H\x03\x88\x01\x01\x42\x17\n\x15_tensor_parallel_sizeB\x19\n\x17_enable_expert_parallelB\x15\n\x13_data_parallel_sizeB\x0e\n\x0c_enable_eplb\"\xf3\x01\n\x0e\x44\x65ploymentSpec\x12?\n\x13quantization_config\x18\x01 \x01(\x0b\x32\".moe_control.v1.QuantizationConfig\x12\x14\n\x0cquantization\x18\x02 \x01(\t\x12\'\n\x05layer\x18\x03 \x01(\x0b\x32\x18.moe_control.v1.MoeLayer\x12\x30\n\x08parallel\x18\x04 \x01(\x0b\x32\x1e.moe_control.v1.ParallelConfig\x12\x13\n\x0bmoe_backend\x18\x05 \x01(\t\x12\x11\n\x04lora\x18\x06 \x01(\x08H\x00\x88\x01\x01\x42\x07\n\x05_lora\"\xd2\x01\n\x0bModelConfig\x12\x15\n\x0b\x63onfig_json\x18\x01 \x01(\tH\x00\x12)\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x17.google.protobuf.StructH\x00\x12\x14\n\x0cquantization\x18\x03 \x01(\t\x12\x30\n\x08parallel\x18\x04 \x01(\x0b\x32\x1e.moe_control.v1.ParallelConfig\x12\x13\n\x0bmoe_backend\x18\x05 \x01(\t\x12\x11\n\x04lora\x18\x06 \x01(\x08H\x01\x88\x01\x01\x42\x08\n\x06sourceB\x07\n\x05_lora\"z\n\x10PlatformSelector\x12\x10\n\x06preset\x18\x01 \x01(\tH\x00\x12\x32\n\x07profile\x18\x02 \x01(\x0b\x32\x1f.moe_control.v1.PlatformProfileH\x00\x12\x16\n\x0cworker_index\x18\x03 \x01(\rH\x00\x42\x08\n\x06source\"r\n\x10\x42\x61\x63kendCandidate\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12(\n\x07verdict\x18\x02 \x01(\x0e\x32\x17.moe_control.v1.Verdict\x12\x13\n\x0breason_code\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\'\n\x06Hazard\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"W\n\tWeightKey\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\x13\n\x0bscale_dtype\x18\x02 \x01(\t\x12\x13\n\x0bgroup_shape\x18\x03 \x03(\x03\x12\x11\n\tsymmetric\x18\x04 \x01(\x08\"\xca\x01\n\x10SelectionFailure\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x19\n\x0cquantization\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x17\n\nmoe_method\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\x34\n\ncandidates\x18\x06 \x03(\x0b\x32 .moe_control.v1.BackendCandidateB\x0f\n\r_quantizationB\r\n\x0b_moe_method*}\n\x0bQuantMethod\x12\x1c\n\x18QUANT_METHOD_UNSPECIFIED\x10\x00\x12\x15\n\x11QUANT_METHOD_GPTQ\x10\x01\x12\x14\n\x10QUANT_METHOD_AWQ\x10\x02\x12#\n\x1fQUANT_METHOD_COMPRESSED_TENSORS\x10\x03*{\n\x08\x41\x63tOrder\x12\x19\n\x15\x41\x43T_ORDER_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x41\x43T_ORDER_NONE\x10\x01\x12\x13\n\x0f\x41\x43T_ORDER_GROUP\x10\x02\x12\x14\n\x10\x41\x43T_ORDER_WEIGHT\x10\x03\x12\x15\n\x11\x41\x43T_ORDER_DYNAMIC\x10\x04*g\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x14\n\x10VERDICT_SELECTED\x10\x01\x12\x14\n\x10VERDICT_REJECTED\x10\x02\x12\x17\n\x13VERDICT_NOT_REACHED\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'moe_control.v1.selection_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_QUANTMETHOD']._serialized_start=2311
-  _globals['_QUANTMETHOD']._serialized_end=2436
-  _globals['_ACTORDER']._serialized_start=2438
-  _globals['_ACTORDER']._serialized_end=2561
-  _globals['_VERDICT']._serialized_start=2563
-  _globals['_VERDICT']._serialized_end=2666
+  _globals['_QUANTMETHOD']._serialized_start=2436
+  _globals['_QUANTMETHOD']._serialized_end=2561
+  _globals['_ACTORDER']._serialized_start=2563
+  _globals['_ACTORDER']._serialized_end=2686
+  _globals['_VERDICT']._serialized_start=2688
+  _globals['_VERDICT']._serialized_end=2791
   _globals['_QUANTIZATIONCONFIG']._serialized_start=112
   _globals['_QUANTIZATIONCONFIG']._serialized_end=272
   _globals['_EXPLICITQUANTIZATION']._serialized_start=275
@@ -46,21 +46,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROUTINGCONFIG']._serialized_start=524
   _globals['_ROUTINGCONFIG']._serialized_end=904
   _globals['_MOELAYER']._serialized_start=907
-  _globals['_MOELAYER']._serialized_end=1120
-  _globals['_PARALLELCONFIG']._serialized_start=1123
-  _globals['_PARALLELCONFIG']._serialized_end=1263
-  _globals['_DEPLOYMENTSPEC']._serialized_start=1266
-  _globals['_DEPLOYMENTSPEC']._serialized_end=1481
-  _globals['_MODELCONFIG']._serialized_start=1484
-  _globals['_MODELCONFIG']._serialized_end=1666
-  _globals['_PLATFORMSELECTOR']._serialized_start=1668
-  _globals['_PLATFORMSELECTOR']._serialized_end=1790
-  _globals['_BACKENDCANDIDATE']._serialized_start=1792
-  _globals['_BACKENDCANDIDATE']._serialized_end=1906
-  _globals['_HAZARD']._serialized_start=1908
-  _globals['_HAZARD']._serialized_end=1947
-  _globals['_WEIGHTKEY']._serialized_start=1949
-  _globals['_WEIGHTKEY']._serialized_end=2036
-  _globals['_SELECTIONFAILURE']._serialized_start=2039
-  _globals['_SELECTIONFAILURE']._serialized_end=2309
+  _globals['_MOELAYER']._serialized_end=1134
+  _globals['_PARALLELCONFIG']._serialized_start=1137
+  _globals['_PARALLELCONFIG']._serialized_end=1400
+  _globals['_DEPLOYMENTSPEC']._serialized_start=1403
+  _globals['_DEPLOYMENTSPEC']._serialized_end=1646
+  _globals['_MODELCONFIG']._serialized_start=1649
+  _globals['_MODELCONFIG']._serialized_end=1859
+  _globals['_PLATFORMSELECTOR']._serialized_start=1861
+  _globals['_PLATFORMSELECTOR']._serialized_end=1983
+  _globals['_BACKENDCANDIDATE']._serialized_start=1985
+  _globals['_BACKENDCANDIDATE']._serialized_end=2099
+  _globals['_HAZARD']._serialized_start=2101
+  _globals['_HAZARD']._serialized_end=2140
+  _globals['_WEIGHTKEY']._serialized_start=2142
+  _globals['_WEIGHTKEY']._serialized_end=2229
+  _globals['_SELECTIONFAILURE']._serialized_start=2232
+  _globals['_SELECTIONFAILURE']._serialized_end=2434
 # @@protoc_insertion_point(module_scope)

@@ -95,7 +95,7 @@ class RoutingConfig(_message.Message):
     def __init__(self, scoring_func: _Optional[str] = ..., renormalize: _Optional[bool] = ..., use_grouped_topk: _Optional[bool] = ..., num_expert_group: _Optional[int] = ..., topk_group: _Optional[int] = ..., e_score_correction_bias: _Optional[bool] = ..., routed_scaling_factor: _Optional[float] = ..., router_logits_dtype: _Optional[str] = ...) -> None: ...
 
 class MoeLayer(_message.Message):
-    __slots__ = ("num_experts", "top_k", "hidden_size", "intermediate_size", "activation", "has_bias", "dtype", "routing")
+    __slots__ = ("num_experts", "top_k", "hidden_size", "intermediate_size", "activation", "has_bias", "dtype", "routing", "name")
     NUM_EXPERTS_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +104,7 @@ class MoeLayer(_message.Message):
     HAS_BIAS_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     ROUTING_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
     num_experts: int
     top_k: int
     hidden_size: int
@@ -112,43 +113,54 @@ class MoeLayer(_message.Message):
     has_bias: bool
     dtype: str
     routing: RoutingConfig
-    def __init__(self, num_experts: _Optional[int] = ..., top_k: _Optional[int] = ..., hidden_size: _Optional[int] = ..., intermediate_size: _Optional[int] = ..., activation: _Optional[str] = ..., has_bias: _Optional[bool] = ..., dtype: _Optional[str] = ..., routing: _Optional[_Union[RoutingConfig, _Mapping]] = ...) -> None: ...
+    name: str
+    def __init__(self, num_experts: _Optional[int] = ..., top_k: _Optional[int] = ..., hidden_size: _Optional[int] = ..., intermediate_size: _Optional[int] = ..., activation: _Optional[str] = ..., has_bias: _Optional[bool] = ..., dtype: _Optional[str] = ..., routing: _Optional[_Union[RoutingConfig, _Mapping]] = ..., name: _Optional[str] = ...) -> None: ...
 
 class ParallelConfig(_message.Message):
-    __slots__ = ("tensor_parallel_size", "enable_expert_parallel")
+    __slots__ = ("tensor_parallel_size", "enable_expert_parallel", "data_parallel_size", "all2all_backend", "enable_eplb")
     TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     ENABLE_EXPERT_PARALLEL_FIELD_NUMBER: _ClassVar[int]
+    DATA_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ALL2ALL_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    ENABLE_EPLB_FIELD_NUMBER: _ClassVar[int]
     tensor_parallel_size: int
     enable_expert_parallel: bool
-    def __init__(self, tensor_parallel_size: _Optional[int] = ..., enable_expert_parallel: _Optional[bool] = ...) -> None: ...
+    data_parallel_size: int
+    all2all_backend: str
+    enable_eplb: bool
+    def __init__(self, tensor_parallel_size: _Optional[int] = ..., enable_expert_parallel: _Optional[bool] = ..., data_parallel_size: _Optional[int] = ..., all2all_backend: _Optional[str] = ..., enable_eplb: _Optional[bool] = ...) -> None: ...
 
 class DeploymentSpec(_message.Message):
-    __slots__ = ("quantization_config", "quantization", "layer", "parallel", "moe_backend")
+    __slots__ = ("quantization_config", "quantization", "layer", "parallel", "moe_backend", "lora")
     QUANTIZATION_CONFIG_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     LAYER_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_FIELD_NUMBER: _ClassVar[int]
     MOE_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     quantization_config: QuantizationConfig
     quantization: str
     layer: MoeLayer
     parallel: ParallelConfig
     moe_backend: str
-    def __init__(self, quantization_config: _Optional[_Union[QuantizationConfig, _Mapping]] = ..., quantization: _Optional[str] = ..., layer: _Optional[_Union[MoeLayer, _Mapping]] = ..., parallel: _Optional[_Union[ParallelConfig, _Mapping]] = ..., moe_backend: _Optional[str] = ...) -> None: ...
+    lora: bool
+    def __init__(self, quantization_config: _Optional[_Union[QuantizationConfig, _Mapping]] = ..., quantization: _Optional[str] = ..., layer: _Optional[_Union[MoeLayer, _Mapping]] = ..., parallel: _Optional[_Union[ParallelConfig, _Mapping]] = ..., moe_backend: _Optional[str] = ..., lora: _Optional[bool] = ...) -> None: ...
 
 class ModelConfig(_message.Message):
-    __slots__ = ("config_json", "config", "quantization", "parallel", "moe_backend")
+    __slots__ = ("config_json", "config", "quantization", "parallel", "moe_backend", "lora")
     CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_FIELD_NUMBER: _ClassVar[int]
     MOE_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     config_json: str
     config: _struct_pb2.Struct
     quantization: str
     parallel: ParallelConfig
     moe_backend: str
-    def __init__(self, config_json: _Optional[str] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., quantization: _Optional[str] = ..., parallel: _Optional[_Union[ParallelConfig, _Mapping]] = ..., moe_backend: _Optional[str] = ...) -> None: ...
+    lora: bool
+    def __init__(self, config_json: _Optional[str] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., quantization: _Optional[str] = ..., parallel: _Optional[_Union[ParallelConfig, _Mapping]] = ..., moe_backend: _Optional[str] = ..., lora: _Optional[bool] = ...) -> None: ...
 
 class PlatformSelector(_message.Message):
     __slots__ = ("preset", "profile", "worker_index")
@@ -193,21 +205,17 @@ class WeightKey(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., scale_dtype: _Optional[str] = ..., group_shape: _Optional[_Iterable[int]] = ..., symmetric: _Optional[bool] = ...) -> None: ...
 
 class SelectionFailure(_message.Message):
-    __slots__ = ("stage", "type", "message", "quantization", "moe_method", "candidates", "ruleset", "platform")
+    __slots__ = ("stage", "type", "message", "quantization", "moe_method", "candidates")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     MOE_METHOD_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
-    RULESET_FIELD_NUMBER: _ClassVar[int]
-    PLATFORM_FIELD_NUMBER: _ClassVar[int]
     stage: str
     type: str
     message: str
     quantization: str
     moe_method: str
     candidates: _containers.RepeatedCompositeFieldContainer[BackendCandidate]
-    ruleset: str
-    platform: _platform_pb2.PlatformProfile
-    def __init__(self, stage: _Optional[str] = ..., type: _Optional[str] = ..., message: _Optional[str] = ..., quantization: _Optional[str] = ..., moe_method: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[BackendCandidate, _Mapping]]] = ..., ruleset: _Optional[str] = ..., platform: _Optional[_Union[_platform_pb2.PlatformProfile, _Mapping]] = ...) -> None: ...
+    def __init__(self, stage: _Optional[str] = ..., type: _Optional[str] = ..., message: _Optional[str] = ..., quantization: _Optional[str] = ..., moe_method: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[BackendCandidate, _Mapping]]] = ...) -> None: ...

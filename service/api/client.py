@@ -1,0 +1,148 @@
+"""A small synchronous client of the moe_control.v1 service, for the CLI.
+
+`remote_select` sends a deployment spec to a server and returns exactly the JSON object the
+local `moe-control select --json` prints, plus "server_platform" (the serving worker's
+profile). Failures raise `RemoteSelectionError`, whose `result` has the local CLI's error
+shapes: `{"invalid": [...]}` for bad input, the oracle's `SelectionError.to_json()` when vLLM
+would fail the deployment, `{"error": {"stage": "server", ...}}` for transport errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_status import rpc_status
+
+from service.api import codec
+from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
+from service.api.generated.moe_control.v1 import selection_pb2
+from service.oracle import PlatformProfile
+
+#: Read when no token is passed (the same variable the server reads).
+TOKEN_ENV = "MOE_CONTROL_AUTH_TOKEN"
+EXIT_SELECTION_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_SERVER_ERROR = 3
+
+
+class RemoteSelectionError(Exception):
+    """A SelectBackend call failed; `result` is what the CLI prints, `exit_code` its status."""
+
+    def __init__(self, code: grpc.StatusCode, result: dict[str, Any], exit_code: int) -> None:
+        self.code = code
+        self.result = result
+        self.exit_code = exit_code
+        super().__init__(f"{code.name}: {json.dumps(result)}")
+
+
+def _read(path: str | Path | None) -> bytes | None:
+    return None if path is None else Path(path).read_bytes()
+
+
+def open_channel(
+    target: str,
+    *,
+    tls_ca: str | Path | None = None,
+    tls_cert: str | Path | None = None,
+    tls_key: str | Path | None = None,
+    tls: bool | None = None,
+) -> grpc.Channel:
+    """A channel to `target` (HOST:PORT): TLS when a CA or client cert is given (or tls=True),
+    with the client cert for mTLS."""
+    use_tls = tls if tls is not None else any(p is not None for p in (tls_ca, tls_cert, tls_key))
+    if not use_tls:
+        return grpc.insecure_channel(target)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=_read(tls_ca),
+        private_key=_read(tls_key),
+        certificate_chain=_read(tls_cert),
+    )
+    return grpc.secure_channel(target, credentials)
+
+
+def call_metadata(token: str | None) -> Sequence[tuple[str, str]]:
+    token = token if token is not None else os.environ.get(TOKEN_ENV)
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def _profile_json(message: Any) -> dict[str, Any]:
+    return PlatformProfile.from_json(codec.platform_to_json(message)).to_json()
+
+
+def _failure(error: grpc.RpcError) -> RemoteSelectionError:
+    call: Any = error  # a grpc.Call as well
+    code: grpc.StatusCode = call.code()
+    status = rpc_status.from_call(call)
+    details = list(status.details) if status is not None else []
+    if code is grpc.StatusCode.FAILED_PRECONDITION:
+        for detail in details:
+            failure = selection_pb2.SelectionFailure()
+            if detail.Unpack(failure):
+                result = codec.selection_error_from_pb(failure).to_json()
+                return RemoteSelectionError(code, result, EXIT_SELECTION_FAILED)
+    if code is grpc.StatusCode.INVALID_ARGUMENT:
+        from google.rpc import error_details_pb2
+
+        for detail in details:
+            bad = error_details_pb2.BadRequest()
+            if detail.Unpack(bad):
+                invalid = [
+                    {"field": v.field, "description": v.description} for v in bad.field_violations
+                ]
+                return RemoteSelectionError(code, {"invalid": invalid}, EXIT_BAD_INPUT)
+    message = call.details() or code.name
+    result = {"error": {"stage": "server", "type": code.name, "message": message}, "candidates": []}
+    return RemoteSelectionError(code, result, EXIT_SERVER_ERROR)
+
+
+def remote_select(
+    target: str,
+    spec: Mapping[str, Any],
+    *,
+    token: str | None = None,
+    tls_ca: str | Path | None = None,
+    tls_cert: str | Path | None = None,
+    tls_key: str | Path | None = None,
+    ruleset: str = "",
+    timeout: float = 30.0,
+) -> dict[str, Any]:
+    """Ask the server at `target` for the decision on `spec` (a deployment spec object).
+
+    Without a "platform" in the spec, the server decides for its own worker's platform.
+    """
+    request = pb.SelectBackendRequest(spec_json=json.dumps(spec), ruleset=ruleset)
+    with open_channel(target, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key) as channel:
+        stub: Any = pb_grpc.MoeControlServiceStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            response = stub.SelectBackend(request, timeout=timeout, metadata=call_metadata(token))
+        except grpc.RpcError as error:
+            raise _failure(error) from None
+    result = codec.select_response_to_json(response)
+    result["server_platform"] = (
+        _profile_json(response.server_platform) if response.HasField("server_platform") else None
+    )
+    return result
+
+
+def check_health(
+    target: str,
+    service: str = "",
+    *,
+    tls_ca: str | Path | None = None,
+    tls_cert: str | Path | None = None,
+    tls_key: str | Path | None = None,
+    timeout: float = 5.0,
+) -> str:
+    """The `grpc.health.v1` status name of `service` ("" = the whole server)."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with open_channel(target, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key) as channel:
+        stub: Any = health_pb2_grpc.HealthStub(channel)
+        response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))

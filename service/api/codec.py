@@ -1,0 +1,414 @@
+"""Protobuf <-> domain conversions for the moe_control.v1 contract.
+
+Requests become the deployment spec JSON object the oracle parses (the one input shape of the
+library, the CLI and the API), so every validation rule lives once, in the oracle. Responses
+are built from the oracle's domain objects; `select_response_to_json` turns a response back
+into exactly the JSON object `Decision.to_json()` gives, for the CLI client.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf import json_format, struct_pb2
+
+from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+from service.api.generated.moe_control.v1 import platform_pb2, selection_pb2
+from service.oracle import (
+    Candidate,
+    Decision,
+    ErrorInfo,
+    InvalidSpecError,
+    PlatformProfile,
+    SelectionError,
+    Verdict,
+    deployment_from_model_config,
+)
+
+_DEVICE_TO_PB = {
+    "cuda": platform_pb2.DEVICE_KIND_CUDA,
+    "rocm": platform_pb2.DEVICE_KIND_ROCM,
+    "xpu": platform_pb2.DEVICE_KIND_XPU,
+    "cpu": platform_pb2.DEVICE_KIND_CPU,
+}
+_DEVICE_FROM_PB = {v: k for k, v in _DEVICE_TO_PB.items()}
+
+_VERDICT_TO_PB = {
+    Verdict.SELECTED: selection_pb2.VERDICT_SELECTED,
+    Verdict.REJECTED: selection_pb2.VERDICT_REJECTED,
+    Verdict.NOT_REACHED: selection_pb2.VERDICT_NOT_REACHED,
+}
+_VERDICT_FROM_PB = {v: k for k, v in _VERDICT_TO_PB.items()}
+
+_ACT_ORDER = {
+    selection_pb2.ACT_ORDER_NONE: None,
+    selection_pb2.ACT_ORDER_GROUP: "group",
+    selection_pb2.ACT_ORDER_WEIGHT: "weight",
+    selection_pb2.ACT_ORDER_DYNAMIC: "dynamic",
+}
+
+# ---------------------------------------------------------------------------------------
+# JSON helpers
+
+
+def _integral(value: Any) -> Any:
+    """Struct numbers are doubles; JSON integers come back as ints (1.0 -> 1)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value
+
+
+def struct_to_json(struct: struct_pb2.Struct) -> dict[str, Any]:
+    """A `google.protobuf.Struct` as a JSON object, integral numbers as ints."""
+    result: dict[str, Any] = _integral(json_format.MessageToDict(struct))
+    return result
+
+
+def parse_json_object(text: str, field: str) -> dict[str, Any]:
+    """Parse JSON text that must hold an object; failures name the request field."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidSpecError.single(field, f"not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidSpecError.single(field, "must be a JSON object")
+    return value
+
+
+# ---------------------------------------------------------------------------------------
+# Requests -> deployment spec JSON
+
+
+def explicit_quantization_to_hf(explicit: selection_pb2.ExplicitQuantization) -> dict[str, Any]:
+    """The Hugging Face `quantization_config` object equivalent to explicit fields."""
+    method = explicit.method
+    symmetric = explicit.symmetric if explicit.HasField("symmetric") else True
+    if method == selection_pb2.QUANT_METHOD_GPTQ:
+        config: dict[str, Any] = {
+            "quant_method": "gptq",
+            "bits": explicit.bits,
+            "group_size": explicit.group_size,
+            "sym": symmetric,
+            "desc_act": explicit.desc_act,
+        }
+        if explicit.checkpoint_format:
+            config["checkpoint_format"] = explicit.checkpoint_format
+        return config
+    if method == selection_pb2.QUANT_METHOD_AWQ:
+        return {
+            "quant_method": "awq",
+            "bits": explicit.bits,
+            "group_size": explicit.group_size,
+            "zero_point": not symmetric,
+            "version": explicit.version or "gemm",
+        }
+    if method == selection_pb2.QUANT_METHOD_COMPRESSED_TENSORS:
+        group = explicit.group_size
+        weights: dict[str, Any] = {
+            "num_bits": explicit.bits,
+            "type": "int",
+            "symmetric": symmetric,
+            "strategy": "channel" if group in (0, -1) else "group",
+            "group_size": None if group in (0, -1) else group,
+            "dynamic": False,
+            "actorder": _ACT_ORDER.get(explicit.act_order),
+        }
+        return {
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
+            "ignore": [],
+        }
+    raise InvalidSpecError.single(
+        "spec.quantization_config.explicit.method",
+        "must be one of QUANT_METHOD_GPTQ, QUANT_METHOD_AWQ, QUANT_METHOD_COMPRESSED_TENSORS",
+    )
+
+
+def quantization_config_to_json(config: selection_pb2.QuantizationConfig) -> dict[str, Any]:
+    source = config.WhichOneof("source")
+    if source == "hf_config":
+        return struct_to_json(config.hf_config)
+    if source == "hf_config_json":
+        return parse_json_object(config.hf_config_json, "spec.quantization_config.hf_config_json")
+    if source == "explicit":
+        return explicit_quantization_to_hf(config.explicit)
+    return {}
+
+
+def _parallel_to_json(parallel: selection_pb2.ParallelConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in ("tensor_parallel_size", "data_parallel_size"):
+        if parallel.HasField(name):
+            out[name] = getattr(parallel, name)
+    for name in ("enable_expert_parallel", "enable_eplb"):
+        if parallel.HasField(name):
+            out[name] = getattr(parallel, name)
+    if parallel.all2all_backend:
+        out["all2all_backend"] = parallel.all2all_backend
+    return out
+
+
+def _routing_to_json(routing: selection_pb2.RoutingConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in ("scoring_func", "router_logits_dtype"):
+        if getattr(routing, name):
+            out[name] = getattr(routing, name)
+    for name in (
+        "renormalize",
+        "use_grouped_topk",
+        "num_expert_group",
+        "topk_group",
+        "e_score_correction_bias",
+        "routed_scaling_factor",
+    ):
+        if routing.HasField(name):
+            out[name] = getattr(routing, name)
+    return out
+
+
+def _layer_to_json(layer: selection_pb2.MoeLayer) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    # Zero means "not given": the oracle then names the missing field.
+    for name in ("num_experts", "top_k", "hidden_size", "intermediate_size"):
+        if getattr(layer, name):
+            out[name] = getattr(layer, name)
+    for name in ("activation", "dtype", "name"):
+        if getattr(layer, name):
+            out[name] = getattr(layer, name)
+    if layer.HasField("has_bias"):
+        out["has_bias"] = layer.has_bias
+    if layer.HasField("routing"):
+        out["routing"] = _routing_to_json(layer.routing)
+    return out
+
+
+def spec_to_json(spec: selection_pb2.DeploymentSpec) -> dict[str, Any]:
+    """A typed DeploymentSpec as the deployment spec JSON object (absent fields left out)."""
+    out: dict[str, Any] = {}
+    if spec.HasField("quantization_config"):
+        out["hf_quantization_config"] = quantization_config_to_json(spec.quantization_config)
+    if spec.quantization:
+        out["quantization"] = spec.quantization
+    if spec.HasField("layer"):
+        out["layer"] = _layer_to_json(spec.layer)
+    if spec.HasField("parallel"):
+        out["parallel"] = _parallel_to_json(spec.parallel)
+    if spec.moe_backend:
+        out["moe_backend"] = spec.moe_backend
+    if spec.HasField("lora"):
+        out["lora"] = spec.lora
+    return out
+
+
+def model_config_to_json(model: selection_pb2.ModelConfig) -> dict[str, Any]:
+    """A model's config.json plus vLLM flags as a deployment spec (without platform)."""
+    source = model.WhichOneof("source")
+    if source == "config_json":
+        config = parse_json_object(model.config_json, "model_config.config_json")
+    elif source == "config":
+        config = struct_to_json(model.config)
+    else:
+        raise InvalidSpecError.single(
+            "model_config", "required: config_json (the config.json text) or config"
+        )
+    spec = dict(deployment_from_model_config(config))
+    if model.quantization:
+        spec["quantization"] = model.quantization
+    if model.moe_backend:
+        spec["moe_backend"] = model.moe_backend
+    if model.HasField("parallel"):
+        spec["parallel"] = {**spec.get("parallel", {}), **_parallel_to_json(model.parallel)}
+    if model.HasField("lora"):
+        spec["lora"] = model.lora
+    return spec
+
+
+def deployment_to_json(
+    message: pb.SelectBackendRequest | pb.ConvertWeightsHeader,
+) -> dict[str, Any]:
+    """The deployment of a request (its `deployment` oneof) as a spec JSON object."""
+    which = message.WhichOneof("deployment")
+    if which == "spec":
+        return spec_to_json(message.spec)
+    if which == "spec_json":
+        return parse_json_object(message.spec_json, "spec_json")
+    if which == "model_config":
+        return model_config_to_json(message.model_config)
+    raise InvalidSpecError.single(
+        "deployment", "required: one of spec, spec_json (a deployment spec) or model_config"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Platforms
+
+
+def platform_to_pb(profile: PlatformProfile) -> platform_pb2.PlatformProfile:
+    message = platform_pb2.PlatformProfile(
+        device=_DEVICE_TO_PB.get(profile.device, platform_pb2.DEVICE_KIND_UNSPECIFIED),
+        arch=profile.arch or "",
+        amx=profile.amx,
+        x86=profile.x86,
+        packages=platform_pb2.PackageSet(names=sorted(profile.packages)),
+        env=dict(profile.env),
+        name=profile.name or "",
+    )
+    if profile.capability is not None:
+        major, minor = profile.capability
+        message.capability.major = major
+        message.capability.minor = minor
+    return message
+
+
+def platform_to_json(message: platform_pb2.PlatformProfile) -> dict[str, Any]:
+    """A PlatformProfile message in the JSON form `PlatformProfile.from_json` reads."""
+    out: dict[str, Any] = {"device": _DEVICE_FROM_PB.get(message.device)}
+    if message.HasField("capability"):
+        out["capability"] = f"{message.capability.major}.{message.capability.minor}"
+    if message.arch:
+        out["arch"] = message.arch
+    if message.amx:
+        out["amx"] = True
+    if message.HasField("x86"):
+        out["x86"] = message.x86
+    if message.HasField("packages"):
+        out["packages"] = list(message.packages.names)
+    if message.env:
+        out["env"] = dict(message.env)
+    if message.name:
+        out["name"] = message.name
+    return out
+
+
+def platform_override(
+    selector: selection_pb2.PlatformSelector, profile_of: Callable[[int], PlatformProfile]
+) -> str | dict[str, Any] | None:
+    """The spec's "platform" value a request's PlatformSelector asks for; None when unset.
+
+    `profile_of(index)` gives a worker's reported profile."""
+    which = selector.WhichOneof("source")
+    if which == "preset":
+        return selector.preset
+    if which == "profile":
+        return platform_to_json(selector.profile)
+    if which == "worker_index":
+        return profile_of(selector.worker_index).to_json()
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# Decisions
+
+
+def candidate_to_pb(candidate: Candidate) -> selection_pb2.BackendCandidate:
+    return selection_pb2.BackendCandidate(
+        backend=candidate.backend,
+        verdict=_VERDICT_TO_PB[candidate.verdict],
+        reason_code=candidate.reason_code,
+        reason=candidate.reason,
+    )
+
+
+def candidate_from_pb(message: selection_pb2.BackendCandidate) -> Candidate:
+    return Candidate(
+        backend=message.backend,
+        verdict=_VERDICT_FROM_PB[message.verdict],
+        reason_code=message.reason_code,
+        reason=message.reason,
+    )
+
+
+def select_response(
+    decision: Decision,
+    platform: PlatformProfile,
+    server_platform: PlatformProfile | None,
+) -> pb.SelectBackendResponse:
+    response = pb.SelectBackendResponse(
+        ruleset=decision.ruleset,
+        quantization=decision.quantization,
+        moe_method=decision.moe_method,
+        candidates=[candidate_to_pb(c) for c in decision.candidates],
+        hazards=[selection_pb2.Hazard(code=h.code, message=h.message) for h in decision.hazards],
+        platform=platform_to_pb(platform),
+    )
+    if decision.backend is not None:
+        response.backend = decision.backend
+    if decision.experts_class is not None:
+        response.experts_class = decision.experts_class
+    key = decision.weight_key
+    if key is not None:
+        response.weight_key.dtype = key.dtype
+        response.weight_key.scale_dtype = key.scale_dtype
+        response.weight_key.group_shape.extend(key.group_shape)
+        response.weight_key.symmetric = key.symmetric
+    for name in ("may_have_zp", "may_have_bias", "allow_tile_padding"):
+        value = getattr(decision, name)
+        if value is not None:
+            setattr(response, name, value)
+    if server_platform is not None:
+        response.server_platform.CopyFrom(platform_to_pb(server_platform))
+    return response
+
+
+def _optional(message: Any, name: str) -> Any:
+    return getattr(message, name) if message.HasField(name) else None
+
+
+def candidate_to_json(message: selection_pb2.BackendCandidate) -> dict[str, str]:
+    return candidate_from_pb(message).to_json()
+
+
+def select_response_to_json(response: pb.SelectBackendResponse) -> dict[str, Any]:
+    """The response as exactly the JSON object `Decision.to_json()` gives."""
+    key = response.weight_key if response.HasField("weight_key") else None
+    return {
+        "ruleset": response.ruleset,
+        "quantization": response.quantization,
+        "moe_method": response.moe_method,
+        "backend": _optional(response, "backend"),
+        "experts_class": _optional(response, "experts_class"),
+        "weight_key": None
+        if key is None
+        else {
+            "dtype": key.dtype,
+            "scale_dtype": key.scale_dtype,
+            "group_shape": list(key.group_shape),
+            "symmetric": key.symmetric,
+        },
+        "may_have_zp": _optional(response, "may_have_zp"),
+        "may_have_bias": _optional(response, "may_have_bias"),
+        "allow_tile_padding": _optional(response, "allow_tile_padding"),
+        "candidates": [candidate_to_json(c) for c in response.candidates],
+        "hazards": [{"code": h.code, "message": h.message} for h in response.hazards],
+    }
+
+
+def selection_failure_to_pb(error: SelectionError) -> selection_pb2.SelectionFailure:
+    failure = selection_pb2.SelectionFailure(
+        stage=error.error.stage,
+        type=error.error.type,
+        message=error.error.message,
+        candidates=[candidate_to_pb(c) for c in error.candidates],
+    )
+    if error.quantization is not None:
+        failure.quantization = error.quantization
+    if error.moe_method is not None:
+        failure.moe_method = error.moe_method
+    return failure
+
+
+def selection_error_from_pb(failure: selection_pb2.SelectionFailure) -> SelectionError:
+    """Rebuild the oracle's SelectionError on the client side of a FAILED_PRECONDITION."""
+    return SelectionError(
+        ErrorInfo(stage=failure.stage, type=failure.type, message=failure.message),
+        candidates=tuple(candidate_from_pb(c) for c in failure.candidates),
+        quantization=_optional(failure, "quantization"),
+        moe_method=_optional(failure, "moe_method"),
+    )

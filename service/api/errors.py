@@ -1,0 +1,113 @@
+"""Domain exceptions -> gRPC status with `google.rpc.Status` details, in one table.
+
+| exception                      | code                | details                                  |
+| ------------------------------ | ------------------- | ---------------------------------------- |
+| InvalidSpecError (+ ruleset)   | INVALID_ARGUMENT    | BadRequest (one violation per field)     |
+| SelectionError                 | FAILED_PRECONDITION | PreconditionFailure (one per backend:    |
+|                                |                     | type=backend, subject=reason code,       |
+|                                |                     | description=vLLM's reason), ErrorInfo,   |
+|                                |                     | moe_control.v1.SelectionFailure          |
+| other OracleError              | INVALID_ARGUMENT    | ErrorInfo                                |
+| WorkerNotFoundError            | NOT_FOUND           | ResourceInfo (worker)                    |
+| LayerNotFoundError             | NOT_FOUND           | ResourceInfo (layer)                     |
+| WorkerUnavailableError         | UNAVAILABLE         | RetryInfo (1 s)                          |
+| NotImplementedError            | UNIMPLEMENTED       | its message says what is missing         |
+| anything else                  | INTERNAL            | none; a fixed message (logged in full)   |
+"""
+
+from __future__ import annotations
+
+from google.protobuf import any_pb2, duration_pb2
+from google.protobuf.message import Message
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+from service.api import codec
+from service.oracle import InvalidSpecError, OracleError, SelectionError
+from service.worker.errors import (
+    LayerNotFoundError,
+    WorkerNotFoundError,
+    WorkerUnavailableError,
+)
+
+#: `ErrorInfo.domain` of every error this service raises.
+ERROR_DOMAIN = "moe-control"
+INTERNAL_MESSAGE = "internal error (the server log has the details)"
+
+
+def _status(code: int, message: str, *details: Message) -> status_pb2.Status:
+    packed = []
+    for detail in details:
+        holder = any_pb2.Any()
+        holder.Pack(detail)
+        packed.append(holder)
+    return status_pb2.Status(code=code, message=message, details=packed)
+
+
+def _error_info(reason: str, **metadata: str) -> error_details_pb2.ErrorInfo:
+    return error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=metadata)
+
+
+def status_for(exc: BaseException) -> status_pb2.Status:
+    """The status (with details) a domain exception maps to."""
+    if isinstance(exc, InvalidSpecError):
+        bad_request = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(
+                    field=v.field, description=v.description
+                )
+                for v in exc.violations
+            ]
+        )
+        return _status(
+            code_pb2.INVALID_ARGUMENT,
+            f"invalid deployment: {exc}",
+            bad_request,
+            _error_info("INVALID_DEPLOYMENT_SPEC"),
+        )
+    if isinstance(exc, SelectionError):
+        precondition = error_details_pb2.PreconditionFailure(
+            violations=[
+                error_details_pb2.PreconditionFailure.Violation(
+                    type=c.backend, subject=c.reason_code, description=c.reason
+                )
+                for c in exc.candidates
+            ]
+        )
+        info = _error_info(
+            "BACKEND_SELECTION_FAILED", stage=exc.error.stage, vllm_exception=exc.error.type
+        )
+        return _status(
+            code_pb2.FAILED_PRECONDITION,
+            f"vLLM would fail this deployment ({exc.error.stage}): "
+            f"{exc.error.type}: {exc.error.message}",
+            precondition,
+            info,
+            codec.selection_failure_to_pb(exc),
+        )
+    if isinstance(exc, OracleError):
+        return _status(code_pb2.INVALID_ARGUMENT, str(exc), _error_info(type(exc).__name__.upper()))
+    if isinstance(exc, WorkerNotFoundError):
+        return _status(
+            code_pb2.NOT_FOUND,
+            str(exc),
+            error_details_pb2.ResourceInfo(
+                resource_type="worker", resource_name=str(exc.index), description=str(exc)
+            ),
+        )
+    if isinstance(exc, LayerNotFoundError):
+        return _status(
+            code_pb2.NOT_FOUND,
+            str(exc),
+            error_details_pb2.ResourceInfo(
+                resource_type="layer", resource_name=exc.layer_id, description=str(exc)
+            ),
+        )
+    if isinstance(exc, WorkerUnavailableError):
+        return _status(
+            code_pb2.UNAVAILABLE,
+            str(exc),
+            error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=1)),
+        )
+    if isinstance(exc, NotImplementedError):
+        return _status(code_pb2.UNIMPLEMENTED, str(exc) or "not implemented")
+    return _status(code_pb2.INTERNAL, INTERNAL_MESSAGE)

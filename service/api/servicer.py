@@ -1,0 +1,141 @@
+"""The MoeControlService servicer: each method is codec -> domain -> codec.
+
+Errors are domain exceptions; the interceptor (interceptors.py) turns them into statuses.
+"""
+
+# ruff: noqa: N802 - method names are the contract's RPC names
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+
+from service.api import codec
+from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
+from service.api.generated.moe_control.v1 import platform_pb2
+from service.metrics import Metrics
+from service.oracle import (
+    DEFAULT_RULESET,
+    PLATFORM_PRESETS,
+    SelectionError,
+    parse_deployment,
+    select,
+)
+from service.worker.errors import WorkerUnavailableError
+from service.worker.supervisor import WorkerPool, WorkerSnapshot, WorkerState
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+_STATES = {
+    WorkerState.STARTING: platform_pb2.WORKER_STATE_STARTING,
+    WorkerState.READY: platform_pb2.WORKER_STATE_READY,
+    WorkerState.RESTARTING: platform_pb2.WORKER_STATE_RESTARTING,
+    WorkerState.STOPPED: platform_pb2.WORKER_STATE_STOPPED,
+}
+
+
+def _not_yet(rpc: str, what: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"{rpc} is part of the moe_control.v1 contract, but this server version does not "
+        f"implement it yet ({what} lands in a later release); SelectBackend, GetPlatform, "
+        "ListPlatformPresets, ListWorkers, ListLayers and UnloadLayer are served"
+    )
+
+
+def worker_to_pb(worker: WorkerSnapshot) -> platform_pb2.WorkerInfo:
+    message = platform_pb2.WorkerInfo(
+        index=worker.index,
+        device=worker.device,
+        state=_STATES[worker.state],
+        pid=worker.pid,
+        restarts=worker.restarts,
+        device_name=worker.device_name,
+        total_memory_bytes=worker.total_memory_bytes,
+        torch_version=worker.torch_version,
+        last_exit_reason=worker.last_exit_reason,
+    )
+    if worker.profile is not None:
+        message.platform.CopyFrom(codec.platform_to_pb(worker.profile))
+    if worker.ready_time is not None:
+        message.ready_time.FromNanoseconds(int(worker.ready_time * 1e9))
+    return message
+
+
+class MoeControlServicer(pb_grpc.MoeControlServiceServicer):
+    def __init__(self, workers: WorkerPool, metrics: Metrics) -> None:
+        self._workers = workers
+        self._metrics = metrics
+        self._presets = pb.ListPlatformPresetsResponse(
+            presets=[
+                platform_pb2.PlatformPreset(name=name, profile=codec.platform_to_pb(profile))
+                for name, profile in sorted(PLATFORM_PRESETS.items())
+            ]
+        )
+
+    async def SelectBackend(
+        self, request: pb.SelectBackendRequest, context: Context
+    ) -> pb.SelectBackendResponse:
+        spec = codec.deployment_to_json(request)
+        platform = codec.platform_override(request.platform, self._workers.profile)
+        if platform is not None:
+            spec["platform"] = platform
+        default = self._workers.default_profile()
+        if spec.get("platform") is None and default is None:
+            raise WorkerUnavailableError(
+                "no worker is ready to supply the default platform; "
+                "name a preset or a platform for a what-if answer"
+            )
+        deployment = parse_deployment(spec, default_platform=default)
+        try:
+            decision = select(deployment, ruleset=request.ruleset or DEFAULT_RULESET)
+        except SelectionError as exc:
+            self._metrics.count_rejections(exc.candidates)
+            raise
+        self._metrics.count_decision(decision)
+        return codec.select_response(decision, deployment.platform, default)
+
+    async def ConvertWeights(
+        self, request_iterator: AsyncIterator[pb.ConvertWeightsRequest], context: Context
+    ) -> AsyncIterator[pb.ConvertWeightsResponse]:
+        raise _not_yet("ConvertWeights", "weight conversion")
+        yield pb.ConvertWeightsResponse()  # pragma: no cover - makes this a stream handler
+
+    async def RunMoE(self, request: pb.RunMoERequest, context: Context) -> pb.RunMoEResponse:
+        raise _not_yet("RunMoE", "the fused MoE forward")
+
+    async def GetPlatform(
+        self, request: pb.GetPlatformRequest, context: Context
+    ) -> pb.GetPlatformResponse:
+        index = request.worker_index if request.HasField("worker_index") else 0
+        worker = self._workers.worker(index).snapshot()
+        return pb.GetPlatformResponse(worker=worker_to_pb(worker))
+
+    async def ListPlatformPresets(
+        self, request: pb.ListPlatformPresetsRequest, context: Context
+    ) -> pb.ListPlatformPresetsResponse:
+        return self._presets
+
+    async def ListWorkers(
+        self, request: pb.ListWorkersRequest, context: Context
+    ) -> pb.ListWorkersResponse:
+        workers = [worker_to_pb(w) for w in self._workers.snapshots()]
+        return pb.ListWorkersResponse(workers=workers, ready=self._workers.ready)
+
+    async def ListLayers(
+        self, request: pb.ListLayersRequest, context: Context
+    ) -> pb.ListLayersResponse:
+        index = request.worker_index if request.HasField("worker_index") else None
+        layers = await self._workers.list_layers(index)
+        return pb.ListLayersResponse(
+            layers=[json_format.ParseDict(layer, pb.LayerInfo()) for layer in layers]
+        )
+
+    async def UnloadLayer(
+        self, request: pb.UnloadLayerRequest, context: Context
+    ) -> pb.UnloadLayerResponse:
+        freed = await self._workers.unload_layer(request.layer_id)
+        return pb.UnloadLayerResponse(freed_bytes=freed)

@@ -1,0 +1,263 @@
+"""Server settings: one typed object, read from flags, then `MOE_CONTROL_*` environment
+variables, then defaults (in that order of precedence).
+
+Every field has a flag (`--max-concurrent-rpcs`) and an environment variable
+(`MOE_CONTROL_MAX_CONCURRENT_RPCS`) derived from its name; `moe-control serve --help` and the
+README list them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "MOE_CONTROL_"
+MIB = 1024 * 1024
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class SettingsError(ValueError):
+    """A setting has a bad value, or settings contradict each other."""
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything `moe-control serve` can be told."""
+
+    host: str = field(default="127.0.0.1", metadata=_doc("gRPC bind address ('0.0.0.0' in pods)"))
+    port: int = field(default=50151, metadata=_doc("gRPC port (0: any free port)"))
+    metrics_host: str = field(default="127.0.0.1", metadata=_doc("bind address of /metrics"))
+    metrics_port: int = field(
+        default=9464, metadata=_doc("Prometheus /metrics HTTP port (0: any free port)")
+    )
+    metrics_enabled: bool = field(default=True, metadata=_doc("serve /metrics at all"))
+    max_receive_message_bytes: int = field(
+        default=16 * MIB, metadata=_doc("largest request message the server accepts")
+    )
+    max_send_message_bytes: int = field(
+        default=16 * MIB, metadata=_doc("largest response message the server sends")
+    )
+    max_concurrent_rpcs: int = field(
+        default=512,
+        metadata=_doc("RPCs served at once; more get RESOURCE_EXHAUSTED (0: no limit)"),
+    )
+    keepalive_time_s: float = field(
+        default=60.0, metadata=_doc("server pings an idle connection this often")
+    )
+    keepalive_timeout_s: float = field(
+        default=20.0, metadata=_doc("a ping unanswered this long closes the connection")
+    )
+    keepalive_min_ping_interval_s: float = field(
+        default=10.0,
+        metadata=_doc("clients may ping this often without data (long unary calls need it)"),
+    )
+    grace_s: float = field(
+        default=10.0, metadata=_doc("on SIGTERM/SIGINT, in-flight RPCs get this long to finish")
+    )
+    tls_cert: Path | None = field(
+        default=None, metadata=_doc("PEM server certificate chain; enables TLS")
+    )
+    tls_key: Path | None = field(default=None, metadata=_doc("PEM private key of tls_cert"))
+    tls_client_ca: Path | None = field(
+        default=None, metadata=_doc("PEM CA bundle; clients must present a cert it signed (mTLS)")
+    )
+    auth_token: str | None = field(
+        default=None,
+        metadata=_doc("require 'authorization: Bearer <token>' on every RPC but health"),
+    )
+    auth_token_file: Path | None = field(
+        default=None, metadata=_doc("read auth_token from this file (kept out of the env)")
+    )
+    devices: str = field(
+        default="auto",
+        metadata=_doc(
+            "worker devices: 'auto' (every visible GPU, else the CPU), 'cpu', "
+            "or a list like 'cuda:0,cuda:1'"
+        ),
+    )
+    worker_start_timeout_s: float = field(
+        default=180.0, metadata=_doc("a worker must report its platform within this")
+    )
+    worker_ping_interval_s: float = field(
+        default=5.0, metadata=_doc("the supervisor pings each worker this often")
+    )
+    worker_ping_timeout_s: float = field(
+        default=30.0, metadata=_doc("a worker silent this long is killed and restarted")
+    )
+    worker_restart_backoff_s: float = field(
+        default=1.0, metadata=_doc("first restart delay; doubles up to 30 s while it keeps dying")
+    )
+    log_level: str = field(default="INFO", metadata=_doc("DEBUG, INFO, WARNING or ERROR"))
+    log_format: str = field(default="json", metadata=_doc("'json' (one object a line) or 'text'"))
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        for name in ("port", "metrics_port"):
+            value = getattr(self, name)
+            if not 0 <= value <= 65535:
+                problems.append(f"{name} must be in 0..65535, got {value}")
+        for name in ("max_receive_message_bytes", "max_send_message_bytes"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be positive")
+        if self.max_concurrent_rpcs < 0:
+            problems.append("max_concurrent_rpcs must be >= 0")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            problems.append("tls_cert and tls_key go together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            problems.append("tls_client_ca (mTLS) needs tls_cert and tls_key")
+        if self.auth_token is not None and self.auth_token_file is not None:
+            problems.append("give auth_token or auth_token_file, not both")
+        if self.auth_token == "":
+            problems.append("auth_token must not be empty")
+        if self.log_format not in ("json", "text"):
+            problems.append(f"log_format must be 'json' or 'text', got {self.log_format!r}")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            problems.append(
+                f"log_level must be DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}"
+            )
+        for name in (
+            "keepalive_time_s",
+            "keepalive_timeout_s",
+            "keepalive_min_ping_interval_s",
+            "worker_start_timeout_s",
+            "worker_ping_interval_s",
+            "worker_ping_timeout_s",
+        ):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be positive")
+        if self.grace_s < 0 or self.worker_restart_backoff_s < 0:
+            problems.append("grace_s and worker_restart_backoff_s must be >= 0")
+        if problems:
+            raise SettingsError("; ".join(problems))
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls_cert is not None
+
+    def token(self) -> str | None:
+        """The bearer token, read from auth_token_file when that is how it was given."""
+        if self.auth_token_file is not None:
+            try:
+                text = self.auth_token_file.read_text().strip()
+            except OSError as exc:
+                raise SettingsError(f"auth_token_file: {exc}") from None
+            if not text:
+                raise SettingsError(f"auth_token_file {self.auth_token_file} is empty")
+            return text
+        return self.auth_token
+
+    def grpc_options(self) -> list[tuple[str, Any]]:
+        """Channel arguments of the gRPC server."""
+        return [
+            ("grpc.max_receive_message_length", self.max_receive_message_bytes),
+            ("grpc.max_send_message_length", self.max_send_message_bytes),
+            ("grpc.keepalive_time_ms", int(self.keepalive_time_s * 1000)),
+            ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout_s * 1000)),
+            (
+                "grpc.http2.min_recv_ping_interval_without_data_ms",
+                int(self.keepalive_min_ping_interval_s * 1000),
+            ),
+            ("grpc.http2.min_ping_interval_without_data_ms", int(self.keepalive_time_s * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.so_reuseport", 0),
+        ]
+
+    # -----------------------------------------------------------------------------------
+    # Sources
+
+    @staticmethod
+    def env_name(name: str) -> str:
+        return ENV_PREFIX + name.upper()
+
+    @staticmethod
+    def flag_name(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """One flag per field; unset flags fall back to the environment, then the default."""
+        for f in dataclasses.fields(cls):
+            kind = _kind(f)
+            default = f.default
+            help_text = (
+                f"{f.metadata.get('help', '')} [env {cls.env_name(f.name)}; default {default}]"
+            )
+            if kind is bool:
+                parser.add_argument(
+                    cls.flag_name(f.name),
+                    dest=f.name,
+                    action=argparse.BooleanOptionalAction,
+                    default=None,
+                    help=help_text,
+                )
+            else:
+                parser.add_argument(
+                    cls.flag_name(f.name),
+                    dest=f.name,
+                    default=None,
+                    metavar=f.name.upper(),
+                    help=help_text,
+                )
+
+    @classmethod
+    def load(
+        cls,
+        args: argparse.Namespace | Mapping[str, Any] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> Settings:
+        """Flags (values that are not None), then environment variables, then defaults."""
+        given = vars(args) if isinstance(args, argparse.Namespace) else dict(args or {})
+        env = environ if environ is not None else {}
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            raw = given.get(f.name)
+            source = cls.flag_name(f.name)
+            if raw is None and cls.env_name(f.name) in env:
+                raw = env[cls.env_name(f.name)]
+                source = cls.env_name(f.name)
+            if raw is None:
+                continue
+            values[f.name] = _convert(f, raw, source)
+        return cls(**values)
+
+
+def _kind(f: dataclasses.Field[Any]) -> type:
+    annotation = str(f.type)
+    for name, kind in (("bool", bool), ("int", int), ("float", float), ("Path", Path)):
+        if annotation.startswith(name):
+            return kind
+    return str
+
+
+def _convert(f: dataclasses.Field[Any], raw: Any, source: str) -> Any:
+    kind = _kind(f)
+    if not isinstance(raw, str):
+        return raw
+    text = raw.strip()
+    try:
+        if kind is bool:
+            if text.lower() in _TRUE:
+                return True
+            if text.lower() in _FALSE:
+                return False
+            raise ValueError("expected true or false")
+        if kind is int:
+            return int(text)
+        if kind is float:
+            return float(text)
+        if kind is Path:
+            return Path(text) if text else None
+    except ValueError as exc:
+        raise SettingsError(f"{source}: bad value {raw!r} ({exc})") from None
+    return text if text or f.default is not None else None

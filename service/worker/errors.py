@@ -1,0 +1,36 @@
+"""Domain errors of the worker seam (no grpc in them; the API maps them to status codes)."""
+
+from __future__ import annotations
+
+
+class WorkerError(Exception):
+    """Base class of the worker seam's errors."""
+
+
+class WorkerUnavailableError(WorkerError):
+    """No worker is ready to serve the request, or the one serving it died meanwhile."""
+
+
+class WorkerNotFoundError(WorkerError):
+    """A request named a worker index the server does not have."""
+
+    def __init__(self, index: int, count: int) -> None:
+        self.index = index
+        self.count = count
+        super().__init__(f"no worker {index}: this server has {count} (0..{count - 1})")
+
+
+class LayerNotFoundError(WorkerError):
+    """No worker holds a converted layer with this id."""
+
+    def __init__(self, layer_id: str) -> None:
+        self.layer_id = layer_id
+        super().__init__(f"no worker holds layer {layer_id!r}")
+
+
+class WorkerCallError(WorkerError):
+    """The worker answered a call with an error of its own."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        self.kind = kind
+        super().__init__(f"{kind}: {message}")

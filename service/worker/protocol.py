@@ -1,0 +1,55 @@
+"""The server <-> worker pipe protocol: one JSON object per line, UTF-8, nothing pickled.
+
+Server to worker: `{"id": <int>, "method": <str>, "params": {...}}`.
+Worker to server: `{"id": <int>, "result": {...}}` or
+`{"id": <int>, "error": {"type": <str>, "message": <str>}}`, and once at start, before any
+answer, `{"event": "hello", "info": {...}}` (the worker's device and platform profile).
+Tensors will not travel here (later releases pass them through shared memory).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+#: Longest line either side accepts; a longer one is a protocol error.
+MAX_LINE_BYTES = 4 * 1024 * 1024
+
+
+class ProtocolError(ValueError):
+    """A line that is not a well-formed protocol message."""
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    line = json.dumps(message, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+    if len(line) > MAX_LINE_BYTES:
+        raise ProtocolError(f"message of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
+    return line
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    if len(line) > MAX_LINE_BYTES:
+        raise ProtocolError(f"line of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
+    try:
+        message = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"not JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("a message must be a JSON object")
+    return message
+
+
+def request(call_id: int, method: str, params: dict[str, Any] | None = None) -> bytes:
+    return encode({"id": call_id, "method": method, "params": params or {}})
+
+
+def result(call_id: int, value: dict[str, Any]) -> bytes:
+    return encode({"id": call_id, "result": value})
+
+
+def error(call_id: int, kind: str, message: str) -> bytes:
+    return encode({"id": call_id, "error": {"type": kind, "message": message}})
+
+
+def hello(info: dict[str, Any]) -> bytes:
+    return encode({"event": "hello", "info": info})

@@ -1,0 +1,460 @@
+"""The server side of the worker seam: one supervised process per device.
+
+Each `WorkerHandle` runs `python -m service.worker --device D` with pipes for the JSON-lines
+protocol, waits for its hello (the platform profile), then pings it. A worker that exits,
+is killed or stops answering is restarted with a growing back-off; calls in flight on it fail
+with `WorkerUnavailableError`, and the pool reports not-ready until it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from service.oracle import InvalidSpecError, PlatformProfile
+from service.worker import probe, protocol
+from service.worker.errors import (
+    LayerNotFoundError,
+    WorkerCallError,
+    WorkerNotFoundError,
+    WorkerUnavailableError,
+)
+
+log = logging.getLogger("moe_control.supervisor")
+
+#: Restart back-off never grows past this.
+MAX_BACKOFF_S = 30.0
+#: A worker that lived this long before dying restarts after the initial back-off again.
+STABLE_AFTER_S = 60.0
+_DEVICE = re.compile(r"^(cpu|cuda:\d+|xpu:\d+)$")
+
+
+class WorkerState(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    RESTARTING = "restarting"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorConfig:
+    start_timeout_s: float = 180.0
+    ping_interval_s: float = 5.0
+    ping_timeout_s: float = 30.0
+    restart_backoff_s: float = 1.0
+    log_level: str = "INFO"
+    log_format: str = "json"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSnapshot:
+    """A worker as ListWorkers shows it."""
+
+    index: int
+    device: str
+    state: WorkerState
+    pid: int
+    restarts: int
+    profile: PlatformProfile | None
+    device_name: str
+    total_memory_bytes: int
+    torch_version: str
+    ready_time: float | None
+    last_exit_reason: str
+
+
+class _WorkerDiedError(Exception):
+    """The current incarnation ended; the message says how."""
+
+
+def _exit_reason(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+class WorkerHandle:
+    """One device's worker: its current process, state and pending calls."""
+
+    def __init__(
+        self,
+        index: int,
+        device: str,
+        config: SupervisorConfig,
+        on_change: Callable[[WorkerHandle], None],
+    ) -> None:
+        self.index = index
+        self.device = device
+        self.config = config
+        self.on_change = on_change
+        self.state = WorkerState.STARTING
+        self.process: asyncio.subprocess.Process | None = None
+        self.info: dict[str, Any] = {}
+        self.profile: PlatformProfile | None = None
+        self.restarts = 0
+        self.ready_time: float | None = None
+        self.last_exit_reason = ""
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._next_id = 0
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+        self._write_lock = asyncio.Lock()
+
+    # -- public
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._supervise(), name=f"worker-{self.index}")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        process = self.process
+        if process is not None and process.returncode is None:
+            if process.stdin is not None:
+                process.stdin.close()
+            try:
+                await asyncio.wait_for(process.wait(), timeout=5.0)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._fail_pending(WorkerUnavailableError("the server is shutting down"))
+        self._set_state(WorkerState.STOPPED)
+
+    @property
+    def ready(self) -> bool:
+        return self.state is WorkerState.READY
+
+    def snapshot(self) -> WorkerSnapshot:
+        process = self.process
+        alive = process is not None and process.returncode is None
+        return WorkerSnapshot(
+            index=self.index,
+            device=self.device,
+            state=self.state,
+            pid=process.pid if alive and process is not None else 0,
+            restarts=self.restarts,
+            profile=self.profile,
+            device_name=str(self.info.get("device_name", "")),
+            total_memory_bytes=int(self.info.get("total_memory_bytes", 0)),
+            torch_version=str(self.info.get("torch_version", "")),
+            ready_time=self.ready_time,
+            last_exit_reason=self.last_exit_reason,
+        )
+
+    async def call(
+        self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Send one request and wait for its answer."""
+        process = self.process
+        if not self.ready or process is None or process.stdin is None:
+            raise WorkerUnavailableError(f"worker {self.index} ({self.device}) is {self.state}")
+        self._next_id += 1
+        call_id = self._next_id
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[call_id] = future
+        try:
+            async with self._write_lock:
+                process.stdin.write(protocol.request(call_id, method, params))
+                await process.stdin.drain()
+            return await asyncio.wait_for(future, timeout)
+        except (BrokenPipeError, ConnectionResetError):
+            raise WorkerUnavailableError(
+                f"worker {self.index} ({self.device}) went away during {method}"
+            ) from None
+        finally:
+            self._pending.pop(call_id, None)
+
+    # -- supervision
+
+    def _set_state(self, state: WorkerState) -> None:
+        if state is not self.state:
+            self.state = state
+            self.on_change(self)
+
+    def _fail_pending(self, error: Exception) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
+
+    async def _supervise(self) -> None:
+        backoff = self.config.restart_backoff_s
+        while not self._stopping:
+            started = time.monotonic()
+            reason = await self._run_once()
+            if self._stopping:
+                break
+            self.last_exit_reason = reason
+            self.ready_time = None
+            self._fail_pending(
+                WorkerUnavailableError(f"worker {self.index} ({self.device}) died: {reason}")
+            )
+            self.restarts += 1
+            self._set_state(WorkerState.RESTARTING)
+            log.warning(
+                "worker died; restarting",
+                extra={
+                    "event": "worker_restart",
+                    "worker": self.index,
+                    "device": self.device,
+                    "reason": reason,
+                    "restarts": self.restarts,
+                    "backoff_s": backoff,
+                },
+            )
+            if time.monotonic() - started > STABLE_AFTER_S:
+                backoff = self.config.restart_backoff_s
+            await asyncio.sleep(backoff)
+            backoff = min(max(backoff * 2, 0.1), MAX_BACKOFF_S)
+
+    async def _spawn(self) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "service.worker",
+            "--device",
+            self.device,
+            "--log-format",
+            self.config.log_format,
+            "--log-level",
+            self.config.log_level,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            limit=protocol.MAX_LINE_BYTES + 1,
+        )
+
+    async def _run_once(self) -> str:
+        """Run one incarnation until it dies; returns why it ended."""
+        try:
+            self.process = await self._spawn()
+        except OSError as exc:
+            return f"could not start: {exc}"
+        process = self.process
+        if self.state is not WorkerState.RESTARTING:
+            self._set_state(WorkerState.STARTING)
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            await self._handshake(process)
+            self.ready_time = time.time()
+            self._set_state(WorkerState.READY)
+            log.info(
+                "worker ready",
+                extra={
+                    "event": "worker_ready",
+                    "worker": self.index,
+                    "device": self.device,
+                    "pid": process.pid,
+                    "platform": self.info.get("platform"),
+                },
+            )
+            tasks = [
+                asyncio.create_task(self._read_loop(process)),
+                asyncio.create_task(self._ping_loop()),
+            ]
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            failure = next(iter(done)).exception()
+            reason = str(failure) if failure else ""
+        except _WorkerDiedError as exc:
+            reason = str(exc)
+        finally:
+            for task in tasks:
+                task.cancel()
+            if process.returncode is None and not self._stopping:
+                process.kill()
+            if not self._stopping:
+                await process.wait()
+        status = _exit_reason(process.returncode)
+        return f"{reason} ({status})" if reason else status
+
+    async def _handshake(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        try:
+            line = await asyncio.wait_for(
+                process.stdout.readline(), timeout=self.config.start_timeout_s
+            )
+        except TimeoutError:
+            raise _WorkerDiedError(f"no hello within {self.config.start_timeout_s:g} s") from None
+        except ValueError as exc:  # line over the limit
+            raise _WorkerDiedError(f"bad hello: {exc}") from None
+        if not line:
+            raise _WorkerDiedError("exited before its hello")
+        try:
+            message = protocol.decode(line)
+            if message.get("event") != "hello" or not isinstance(message.get("info"), dict):
+                raise protocol.ProtocolError("the first message must be a hello")
+            info: dict[str, Any] = message["info"]
+            profile = PlatformProfile.from_json(info.get("platform") or {})
+        except (protocol.ProtocolError, InvalidSpecError) as exc:
+            raise _WorkerDiedError(f"bad hello: {exc}") from None
+        self.info = info
+        self.profile = profile
+
+    async def _read_loop(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        while True:
+            try:
+                line = await process.stdout.readline()
+            except ValueError as exc:
+                raise _WorkerDiedError(f"protocol error: {exc}") from None
+            if not line:
+                return
+            try:
+                message = protocol.decode(line)
+            except protocol.ProtocolError as exc:
+                raise _WorkerDiedError(f"protocol error: {exc}") from None
+            future = self._pending.get(message.get("id", -1))
+            if future is None or future.done():
+                continue
+            if "error" in message:
+                err = message["error"] or {}
+                future.set_exception(
+                    WorkerCallError(str(err.get("type", "Error")), str(err.get("message", "")))
+                )
+            else:
+                future.set_result(message.get("result") or {})
+
+    async def _ping_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.ping_interval_s)
+            try:
+                await self.call("ping", timeout=self.config.ping_timeout_s)
+            except TimeoutError:
+                raise _WorkerDiedError(
+                    f"no answer to a ping within {self.config.ping_timeout_s:g} s"
+                ) from None
+            except WorkerUnavailableError:
+                return
+
+
+class WorkerPool:
+    """Every worker of the server, by index."""
+
+    def __init__(
+        self,
+        devices: Sequence[str],
+        config: SupervisorConfig,
+        on_change: Callable[[WorkerHandle], None] | None = None,
+    ) -> None:
+        if not devices:
+            raise ValueError("a worker pool needs at least one device")
+        self._on_change = on_change
+        self.workers = [
+            WorkerHandle(i, device, config, self._changed) for i, device in enumerate(devices)
+        ]
+        self._ready_event = asyncio.Event()
+
+    def _changed(self, worker: WorkerHandle) -> None:
+        if self.ready:
+            self._ready_event.set()
+        else:
+            self._ready_event.clear()
+        if self._on_change is not None:
+            self._on_change(worker)
+
+    def start(self) -> None:
+        for worker in self.workers:
+            worker.start()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(w.stop() for w in self.workers))
+
+    async def wait_ready(self, timeout: float | None = None) -> bool:
+        try:
+            await asyncio.wait_for(self._ready_event.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    @property
+    def ready(self) -> bool:
+        """Every worker is ready (the server's readiness)."""
+        return all(w.ready for w in self.workers)
+
+    def worker(self, index: int) -> WorkerHandle:
+        if not 0 <= index < len(self.workers):
+            raise WorkerNotFoundError(index, len(self.workers))
+        return self.workers[index]
+
+    def profile(self, index: int) -> PlatformProfile:
+        """The platform a ready worker reported."""
+        worker = self.worker(index)
+        if not worker.ready or worker.profile is None:
+            raise WorkerUnavailableError(
+                f"worker {index} ({worker.device}) is {worker.state}; its platform is not known "
+                "until it is ready (name a preset or a platform for a what-if answer)"
+            )
+        return worker.profile
+
+    def default_profile(self) -> PlatformProfile | None:
+        """Worker 0's platform while it is ready, else None."""
+        worker = self.workers[0]
+        return worker.profile if worker.ready else None
+
+    def snapshots(self) -> list[WorkerSnapshot]:
+        return [w.snapshot() for w in self.workers]
+
+    async def list_layers(self, index: int | None = None) -> list[dict[str, Any]]:
+        targets = self.workers if index is None else [self.worker(index)]
+        layers: list[dict[str, Any]] = []
+        for worker in targets:
+            if not worker.ready:
+                continue
+            answer = await worker.call("list_layers")
+            for layer in answer.get("layers", []):
+                layers.append({**layer, "worker_index": worker.index})
+        return layers
+
+    async def unload_layer(self, layer_id: str) -> int:
+        """Drop a converted layer from whichever worker holds it; returns the bytes freed."""
+        for worker in self.workers:
+            if not worker.ready:
+                continue
+            answer = await worker.call("unload_layer", {"layer_id": layer_id})
+            if answer.get("found"):
+                return int(answer.get("freed_bytes", 0))
+        raise LayerNotFoundError(layer_id)
+
+
+async def discover_devices(spec: str, *, timeout: float = 120.0) -> list[str]:
+    """The devices to start workers on: 'auto', 'cpu' or a comma-separated list.
+
+    'auto' asks a throwaway process (torch must not initialise CUDA in the server); without
+    torch installed it is the CPU at once.
+    """
+    spec = spec.strip()
+    if spec == "auto":
+        if not probe.torch_available():
+            return [probe.CPU]
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "service.worker",
+            "--list-devices",
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await asyncio.wait_for(process.communicate(), timeout)
+        devices = json.loads(out.decode().strip().splitlines()[-1]) if out.strip() else []
+        return [str(d) for d in devices] or [probe.CPU]
+    devices = [d.strip() for d in spec.split(",") if d.strip()]
+    bad = [d for d in devices if not _DEVICE.match(d)]
+    if bad or not devices:
+        raise ValueError(f"devices: expected 'auto', 'cpu' or e.g. 'cuda:0,cuda:1'; got {spec!r}")
+    return devices
