@@ -161,6 +161,13 @@ def decide(spec: DeploymentSpec, ruleset_name: str = DEFAULT_RULESET) -> Decisio
         raise
     try:
         plan.after_selection(backend)
+        if moe.parallel.enable_eplb and backend not in plan.eplb_backends:
+            # RoutedExperts refuses EPLB for quant methods that do not implement it.
+            raise SelectionError(
+                ErrorInfo(
+                    "moe_method", "NotImplementedError", f"EPLB is not supported {plan.moe_method}."
+                )
+            )
     except SelectionError as exc:
         exc.quantization, exc.moe_method = plan.quantization, plan.moe_method
         exc.candidates = candidates

@@ -286,8 +286,10 @@ def _parse_awq(config: Mapping[str, Any], name: str) -> AwqConfig:
 
 
 def _parse_moe_wna16(
-    config: Mapping[str, Any], platform: PlatformProfile, name: str
+    config: Mapping[str, Any], platform: PlatformProfile, name: str, stage: str = "quantization"
 ) -> MoeWNA16Config:
+    """`MoeWNA16Config.from_config`; `stage` says whether vLLM reaches it while parsing the
+    model's config or as the fallback inside another method's `get_quant_method`."""
     keys = _Keys(config, name)
     method = keys.get("quant_method")
     bits = keys.int_("bits")
@@ -300,17 +302,17 @@ def _parse_moe_wna16(
         skip = keys.get_or(("modules_to_not_convert",), None) or []
     else:
         raise _vllm_error(
-            "quantization", "ValueError", "moe_wna16 only support gptq and awq.", quantization=name
+            stage, "ValueError", "moe_wna16 only support gptq and awq.", quantization=name
         )
     if method == "gptq":
         error = _gptq_desc_act_error(
             config.get("desc_act", False), group_size, config.get("dynamic") or {}
         )
         if error:
-            raise _vllm_error("quantization", "ValueError", error, quantization=name)
+            raise _vllm_error(stage, "ValueError", error, quantization=name)
     elif platform.capability_int < 75:
         raise _vllm_error(
-            "quantization",
+            stage,
             "ValueError",
             "The quantization method moe_wna16 + awq is not supported for the current GPU. "
             f"Minimum capability: 75. Current capability: {platform.capability_int}.",
@@ -451,6 +453,8 @@ class OracleCall:
     may_have_bias: bool
     allow_tile_padding: bool
     after_selection: Callable[[str], None] = field(default=lambda backend: None)
+    #: Backends with which the method implements EPLB (`supports_eplb`); none by default.
+    eplb_backends: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,7 +482,7 @@ def marlin_supports(
     return shape_ok and group_size in (-1, 32, 64, 128)
 
 
-def _marlin_input_dtype_check(platform: PlatformProfile) -> None:
+def _marlin_input_dtype_check(platform: PlatformProfile, name: str) -> None:
     """`get_marlin_input_dtype`: fp8 Marlin activations only on SM89 and SM12x."""
     value = platform.env_flag("VLLM_MARLIN_INPUT_DTYPE")
     if value is None or value.lower() != "fp8":
@@ -492,6 +496,7 @@ def _marlin_input_dtype_check(platform: PlatformProfile) -> None:
         "Marlin W4A8-FP8 only support SM89 or SM12x device (It is slower than Marlin W4A16 "
         "on other devices). You can consider using W4A8-INT8 instead(set "
         "VLLM_MARLIN_INPUT_DTYPE=int8).",
+        quantization=name,
     )
 
 
@@ -528,9 +533,11 @@ def _gptq_method(
 ) -> MoEMethodPlan:
     layer = spec.layer.name
     if not marlin_supports(moe, config.group_size, True, spec.platform):
-        fallback = _parse_moe_wna16(config.full_config, spec.platform, name)
+        fallback = _parse_moe_wna16(config.full_config, spec.platform, name, "moe_method")
         return _moe_wna16_method(fallback, name, layer)
     if _dynamic_override(config.dynamic, layer) is False:
+        # get_quant_method sets the Marlin input dtype on whatever method it built.
+        _marlin_input_dtype_check(spec.platform, name)
         return OtherMethod(name, UNQUANTIZED_METHOD)
     bits, group_size, desc_act, sym = config.bits, config.group_size, config.desc_act, config.sym
     if _dynamic_override(config.dynamic, layer) is not None:
@@ -556,7 +563,7 @@ def _gptq_method(
     key = K_INT4_STATIC if bits == 4 else K_INT8_STATIC
 
     def after(_backend: str) -> None:
-        _marlin_input_dtype_check(spec.platform)
+        _marlin_input_dtype_check(spec.platform, name)
 
     return OracleCall(name, "AutoGPTQMoEMethod", key, effective, not sym, True, True, after)
 
@@ -568,7 +575,7 @@ def _awq_method(
     if any(module in layer for module in config.modules_to_not_convert):
         return OtherMethod(name, UNQUANTIZED_METHOD)
     if not marlin_supports(moe, config.group_size, True, spec.platform):
-        fallback = _parse_moe_wna16(config.full_config, spec.platform, name)
+        fallback = _parse_moe_wna16(config.full_config, spec.platform, name, "moe_method")
         return _moe_wna16_method(fallback, name, layer)
     return OracleCall(
         name, "AutoAWQMoEMethod", K_INT4_STATIC, config, config.zero_point, True, True
@@ -632,7 +639,7 @@ def _ct_method(spec: DeploymentSpec, name: str) -> MoEMethodPlan:
 
     def after(backend: str) -> None:
         if backend in ("MARLIN", "BATCHED_MARLIN"):
-            _marlin_input_dtype_check(platform)
+            _marlin_input_dtype_check(platform, name)
         elif weights.strategy != "group":
             raise _vllm_error("moe_method", "AssertionError", "", quantization=name)
 
@@ -645,7 +652,37 @@ def _ct_method(spec: DeploymentSpec, name: str) -> MoEMethodPlan:
         False,
         True,
         after,
+        eplb_backends=frozenset({"TRITON"}),
     )
+
+
+def _check_ct_config(config: Mapping[str, Any], name: str) -> None:
+    """`CompressedTensorsConfig.from_config`: group and dynamic act-order are refused."""
+    groups = config.get("config_groups") or {}
+    if not isinstance(groups, Mapping):
+        raise InvalidSpecError.single(
+            "hf_quantization_config.config_groups", "must map group names to schemes"
+        )
+    for group_name, group in groups.items():
+        path = f"hf_quantization_config.config_groups.{group_name}"
+        if not isinstance(group, Mapping) or not isinstance(group.get("targets"), list):
+            raise InvalidSpecError.single(path, "needs a 'targets' list and 'weights'")
+        targets = group["targets"]
+        if len(targets) == 1 and str(targets[0]).endswith("Attention"):
+            continue
+        weights = group.get("weights")
+        if weights is None:
+            continue
+        args = _parse_weight_args(weights, f"{path}.weights")
+        if args.actorder in ("group", "dynamic"):
+            raise _vllm_error(
+                "quantization",
+                "ValueError",
+                "Compressed-tensors group/dynamic activation ordering "
+                f"(actorder={args.actorder!r}) is no longer supported. Use a checkpoint with "
+                "static/weight activation ordering or without activation ordering.",
+                quantization=name,
+            )
 
 
 def build_moe_method(spec: DeploymentSpec, moe: MoEConfig) -> MoEMethodPlan:
@@ -661,6 +698,8 @@ def build_moe_method(spec: DeploymentSpec, moe: MoEConfig) -> MoEMethodPlan:
         parsed = _parse_awq(config, name)
     elif config_class == "moe_wna16":
         parsed = _parse_moe_wna16(config, platform, name)
+    else:
+        _check_ct_config(config, name)
     minimum = _MIN_CAPABILITY[config_class]
     gated = platform.capability is not None and platform.device in ("cuda", "rocm")
     if gated and platform.capability_int < minimum:
@@ -669,6 +708,13 @@ def build_moe_method(spec: DeploymentSpec, moe: MoEConfig) -> MoEMethodPlan:
             "ValueError",
             f"The quantization method {name} is not supported for the current GPU. "
             f"Minimum capability: {minimum}. Current capability: {platform.capability_int}.",
+            quantization=name,
+        )
+    if not moe.is_act_and_mul and platform.device not in ("cuda", "rocm", "xpu"):
+        raise _vllm_error(
+            "moe_method",
+            "NotImplementedError",
+            "is_act_and_mul=False is supported only for CUDA, XPU and ROCm for now",
             quantization=name,
         )
     if isinstance(parsed, GptqConfig):

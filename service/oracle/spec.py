@@ -394,6 +394,17 @@ def parse_deployment(
         violations.append(FieldViolation("moe_backend", "must be a non-empty string"))
         moe_backend = "auto"
     lora = top.bool_("lora", False)
+    if parallel.enable_eplb and not parallel.enable_expert_parallel:
+        violations.append(
+            FieldViolation("parallel.enable_eplb", "needs enable_expert_parallel: true")
+        )
+    if parallel.enable_eplb and platform is not None and platform.device == "cpu":
+        violations.append(
+            FieldViolation(
+                "parallel.enable_eplb",
+                "vLLM supports expert load balancing only on CUDA, ROCm and XPU devices",
+            )
+        )
     if violations or platform is None:
         raise InvalidSpecError(violations)
     return DeploymentSpec(

@@ -1,0 +1,352 @@
+"""The parity grid: deployment specs that exercise every rule of vLLM's WNA16 MoE decision.
+
+Kept in the repo so the grid can be regenerated and re-checked for a later vLLM release:
+`python -m tests.parity.grid > grid.jsonl` writes it as normalised JSON Lines (every field
+explicit, platforms resolved), the form the vLLM reference runner reads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from service.oracle import PLATFORM_PRESETS, parse_deployment
+
+#: Real model shapes: (num_experts, hidden, intermediate, top_k).
+MODEL_SHAPES = {
+    "qwen1.5-moe-a2.7b": (60, 2048, 1408, 4),
+    "mixtral-8x7b": (8, 4096, 14336, 2),
+    "deepseek-v2-lite": (64, 2048, 1408, 6),
+    "qwen3-30b-a3b": (128, 2048, 768, 8),
+    "deepseek-v3": (256, 7168, 2048, 8),
+}
+#: Shapes that fail Marlin's layer check (intermediate not a multiple of the group; hidden not
+#: a multiple of 128) and one with too many experts for Triton's alignment kernel.
+EDGE_SHAPES = {
+    "marlin-bad-intermediate": (8, 2048, 1000, 2),
+    "marlin-bad-hidden": (16, 2000, 1024, 2),
+    "many-experts": (1024, 1024, 512, 8),
+}
+
+
+def _gptq(bits: int = 4, group: int = 128, **extra: Any) -> dict[str, Any]:
+    return {
+        "quant_method": "gptq",
+        "bits": bits,
+        "group_size": group,
+        "desc_act": False,
+        "sym": True,
+        **extra,
+    }
+
+
+def _awq(bits: int = 4, group: int = 128, zero_point: bool = True) -> dict[str, Any]:
+    return {
+        "quant_method": "awq",
+        "bits": bits,
+        "group_size": group,
+        "zero_point": zero_point,
+        "version": "gemm",
+    }
+
+
+def _ct(
+    bits: int = 4,
+    group: int | None = 128,
+    *,
+    symmetric: bool = True,
+    strategy: str = "group",
+    actorder: str | None = None,
+    ignore: tuple[str, ...] = ("lm_head",),
+) -> dict[str, Any]:
+    weights = {
+        "num_bits": bits,
+        "type": "int",
+        "strategy": strategy,
+        "group_size": group,
+        "symmetric": symmetric,
+        "actorder": actorder,
+        "dynamic": False,
+    }
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {
+            "group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}
+        },
+        "ignore": list(ignore),
+    }
+
+
+#: Quantization variants: (label, hf config, vLLM --quantization flag).
+QUANT_VARIANTS: list[tuple[str, dict[str, Any], str | None]] = [
+    ("gptq-int4-g128", _gptq(), None),
+    ("gptq-int4-g32", _gptq(group=32), None),
+    ("gptq-int4-g64", _gptq(group=64), None),
+    ("gptq-int8-g128", _gptq(bits=8), None),
+    ("gptq-int4-channel-descact", _gptq(group=-1, desc_act=True), None),
+    ("gptq-int4-descact", _gptq(desc_act=True), None),
+    ("gptq-int4-asym", _gptq(sym=False), None),
+    ("gptq-dynamic-skip-experts", _gptq(dynamic={"-:.*experts.*": {}}), None),
+    ("gptq-dynamic-int8-experts", _gptq(dynamic={"+:.*mlp.*": {"bits": 8}}), None),
+    ("gptq-marlin-flag", _gptq(), "gptq_marlin"),
+    ("gptq-as-moe-wna16", _gptq(), "moe_wna16"),
+    ("gptq-g32-as-moe-wna16", _gptq(group=32), "moe_wna16"),
+    ("gptq-int8-as-moe-wna16", _gptq(bits=8), "moe_wna16"),
+    ("gptq-with-awq-flag", _gptq(), "awq"),
+    ("awq-int4-g128", _awq(), None),
+    ("awq-int4-g64-nozp", _awq(group=64, zero_point=False), None),
+    ("awq-int8", _awq(bits=8), None),
+    ("awq-as-moe-wna16", _awq(), "moe_wna16"),
+    ("ct-int4-g128", _ct(), None),
+    ("ct-int4-g32", _ct(group=32), None),
+    ("ct-int4-asym-g128", _ct(symmetric=False), None),
+    ("ct-int4-asym-g32", _ct(group=32, symmetric=False), None),
+    ("ct-int8-channel", _ct(bits=8, group=None, strategy="channel"), None),
+    ("ct-int4-channel", _ct(group=None, strategy="channel"), None),
+    ("ct-int8-g128", _ct(bits=8), None),
+    ("ct-int3-g128", _ct(bits=3), None),
+    ("ct-int4-actorder-group", _ct(actorder="group"), None),
+    ("ct-int4-actorder-dynamic", _ct(actorder="dynamic"), None),
+    ("ct-ignore-experts", _ct(ignore=("lm_head", "re:.*experts.*")), None),
+]
+
+FORCED_BACKENDS = (
+    "auto",
+    "triton",
+    "marlin",
+    "humming",
+    "emulation",
+    "flashinfer_trtllm",
+    "rdna3",
+    "cutlass",
+)
+
+
+def _platforms() -> Iterator[tuple[str, dict[str, Any]]]:
+    for name, profile in PLATFORM_PRESETS.items():
+        yield name, profile.to_json()
+    h200 = PLATFORM_PRESETS["h200"].to_json()
+    yield "h200-no-packages", {**h200, "packages": []}
+    yield "h200-batch-invariant", {**h200, "env": {"VLLM_BATCH_INVARIANT": "1"}}
+    a100 = PLATFORM_PRESETS["a100"].to_json()
+    yield "a100-batch-invariant", {**a100, "env": {"VLLM_BATCH_INVARIANT": "1"}}
+    yield (
+        "a100-no-packages-batch-invariant",
+        {**a100, "packages": [], "env": {"VLLM_BATCH_INVARIANT": "1"}},
+    )
+    b200 = PLATFORM_PRESETS["b200"].to_json()
+    yield "b200-flashinfer-int4", {**b200, "env": {"VLLM_USE_FLASHINFER_MOE_INT4": "1"}}
+    yield (
+        "h100-humming-grouped",
+        {**PLATFORM_PRESETS["h100"].to_json(), "env": {"VLLM_HUMMING_MOE_GEMM_TYPE": "grouped"}},
+    )
+    yield (
+        "l40s-marlin-fp8",
+        {**PLATFORM_PRESETS["l40s"].to_json(), "env": {"VLLM_MARLIN_INPUT_DTYPE": "fp8"}},
+    )
+    yield "a100-marlin-fp8", {**a100, "env": {"VLLM_MARLIN_INPUT_DTYPE": "fp8"}}
+    yield "cpu-zentorch", {**PLATFORM_PRESETS["cpu"].to_json(), "packages": ["zentorch"]}
+
+
+def _layer(shape: tuple[int, int, int, int], **extra: Any) -> dict[str, Any]:
+    experts, hidden, intermediate, top_k = shape
+    return {
+        "num_experts": experts,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "top_k": top_k,
+        **extra,
+    }
+
+
+def _spec(
+    label: str,
+    quant: dict[str, Any],
+    flag: str | None,
+    platform: dict[str, Any],
+    layer: dict[str, Any],
+    **extra: Any,
+) -> dict[str, Any]:
+    raw = {
+        "hf_quantization_config": quant,
+        "quantization": flag,
+        "layer": layer,
+        "platform": platform,
+        **extra,
+    }
+    spec = parse_deployment(raw).to_json()
+    spec["id"] = label
+    return spec
+
+
+def generate() -> list[dict[str, Any]]:
+    """The whole grid, in a stable order, each spec with a unique id."""
+    specs: list[dict[str, Any]] = []
+    platforms = list(_platforms())
+    shapes = {**MODEL_SHAPES, **EDGE_SHAPES}
+    # 1. Every platform x every quantization x a real and two Marlin-failing shapes.
+    for (pname, platform), (qname, quant, flag), sname in itertools.product(
+        platforms,
+        QUANT_VARIANTS,
+        ("qwen1.5-moe-a2.7b", "marlin-bad-intermediate", "marlin-bad-hidden"),
+    ):
+        if qname == "ct-ignore-experts" and sname != "qwen1.5-moe-a2.7b":
+            # An ignored layer is unquantized: vLLM then runs its unquantized MoE oracle,
+            # which this library does not model, so one shape stands for it.
+            continue
+        specs.append(
+            _spec(f"{pname}|{qname}|{sname}", quant, flag, platform, _layer(shapes[sname]))
+        )
+    # 2. Every forced backend on representative platforms and quantizations.
+    forced_platforms = (
+        "a100",
+        "h200",
+        "b200-flashinfer-int4",
+        "mi300x",
+        "gfx1100",
+        "cpu",
+        "xpu",
+        "v100",
+    )
+    forced_quants = (
+        "gptq-int4-g128",
+        "awq-int4-g128",
+        "ct-int4-g32",
+        "ct-int4-asym-g128",
+        "gptq-as-moe-wna16",
+        "ct-int4-actorder-group",
+    )
+    platform_map = dict(platforms)
+    quant_map = {q[0]: q for q in QUANT_VARIANTS}
+    for backend, pname, qname in itertools.product(
+        FORCED_BACKENDS, forced_platforms, forced_quants
+    ):
+        _, quant, flag = quant_map[qname]
+        specs.append(
+            _spec(
+                f"{pname}|{qname}|forced-{backend}",
+                quant,
+                flag,
+                platform_map[pname],
+                _layer(MODEL_SHAPES["mixtral-8x7b"]),
+                moe_backend=backend,
+            )
+        )
+    # 3. Every real model shape and the expert-count edge on the main GPUs.
+    for pname, (qname, quant, flag), sname in itertools.product(
+        ("a100", "h200", "b200-flashinfer-int4", "mi300x", "rtx5090"),
+        [quant_map[q] for q in ("gptq-int4-g128", "ct-int4-g32", "awq-int4-g128")],
+        (*MODEL_SHAPES, "many-experts"),
+    ):
+        specs.append(
+            _spec(
+                f"{pname}|{qname}|{sname}", quant, flag, platform_map[pname], _layer(shapes[sname])
+            )
+        )
+    # 4. Layer and parallel variants: activations, bias, routing, LoRA, TP/EP/DP.
+    variants: dict[str, dict[str, Any]] = {
+        "swigluoai-bias": {
+            "layer": _layer(MODEL_SHAPES["mixtral-8x7b"], activation="swigluoai", has_bias=True)
+        },
+        "silu-no-mul": {"layer": _layer(MODEL_SHAPES["mixtral-8x7b"], activation="silu_no_mul")},
+        "relu2": {"layer": _layer(MODEL_SHAPES["mixtral-8x7b"], activation="relu2")},
+        "situ": {"layer": _layer(MODEL_SHAPES["mixtral-8x7b"], activation="situ")},
+        "gelu-fp16": {
+            "layer": _layer(MODEL_SHAPES["mixtral-8x7b"], activation="gelu", dtype="float16")
+        },
+        "deepseek-routing": {
+            "layer": _layer(
+                MODEL_SHAPES["deepseek-v3"],
+                routing={
+                    "scoring_func": "sigmoid",
+                    "use_grouped_topk": True,
+                    "num_expert_group": 8,
+                    "topk_group": 4,
+                    "e_score_correction_bias": True,
+                    "routed_scaling_factor": 2.5,
+                    "router_logits_dtype": "float32",
+                },
+            )
+        },
+        "softmax-no-renorm-fp32-logits": {
+            "layer": _layer(
+                MODEL_SHAPES["qwen1.5-moe-a2.7b"],
+                routing={"renormalize": False, "router_logits_dtype": "float32"},
+            )
+        },
+        "top1": {"layer": _layer((16, 2048, 1024, 1))},
+        "lora": {"layer": _layer(MODEL_SHAPES["mixtral-8x7b"]), "lora": True},
+        "tp2": {
+            "layer": _layer(MODEL_SHAPES["mixtral-8x7b"]),
+            "parallel": {"tensor_parallel_size": 2},
+        },
+        "tp4-marlin-bad": {
+            "layer": _layer(MODEL_SHAPES["deepseek-v2-lite"]),
+            "parallel": {"tensor_parallel_size": 4},
+        },
+        "ep2": {
+            "layer": _layer(MODEL_SHAPES["qwen3-30b-a3b"]),
+            "parallel": {"tensor_parallel_size": 2, "enable_expert_parallel": True},
+        },
+        "dp2-ep-deepep-ll": {
+            "layer": _layer(MODEL_SHAPES["qwen3-30b-a3b"]),
+            "parallel": {
+                "data_parallel_size": 2,
+                "enable_expert_parallel": True,
+                "all2all_backend": "deepep_low_latency",
+            },
+        },
+        "dp2-ep-deepep-ht-eplb": {
+            "layer": _layer(MODEL_SHAPES["qwen3-30b-a3b"]),
+            "parallel": {
+                "data_parallel_size": 2,
+                "enable_expert_parallel": True,
+                "all2all_backend": "deepep_high_throughput",
+                "enable_eplb": True,
+            },
+        },
+        "dp2-ep-fi-two-sided": {
+            "layer": _layer(MODEL_SHAPES["qwen3-30b-a3b"]),
+            "parallel": {
+                "data_parallel_size": 2,
+                "enable_expert_parallel": True,
+                "all2all_backend": "flashinfer_nvlink_two_sided",
+            },
+        },
+        "dp2-ep-fi-one-sided": {
+            "layer": _layer(MODEL_SHAPES["qwen3-30b-a3b"]),
+            "parallel": {
+                "data_parallel_size": 2,
+                "enable_expert_parallel": True,
+                "all2all_backend": "flashinfer_nvlink_one_sided",
+            },
+        },
+    }
+    for pname, (qname, quant, flag), (vname, extra) in itertools.product(
+        ("a100", "h200", "b200-flashinfer-int4", "mi300x", "cpu", "cpu-zentorch", "xpu"),
+        [
+            quant_map[q]
+            for q in ("gptq-int4-g128", "ct-int4-g32", "gptq-as-moe-wna16", "ct-int4-asym-g32")
+        ],
+        variants.items(),
+    ):
+        if "eplb" in vname and platform_map[pname]["device"] == "cpu":
+            continue  # vLLM refuses EPLB on CPU in config validation; the spec refuses it too
+        specs.append(_spec(f"{pname}|{qname}|{vname}", quant, flag, platform_map[pname], **extra))
+    unique: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        unique.setdefault(spec["id"], spec)
+    return list(unique.values())
+
+
+def main() -> None:
+    for spec in generate():
+        sys.stdout.write(json.dumps(spec) + "\n")
+
+
+if __name__ == "__main__":
+    main()
