@@ -73,11 +73,16 @@ class MoeControlServer:
         self._metrics_http: Any = None
         self._stopping = False
         self._health_tasks: set[asyncio.Task[None]] = set()
+        self._restarts_counted: dict[int, int] = {}
 
     # -- readiness
 
     def _worker_changed(self, worker: WorkerHandle) -> None:
         self.metrics.set_worker_ready(worker.index, worker.device, worker.ready)
+        counted = self._restarts_counted.get(worker.index, 0)
+        for _ in range(worker.restarts - counted):
+            self.metrics.count_worker_restart(worker.index, worker.device)
+        self._restarts_counted[worker.index] = worker.restarts
         task = asyncio.create_task(self._publish_readiness())
         self._health_tasks.add(task)
         task.add_done_callback(self._health_tasks.discard)

@@ -184,8 +184,9 @@ class WorkerHandle:
 
     # -- supervision
 
-    def _set_state(self, state: WorkerState) -> None:
-        if state is not self.state:
+    def _set_state(self, state: WorkerState, *, notify: bool = False) -> None:
+        """Change state; listeners hear of changes (and of every restart: `notify`)."""
+        if state is not self.state or notify:
             self.state = state
             self.on_change(self)
 
@@ -208,7 +209,7 @@ class WorkerHandle:
                 WorkerUnavailableError(f"worker {self.index} ({self.device}) died: {reason}")
             )
             self.restarts += 1
-            self._set_state(WorkerState.RESTARTING)
+            self._set_state(WorkerState.RESTARTING, notify=True)
             log.warning(
                 "worker died; restarting",
                 extra={
