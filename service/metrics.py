@@ -15,6 +15,7 @@ from __future__ import annotations
 import platform
 from collections.abc import Iterable
 from importlib import metadata
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -90,6 +91,9 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        # Label children resolved once (the label sets are small and bounded).
+        self._selection_children: dict[tuple[str, str], Any] = {}
+        self._rejection_children: dict[tuple[str, str], Any] = {}
         r = self.registry
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)

@@ -250,7 +250,25 @@ def deployment_to_json(
 # Platforms
 
 
+#: Messages of recently seen profiles (presets and worker profiles are long-lived objects),
+#: by identity; the profile is kept beside its message so the id cannot be reused.
+_PLATFORM_MESSAGES: dict[int, tuple[PlatformProfile, platform_pb2.PlatformProfile]] = {}
+_PLATFORM_MESSAGES_MAX = 256
+
+
 def platform_to_pb(profile: PlatformProfile) -> platform_pb2.PlatformProfile:
+    """The message of a profile (built once per profile object; treat it as read-only)."""
+    cached = _PLATFORM_MESSAGES.get(id(profile))
+    if cached is not None and cached[0] is profile:
+        return cached[1]
+    message = _build_platform(profile)
+    if len(_PLATFORM_MESSAGES) >= _PLATFORM_MESSAGES_MAX:
+        _PLATFORM_MESSAGES.clear()
+    _PLATFORM_MESSAGES[id(profile)] = (profile, message)
+    return message
+
+
+def _build_platform(profile: PlatformProfile) -> platform_pb2.PlatformProfile:
     message = platform_pb2.PlatformProfile(
         device=_DEVICE_TO_PB.get(profile.device, platform_pb2.DEVICE_KIND_UNSPECIFIED),
         arch=profile.arch or "",

@@ -1,0 +1,92 @@
+"""The one table from domain exceptions to gRPC statuses with details."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from google.rpc import code_pb2, error_details_pb2
+
+from service.api.errors import INTERNAL_MESSAGE, status_for
+from service.api.generated.moe_control.v1 import selection_pb2
+from service.oracle import (
+    Candidate,
+    ErrorInfo,
+    FieldViolation,
+    InvalidSpecError,
+    SelectionError,
+    UnknownRulesetError,
+    Verdict,
+)
+from service.worker.errors import LayerNotFoundError, WorkerNotFoundError, WorkerUnavailableError
+
+
+def detail(status: Any, kind: type) -> Any:
+    for packed in status.details:
+        message = kind()
+        if packed.Unpack(message):
+            return message
+    raise AssertionError(f"no {kind.__name__}")
+
+
+def test_invalid_spec_is_invalid_argument_with_bad_request() -> None:
+    exc = InvalidSpecError([FieldViolation("layer.top_k", "required"), FieldViolation("x", "y")])
+    status = status_for(exc)
+    assert status.code == code_pb2.INVALID_ARGUMENT
+    violations = detail(status, error_details_pb2.BadRequest).field_violations
+    assert [(v.field, v.description) for v in violations] == [
+        ("layer.top_k", "required"),
+        ("x", "y"),
+    ]
+    assert status_for(UnknownRulesetError([FieldViolation("ruleset", "?")])).code == (
+        code_pb2.INVALID_ARGUMENT
+    )
+
+
+def test_selection_error_is_failed_precondition_with_every_backend() -> None:
+    candidates = (
+        Candidate("MARLIN", Verdict.REJECTED, "DEVICE", "kernel does not support current device"),
+        Candidate("TRITON", Verdict.NOT_REACHED, "", ""),
+    )
+    exc = SelectionError(
+        ErrorInfo("backend", "NotImplementedError", "No WNA16 MoE backend supports it."),
+        candidates=candidates,
+        quantization="gptq_marlin",
+        moe_method="GPTQMarlinMoEMethod",
+    )
+    status = status_for(exc)
+    assert status.code == code_pb2.FAILED_PRECONDITION
+    assert "No WNA16 MoE backend supports it." in status.message
+    violations = detail(status, error_details_pb2.PreconditionFailure).violations
+    assert [(v.type, v.subject, v.description) for v in violations] == [
+        ("MARLIN", "DEVICE", "kernel does not support current device"),
+        ("TRITON", "", ""),
+    ]
+    info = detail(status, error_details_pb2.ErrorInfo)
+    assert info.reason == "BACKEND_SELECTION_FAILED"
+    assert dict(info.metadata) == {"stage": "backend", "vllm_exception": "NotImplementedError"}
+    failure = detail(status, selection_pb2.SelectionFailure)
+    assert failure.moe_method == "GPTQMarlinMoEMethod"
+    assert len(failure.candidates) == 2
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (WorkerUnavailableError("restarting"), code_pb2.UNAVAILABLE),
+        (WorkerNotFoundError(3, 1), code_pb2.NOT_FOUND),
+        (LayerNotFoundError("l-1"), code_pb2.NOT_FOUND),
+        (NotImplementedError("RunMoE lands later"), code_pb2.UNIMPLEMENTED),
+    ],
+)
+def test_other_domain_errors(exc: Exception, code: int) -> None:
+    status = status_for(exc)
+    assert status.code == code
+    assert status.message == str(exc)
+
+
+def test_anything_else_is_internal_without_leaking_its_text() -> None:
+    status = status_for(KeyError("/secret/path"))
+    assert status.code == code_pb2.INTERNAL
+    assert status.message == INTERNAL_MESSAGE
+    assert not status.details

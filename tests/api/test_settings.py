@@ -1,0 +1,75 @@
+"""Settings: flags over MOE_CONTROL_* environment variables over defaults."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from service.settings import Settings, SettingsError
+
+
+def parse(argv: list[str], env: dict[str, str] | None = None) -> Settings:
+    parser = argparse.ArgumentParser()
+    Settings.add_arguments(parser)
+    return Settings.load(parser.parse_args(argv), env or {})
+
+
+def test_defaults() -> None:
+    settings = parse([])
+    assert (settings.host, settings.port, settings.metrics_port) == ("127.0.0.1", 50151, 9464)
+    assert not settings.tls_enabled
+    assert settings.token() is None
+
+
+def test_flags_win_over_environment() -> None:
+    env = {"MOE_CONTROL_PORT": "6000", "MOE_CONTROL_MAX_CONCURRENT_RPCS": "7"}
+    settings = parse(["--port", "7000"], env)
+    assert settings.port == 7000
+    assert settings.max_concurrent_rpcs == 7
+
+
+def test_booleans_and_paths_from_the_environment(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("abc\n")
+    env = {"MOE_CONTROL_METRICS_ENABLED": "false", "MOE_CONTROL_AUTH_TOKEN_FILE": str(token)}
+    settings = parse([], env)
+    assert settings.metrics_enabled is False
+    assert settings.token() == "abc"
+    assert parse(["--metrics-enabled"], env).metrics_enabled is True
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--port", "70000"], "port must be in 0..65535"),
+        (["--port", "http"], "--port: bad value"),
+        (["--tls-key", "k.pem"], "tls_cert and tls_key go together"),
+        (["--tls-client-ca", "ca.pem"], "needs tls_cert"),
+        (["--log-format", "xml"], "log_format"),
+        (["--auth-token", "a", "--auth-token-file", "f"], "not both"),
+    ],
+)
+def test_bad_values_are_refused(argv: list[str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        parse(argv)
+
+
+def test_grpc_options_carry_the_limits() -> None:
+    options = dict(parse(["--max-receive-message-bytes", "1024"]).grpc_options())
+    assert options["grpc.max_receive_message_length"] == 1024
+    assert options["grpc.keepalive_permit_without_calls"] == 1
+    assert options["grpc.http2.min_recv_ping_interval_without_data_ms"] == 10000
+
+
+def test_every_setting_is_documented_in_the_readme() -> None:
+    import dataclasses
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    missing = [
+        Settings.env_name(f.name)
+        for f in dataclasses.fields(Settings)
+        if Settings.env_name(f.name) not in readme
+    ]
+    assert not missing, f"README lacks {missing}"

@@ -1,0 +1,85 @@
+"""The supervisor: real worker processes, killed and restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from service.worker.errors import WorkerNotFoundError, WorkerUnavailableError
+from service.worker.supervisor import (
+    SupervisorConfig,
+    WorkerHandle,
+    WorkerPool,
+    WorkerState,
+    discover_devices,
+)
+
+FAST = SupervisorConfig(ping_interval_s=0.2, ping_timeout_s=2.0, restart_backoff_s=0.05)
+
+
+def test_pool_starts_restarts_and_stops() -> None:
+    async def scenario() -> None:
+        changes: list[tuple[int, WorkerState, int]] = []
+
+        def changed(worker: WorkerHandle) -> None:
+            changes.append((worker.index, worker.state, worker.restarts))
+
+        pool = WorkerPool(["cpu"], FAST, on_change=changed)
+        pool.start()
+        try:
+            assert await pool.wait_ready(30)
+            profile = pool.profile(0)
+            assert profile.device == "cpu"
+            assert pool.default_profile() == profile
+            first = pool.snapshots()[0]
+            assert (await pool.workers[0].call("ping"))["pid"] == first.pid
+
+            os.kill(first.pid, signal.SIGKILL)
+            await asyncio.sleep(0.02)
+            assert await pool.wait_ready(30)
+            second = pool.snapshots()[0]
+            assert second.restarts == 1
+            assert second.pid != first.pid
+            assert "SIGKILL" in second.last_exit_reason
+            assert (0, WorkerState.RESTARTING, 1) in changes
+            with pytest.raises(WorkerNotFoundError):
+                pool.profile(4)
+        finally:
+            await pool.stop()
+        assert pool.snapshots()[0].state is WorkerState.STOPPED
+        with pytest.raises(WorkerUnavailableError):
+            pool.profile(0)
+
+    asyncio.run(scenario())
+
+
+def test_a_hung_worker_is_killed_and_restarted() -> None:
+    async def scenario() -> None:
+        pool = WorkerPool(["cpu"], FAST)
+        pool.start()
+        try:
+            assert await pool.wait_ready(30)
+            first = pool.snapshots()[0]
+            os.kill(first.pid, signal.SIGSTOP)  # alive, but answers nothing
+            for _ in range(200):
+                await asyncio.sleep(0.05)
+                if pool.snapshots()[0].restarts:
+                    break
+            assert await pool.wait_ready(30)
+            second = pool.snapshots()[0]
+            assert second.restarts == 1
+            assert "no answer to a ping" in second.last_exit_reason
+        finally:
+            await pool.stop()
+
+    asyncio.run(scenario())
+
+
+def test_device_lists() -> None:
+    assert asyncio.run(discover_devices("cpu")) == ["cpu"]
+    assert asyncio.run(discover_devices("cuda:0, cuda:1")) == ["cuda:0", "cuda:1"]
+    with pytest.raises(ValueError, match="devices"):
+        asyncio.run(discover_devices("gpu0"))
