@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -18,6 +20,15 @@ from service.worker.supervisor import (
 )
 
 FAST = SupervisorConfig(ping_interval_s=0.2, ping_timeout_s=2.0, restart_backoff_s=0.05)
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
 
 
 def test_pool_starts_restarts_and_stops() -> None:
@@ -38,7 +49,7 @@ def test_pool_starts_restarts_and_stops() -> None:
             assert (await pool.workers[0].call("ping"))["pid"] == first.pid
 
             os.kill(first.pid, signal.SIGKILL)
-            await asyncio.sleep(0.02)
+            assert await until(lambda: pool.snapshots()[0].restarts == 1)
             assert await pool.wait_ready(30)
             second = pool.snapshots()[0]
             assert second.restarts == 1
@@ -64,10 +75,7 @@ def test_a_hung_worker_is_killed_and_restarted() -> None:
             assert await pool.wait_ready(30)
             first = pool.snapshots()[0]
             os.kill(first.pid, signal.SIGSTOP)  # alive, but answers nothing
-            for _ in range(200):
-                await asyncio.sleep(0.05)
-                if pool.snapshots()[0].restarts:
-                    break
+            assert await until(lambda: pool.snapshots()[0].restarts == 1)
             assert await pool.wait_ready(30)
             second = pool.snapshots()[0]
             assert second.restarts == 1
