@@ -5,10 +5,14 @@ Usage (vLLM 0.33.0 must be importable, e.g. the venv in /tmp/vllmvenv)::
 
     /tmp/vllmvenv/bin/python tests/parity/vllm_reference.py < specs.jsonl > answers.jsonl
 
-Each stdin line is one normalised deployment spec (see the parity tests); each stdout line
-is vLLM's answer for it, in the same order. This is the reference the pure-Python oracle in
-``service/oracle`` is compared against, so nothing in here re-implements a vLLM rule: every
-decision is taken by vLLM's own code, and only the *machine* is faked.
+Each non-blank stdin line is one normalised deployment spec (see the parity tests); each
+stdout line is vLLM's answer for it, in the same order. Where vLLM raises, the answer
+carries the stage, exception type and message; where the harness itself fails on a spec,
+the answer is ``{"id": ..., "harness_error": "<traceback summary>"}`` and the run goes on.
+
+This is the reference the pure-Python oracle in ``service/oracle`` is compared against, so
+nothing in here re-implements a vLLM rule: every decision is taken by vLLM's own code, and
+only the *machine* is faked.
 
 How the machine is faked, and why
 ---------------------------------
@@ -18,7 +22,7 @@ the distributed world (TP/DP/EP ranks). None of these can be real on a CPU-only 
 
 1. Every vLLM module on the decision path is imported first, on the real (unspecified)
    platform. Modules that branch on the platform at import time therefore take the same
-   branch for every spec, and no import happens later under a fake.
+   branch for every spec; a module first imported later, under a fake, is rebound too.
 2. The platform classes are vLLM's real ones (``CudaPlatformBase``, ``RocmPlatform``,
    ``XPUPlatform``, ``CpuPlatform``/``ZenCpuPlatform``), subclassed only to answer the
    questions a driver would answer (capability, device name, device count, CPU
@@ -937,9 +941,10 @@ def answer(world: _World, spec: dict) -> dict:
 
 
 def _harness_error(spec_id: Any, exc: BaseException) -> dict:
-    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    summary = "".join(lines[-6:]).strip()
-    return {"id": spec_id, "harness_error": summary[-2000:]}
+    frames = traceback.extract_tb(exc.__traceback__)[-3:]
+    where = " <- ".join(f"{f.name}:{f.lineno}" for f in reversed(frames))
+    summary = f"{type(exc).__name__}: {exc} (at {where})"
+    return {"id": spec_id, "harness_error": summary[:2000]}
 
 
 def _answer_line(world: _World, line: str) -> str:
