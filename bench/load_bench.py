@@ -114,9 +114,44 @@ async def run(args: argparse.Namespace, target: str) -> dict[str, Any]:
             if measured:
                 latencies.append(time.perf_counter() - start)
 
+    async def open_loop() -> None:
+        """Send at a fixed rate (at most `concurrency` in flight); latency counts from the
+        scheduled send time, so a stalled server cannot hide its queue."""
+        nonlocal issued
+        slots = asyncio.Semaphore(args.concurrency)
+        interval = 1.0 / args.rate
+        pending: set[asyncio.Task[None]] = set()
+
+        async def one(scheduled: float, measured: bool) -> None:
+            try:
+                await calls[issued % len(calls)](payload, timeout=30)
+            except grpc.aio.AioRpcError as error:
+                errors[error.code().name] = errors.get(error.code().name, 0) + 1
+                return
+            finally:
+                slots.release()
+            if measured:
+                latencies.append(time.perf_counter() - scheduled)
+
+        next_send = time.perf_counter()
+        while issued < budget and time.perf_counter() < deadline:
+            await slots.acquire()
+            delay = next_send - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            issued += 1
+            task = asyncio.create_task(one(next_send, issued > args.warmup))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            next_send += interval
+        await asyncio.gather(*pending)
+
     deadline = time.perf_counter() + args.duration
     started = time.perf_counter()
-    await asyncio.gather(*(stream(i) for i in range(args.concurrency)))
+    if args.rate:
+        await open_loop()
+    else:
+        await asyncio.gather(*(stream(i) for i in range(args.concurrency)))
     elapsed = time.perf_counter() - started
     for channel in channels:
         await channel.close()
@@ -128,6 +163,7 @@ async def run(args: argparse.Namespace, target: str) -> dict[str, Any]:
     measured_s = elapsed * len(latencies) / max(1, len(latencies) + args.warmup)
     return {
         "target": target,
+        "mode": f"open loop at {args.rate:g}/s" if args.rate else "closed loop",
         "concurrency": args.concurrency,
         "channels": args.channels,
         "requests": len(latencies),
@@ -146,7 +182,10 @@ async def run(args: argparse.Namespace, target: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", help="HOST:PORT of a running server (loopback only)")
-    parser.add_argument("--concurrency", type=int, default=64, help="requests in flight")
+    parser.add_argument("--concurrency", type=int, default=64, help="requests in flight (cap)")
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="open loop: send this many per second (0: closed)"
+    )
     parser.add_argument("--channels", type=int, default=1, help="client channels (connections)")
     parser.add_argument("--requests", type=int, default=30000, help="measured requests (cap)")
     parser.add_argument("--warmup", type=int, default=1000, help="unmeasured requests first")
