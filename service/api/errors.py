@@ -12,6 +12,7 @@
 | LayerNotFoundError             | NOT_FOUND           | ResourceInfo (layer)                     |
 | WorkerUnavailableError         | UNAVAILABLE         | RetryInfo (1 s)                          |
 | NotImplementedError            | UNIMPLEMENTED       | its message says what is missing         |
+| UnauthenticatedError           | UNAUTHENTICATED     | none                                     |
 | anything else                  | INTERNAL            | none; a fixed message (logged in full)   |
 """
 
@@ -28,6 +29,11 @@ from service.worker.errors import (
     WorkerNotFoundError,
     WorkerUnavailableError,
 )
+
+
+class UnauthenticatedError(Exception):
+    """The call lacks the bearer token the server requires."""
+
 
 #: `ErrorInfo.domain` of every error this service raises.
 ERROR_DOMAIN = "moe-control"
@@ -108,6 +114,8 @@ def status_for(exc: BaseException) -> status_pb2.Status:
             str(exc),
             error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=1)),
         )
+    if isinstance(exc, UnauthenticatedError):
+        return _status(code_pb2.UNAUTHENTICATED, str(exc))
     if isinstance(exc, NotImplementedError):
         return _status(code_pb2.UNIMPLEMENTED, str(exc) or "not implemented")
     return _status(code_pb2.INTERNAL, INTERNAL_MESSAGE)

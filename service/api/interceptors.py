@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 from grpc_status import rpc_status
 
-from service.api.errors import status_for
+from service.api.errors import UnauthenticatedError, status_for
 from service.metrics import Metrics
 
 log = logging.getLogger("moe_control.api")
@@ -106,13 +106,21 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         return False
 
     @staticmethod
-    def _status(exc: Exception) -> tuple[str, grpc.Status]:
-        """The code name (for metrics) and status (with details) of a domain exception."""
+    async def _abort(
+        exc: Exception,
+        context: grpc.aio.ServicerContext[Any, Any],
+        stats: _MethodMetrics,
+        start: float,
+    ) -> None:
+        """End the call with the status (and details) `exc` maps to; raises AbortError.
+
+        The call is counted first: the client sees the status as soon as abort sends it."""
         status = status_for(exc)
         name = _CODE_NAMES.get(status.code, "UNKNOWN")
         if name == "INTERNAL":
             log.error("unhandled error in an RPC", exc_info=exc)
-        return name, rpc_status.to_status(status)
+        stats.handled(name, time.perf_counter() - start)
+        await context.abort_with_status(rpc_status.to_status(status))
 
     def _wrap(
         self, method: str, handler: grpc.RpcMethodHandler[Any, Any]
@@ -129,24 +137,20 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             async def unary_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 start = time.perf_counter()
                 stats.started.inc()
-                code = _OK
                 try:
                     if check_auth and not self._authorized(context):
-                        code = grpc.StatusCode.UNAUTHENTICATED.name
-                        await context.abort(grpc.StatusCode.UNAUTHENTICATED, deny)
-                    return await inner(request, context)
+                        raise UnauthenticatedError(deny)
+                    response = await inner(request, context)
                 except asyncio.CancelledError:
-                    code = _CANCELLED
+                    stats.handled(_CANCELLED, time.perf_counter() - start)
                     raise
-                except grpc.aio.AbortError:
-                    if code == _OK:
-                        code = _code_of(context)
+                except grpc.aio.AbortError:  # the handler aborted by itself
+                    stats.handled(_code_of(context), time.perf_counter() - start)
                     raise
                 except Exception as exc:
-                    code, status = self._status(exc)
-                    await context.abort_with_status(status)
-                finally:
-                    stats.handled(code, time.perf_counter() - start)
+                    await self._abort(exc, context, stats, start)
+                stats.handled(_OK, time.perf_counter() - start)
+                return response
 
             return grpc.unary_unary_rpc_method_handler(
                 unary_unary,
@@ -169,7 +173,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         ) -> AsyncIterator[Any]:
             """Run the handler as an async iterator of responses, whatever its style."""
             if check_auth and not self._authorized(context):
-                raise _DeniedError(deny)
+                raise UnauthenticatedError(deny)
             if handler.request_streaming:
                 request = counted(request)
             else:
@@ -190,25 +194,18 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         ) -> AsyncIterator[Any]:
             start = time.perf_counter()
             stats.started.inc()
-            code = _OK
             try:
                 async for item in call(request, context):
                     yield item
-            except _DeniedError as denied:
-                code = grpc.StatusCode.UNAUTHENTICATED.name
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(denied))
             except asyncio.CancelledError:
-                code = _CANCELLED
+                stats.handled(_CANCELLED, time.perf_counter() - start)
                 raise
-            except grpc.aio.AbortError:
-                if code == _OK:
-                    code = _code_of(context)
+            except grpc.aio.AbortError:  # the handler aborted by itself
+                stats.handled(_code_of(context), time.perf_counter() - start)
                 raise
             except Exception as exc:
-                code, status = self._status(exc)
-                await context.abort_with_status(status)
-            finally:
-                stats.handled(code, time.perf_counter() - start)
+                await self._abort(exc, context, stats, start)
+            stats.handled(_OK, time.perf_counter() - start)
 
         if handler.response_streaming:
             factory = (
@@ -233,10 +230,6 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
-
-
-class _DeniedError(Exception):
-    """The call lacks a valid bearer token."""
 
 
 def _code_of(context: grpc.aio.ServicerContext[Any, Any]) -> str:

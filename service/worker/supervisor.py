@@ -252,6 +252,7 @@ class WorkerHandle:
         if self.state is not WorkerState.RESTARTING:
             self._set_state(WorkerState.STARTING)
         tasks: list[asyncio.Task[None]] = []
+        reason = ""
         try:
             await self._handshake(process)
             self.ready_time = time.time()
@@ -278,12 +279,23 @@ class WorkerHandle:
         finally:
             for task in tasks:
                 task.cancel()
-            if process.returncode is None and not self._stopping:
-                process.kill()
             if not self._stopping:
-                await process.wait()
+                await self._reap(process, hung=bool(reason))
         status = _exit_reason(process.returncode)
         return f"{reason} ({status})" if reason else status
+
+    async def _reap(self, process: asyncio.subprocess.Process, *, hung: bool) -> None:
+        """Collect the incarnation's exit status, killing it if it is (or may be) alive.
+
+        A worker that closed its stdout is normally dead already: wait for asyncio to reap it
+        rather than kill() at once, because Popen.send_signal() polls first and would reap it
+        itself, losing the exit status ("killed by SIGKILL") to a blind 255."""
+        if process.returncode is None and not hung:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(process.wait(), timeout=5.0)
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
 
     async def _handshake(self, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None

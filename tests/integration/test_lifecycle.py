@@ -93,7 +93,7 @@ def test_killed_worker_is_restarted_and_readiness_follows(server_factory: Factor
         worker = after.workers[0]
         assert worker.restarts == 1
         assert worker.pid not in (0, before.pid)
-        assert "SIGKILL" in worker.last_exit_reason
+        assert "SIGKILL" in worker.last_exit_reason, "".join(server.stderr_lines)
         try:  # the worker's own platform is known again (the CPU may have no backend)
             stub.SelectBackend(request, timeout=5)
         except grpc.RpcError as error:
