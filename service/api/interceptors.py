@@ -158,13 +158,10 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 response_serializer=handler.response_serializer,
             )
 
-        def counted(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-            async def generator() -> AsyncIterator[Any]:
-                async for item in requests:
-                    stats.received.inc()
-                    yield item
-
-            return generator()
+        async def counted(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+            async for item in requests:
+                stats.received.inc()
+                yield item
 
         original: Any = handler.stream_stream or handler.stream_unary or handler.unary_stream
 
