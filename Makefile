@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 BUF_VERSION := 1.75.0
 BUF := node_modules/.bin/buf
 VLLM_VERSION := 0.33.0
+TORCH_CPU_VERSION := 2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 50151
 METRICS_PORT ?= 9464
@@ -21,6 +22,9 @@ help:
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	# The CPU build of torch first (these machines keep its wheel on disk, and pip takes it
+	# for this exact version); an open dependency range would fetch a multi-GB CUDA build.
+	$(BIN)/pip install --quiet "torch==$(TORCH_CPU_VERSION)"
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
