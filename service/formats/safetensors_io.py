@@ -1,0 +1,360 @@
+"""safetensors files read through mmap and written tensor by tensor, atomically.
+
+The `safetensors` package loads or saves whole dicts of tensors; a multi-GB shard would
+then sit in memory twice. Its format is simple (8-byte little-endian header length, a JSON
+header of dtype, shape and byte offsets, then the raw data), so we read it through a
+private memory map (nothing is loaded until touched, unknown dtypes are copied as bytes)
+and write it by declaring every tensor first and streaming the data after, hashing on the
+way. A written file appears under its name only complete and fsynced (temp file + fsync +
+rename + directory fsync); an aborted one leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import mmap
+import os
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from service.formats.input_errors import ConvertInputError
+
+if TYPE_CHECKING:
+    import torch
+
+#: Element size of every safetensors dtype code we know; others are copied as raw bytes.
+ITEMSIZE = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E8M0": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
+TORCH_DTYPE = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I16": "int16",
+    "U16": "uint16",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I32": "int32",
+    "U32": "uint32",
+    "F32": "float32",
+    "I64": "int64",
+    "U64": "uint64",
+    "F64": "float64",
+}
+SAFETENSORS_OF_TORCH = {v: k for k, v in TORCH_DTYPE.items()}
+#: A header larger than this is refused (safetensors' own limit is 100 MB).
+MAX_HEADER_BYTES = 100_000_000
+_ALIGN = 8
+#: Data is written and hashed in slices of this size.
+WRITE_SLICE = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One tensor of a safetensors file."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int  # absolute file offsets
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+class SafetensorsFile:
+    """A safetensors file, mapped; tensors are views into the mapping (copy-on-write, so
+    torch accepts them without warnings and nothing is ever written back)."""
+
+    def __init__(self, path: Path, field: str = "") -> None:
+        self.path = path
+        field = field or str(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            size = os.fstat(fd).st_size
+            head = os.pread(fd, 8, 0)
+            if len(head) < 8:
+                raise ConvertInputError(field, "not a safetensors file (shorter than 8 bytes)")
+            header_len = int.from_bytes(head, "little")
+            if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
+                raise ConvertInputError(
+                    field, f"not a safetensors file (header of {header_len} bytes)"
+                )
+            try:
+                header = json.loads(os.pread(fd, header_len, 8))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ConvertInputError(field, f"safetensors header is not JSON: {exc}") from None
+            if not isinstance(header, dict):
+                raise ConvertInputError(field, "safetensors header is not a JSON object")
+            base = 8 + header_len
+            self.metadata: dict[str, str] = dict(header.pop("__metadata__", None) or {})
+            self.entries: dict[str, Entry] = {}
+            for name, info in header.items():
+                self.entries[name] = _entry(name, info, base, size, field)
+            self._map = mmap.mmap(fd, size, access=mmap.ACCESS_COPY) if size else None
+        finally:
+            os.close(fd)
+        self.size = size
+
+    def raw(self, name: str) -> memoryview:
+        entry = self.entries[name]
+        if self._map is None:
+            return memoryview(b"")
+        return memoryview(self._map)[entry.start : entry.end]
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """A zero-copy view of a tensor with a known dtype."""
+        import torch
+
+        entry = self.entries[name]
+        dtype = getattr(torch, TORCH_DTYPE[entry.dtype])
+        if entry.nbytes == 0:
+            return torch.empty(entry.shape, dtype=dtype)
+        flat = torch.frombuffer(self.raw(name), dtype=torch.uint8)
+        return flat.view(dtype).reshape(entry.shape)
+
+    def close(self) -> None:
+        if self._map is not None:
+            # A tensor view still alive keeps the mapping; it goes when the view does.
+            with contextlib.suppress(BufferError):
+                self._map.close()
+            self._map = None
+
+    def __enter__(self) -> SafetensorsFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _entry(name: str, info: Any, base: int, size: int, field: str) -> Entry:
+    where = f"{field}: tensor {name!r}"
+    if not isinstance(info, dict):
+        raise ConvertInputError(field, f"tensor {name!r} has no dtype/shape/data_offsets object")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str):
+        raise ConvertInputError(field, f"tensor {name!r}: dtype must be a string")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise ConvertInputError(field, f"tensor {name!r}: shape must be a list of sizes")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) for o in offsets)
+        or not 0 <= offsets[0] <= offsets[1]
+        or base + offsets[1] > size
+    ):
+        raise ConvertInputError(field, f"tensor {name!r}: data_offsets out of the file")
+    start, end = base + offsets[0], base + offsets[1]
+    itemsize = ITEMSIZE.get(dtype)
+    if itemsize is not None and end - start != math.prod(shape) * itemsize:
+        raise ConvertInputError(
+            field, f"{where} holds {end - start} bytes, but {dtype} {shape} needs another size"
+        )
+    return Entry(name, dtype, tuple(shape), start, end)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorPlan:
+    """A tensor to be written: declared before any data."""
+
+    name: str
+    dtype: str  # safetensors code
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+def plan_of(name: str, tensor: torch.Tensor) -> TensorPlan:
+    code = SAFETENSORS_OF_TORCH[str(tensor.dtype).removeprefix("torch.")]
+    return TensorPlan(name, code, tuple(tensor.shape), tensor.numel() * tensor.element_size())
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """The raw little-endian bytes of a CPU tensor (copied only if not contiguous)."""
+    import torch
+
+    flat = tensor.detach().contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    array: Any = flat.view(torch.uint8).numpy()
+    return memoryview(array).cast("B")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write a small file atomically (temp + fsync + rename + directory fsync)."""
+    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        temp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    try:
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+class SafetensorsWriter:
+    """Writes one safetensors file: the header from `plans`, then each tensor's data in
+    plan order. `commit()` makes it appear; leaving the `with` block by an exception (or
+    `abort()`) removes the temp file. Every tensor's SHA-256 is computed on the way."""
+
+    def __init__(
+        self, path: Path, plans: Iterable[TensorPlan], metadata: dict[str, str] | None = None
+    ) -> None:
+        self.path = path
+        self.plans = list(plans)
+        self.sha256: dict[str, str] = {}
+        self._next = 0
+        self._done = False
+        header: dict[str, Any] = {}
+        if metadata:
+            header["__metadata__"] = dict(metadata)
+        offset = 0
+        for plan in self.plans:
+            header[plan.name] = {
+                "dtype": plan.dtype,
+                "shape": list(plan.shape),
+                "data_offsets": [offset, offset + plan.nbytes],
+            }
+            offset += plan.nbytes
+        self.data_bytes = offset
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % _ALIGN)
+        self.temp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        self._fd = os.open(
+            self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+        )
+        try:
+            self._write(len(text).to_bytes(8, "little") + text)
+        except BaseException:
+            self.abort()
+            raise
+        self.total_bytes = 8 + len(text) + offset
+
+    def _write(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+    def write(self, name: str, data: bytes | memoryview) -> str:
+        """Write the next tensor's bytes; returns their SHA-256."""
+        if self._next >= len(self.plans):
+            raise ValueError(f"{name}: every planned tensor is already written")
+        plan = self.plans[self._next]
+        view = memoryview(data).cast("B")
+        if plan.name != name or len(view) != plan.nbytes:
+            raise ValueError(
+                f"expected {plan.name} ({plan.nbytes} bytes), got {name} ({len(view)} bytes)"
+            )
+        digest = hashlib.sha256()
+        for offset in range(0, len(view), WRITE_SLICE):
+            part = view[offset : offset + WRITE_SLICE]
+            digest.update(part)
+            self._write(part)
+        self._next += 1
+        self.sha256[name] = digest.hexdigest()
+        return self.sha256[name]
+
+    def commit(self) -> None:
+        if self._next != len(self.plans):
+            raise ValueError(f"{len(self.plans) - self._next} planned tensors were not written")
+        try:
+            os.fsync(self._fd)
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+        try:
+            os.replace(self.temp, self.path)
+        except BaseException:
+            self.temp.unlink(missing_ok=True)
+            raise
+        self._done = True
+        fsync_dir(self.path.parent)
+
+    def abort(self) -> None:
+        if self._done:
+            return
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self.temp.unlink(missing_ok=True)
+        self._done = True
+
+    def __enter__(self) -> SafetensorsWriter:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if kind is not None:
+            self.abort()
+
+
+def hash_tensors(path: Path, names: Iterable[str] | None = None) -> dict[str, str]:
+    """SHA-256 of each tensor's data in a safetensors file (all of them by default)."""
+    with SafetensorsFile(path) as file:
+        wanted = list(file.entries) if names is None else list(names)
+        out: dict[str, str] = {}
+        for name in wanted:
+            if name not in file.entries:
+                continue
+            digest = hashlib.sha256()
+            view = file.raw(name)
+            for offset in range(0, len(view), WRITE_SLICE):
+                digest.update(view[offset : offset + WRITE_SLICE])
+            out[name] = digest.hexdigest()
+            del view
+        return out
+
+
+def hash_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as handle:
+        while block := handle.read(WRITE_SLICE):
+            digest.update(block)
+    return digest.hexdigest()
