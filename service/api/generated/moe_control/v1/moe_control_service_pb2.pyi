@@ -68,7 +68,7 @@ class ConvertWeightsRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[ConvertWeightsHeader, _Mapping]] = ..., tensor: _Optional[_Union[_tensor_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_tensor_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
 
 class ConvertWeightsHeader(_message.Message):
-    __slots__ = ("spec", "spec_json", "model_config", "target_backend", "worker_index", "inline", "checkpoint", "keep_loaded", "max_chunk_bytes")
+    __slots__ = ("spec", "spec_json", "model_config", "target_backend", "worker_index", "inline", "checkpoint", "keep_loaded", "max_chunk_bytes", "platform", "ruleset")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
     MODEL_CONFIG_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,8 @@ class ConvertWeightsHeader(_message.Message):
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     KEEP_LOADED_FIELD_NUMBER: _ClassVar[int]
     MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PLATFORM_FIELD_NUMBER: _ClassVar[int]
+    RULESET_FIELD_NUMBER: _ClassVar[int]
     spec: _selection_pb2.DeploymentSpec
     spec_json: str
     model_config: _selection_pb2.ModelConfig
@@ -87,7 +89,9 @@ class ConvertWeightsHeader(_message.Message):
     checkpoint: CheckpointConversion
     keep_loaded: bool
     max_chunk_bytes: int
-    def __init__(self, spec: _Optional[_Union[_selection_pb2.DeploymentSpec, _Mapping]] = ..., spec_json: _Optional[str] = ..., model_config: _Optional[_Union[_selection_pb2.ModelConfig, _Mapping]] = ..., target_backend: _Optional[str] = ..., worker_index: _Optional[int] = ..., inline: _Optional[_Union[InlineConversion, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointConversion, _Mapping]] = ..., keep_loaded: _Optional[bool] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
+    platform: _selection_pb2.PlatformSelector
+    ruleset: str
+    def __init__(self, spec: _Optional[_Union[_selection_pb2.DeploymentSpec, _Mapping]] = ..., spec_json: _Optional[str] = ..., model_config: _Optional[_Union[_selection_pb2.ModelConfig, _Mapping]] = ..., target_backend: _Optional[str] = ..., worker_index: _Optional[int] = ..., inline: _Optional[_Union[InlineConversion, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointConversion, _Mapping]] = ..., keep_loaded: _Optional[bool] = ..., max_chunk_bytes: _Optional[int] = ..., platform: _Optional[_Union[_selection_pb2.PlatformSelector, _Mapping]] = ..., ruleset: _Optional[str] = ...) -> None: ...
 
 class InlineConversion(_message.Message):
     __slots__ = ("return_tensors",)
@@ -126,18 +130,20 @@ class ConvertWeightsResponse(_message.Message):
     def __init__(self, tensor: _Optional[_Union[_tensor_pb2.TensorHeader, _Mapping]] = ..., chunk: _Optional[_Union[_tensor_pb2.TensorChunk, _Mapping]] = ..., progress: _Optional[_Union[ConvertProgress, _Mapping]] = ..., summary: _Optional[_Union[ConvertSummary, _Mapping]] = ...) -> None: ...
 
 class ConvertProgress(_message.Message):
-    __slots__ = ("layers_done", "layers_total", "bytes_done", "bytes_total", "current")
+    __slots__ = ("layers_done", "layers_total", "bytes_done", "bytes_total", "current", "stage")
     LAYERS_DONE_FIELD_NUMBER: _ClassVar[int]
     LAYERS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
     BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     CURRENT_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
     layers_done: int
     layers_total: int
     bytes_done: int
     bytes_total: int
     current: str
-    def __init__(self, layers_done: _Optional[int] = ..., layers_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., current: _Optional[str] = ...) -> None: ...
+    stage: str
+    def __init__(self, layers_done: _Optional[int] = ..., layers_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., current: _Optional[str] = ..., stage: _Optional[str] = ...) -> None: ...
 
 class KernelFormat(_message.Message):
     __slots__ = ("backend", "experts_class", "bits", "group_size", "has_zero_points", "attributes")
@@ -163,7 +169,7 @@ class KernelFormat(_message.Message):
     def __init__(self, backend: _Optional[str] = ..., experts_class: _Optional[str] = ..., bits: _Optional[int] = ..., group_size: _Optional[int] = ..., has_zero_points: _Optional[bool] = ..., attributes: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ConvertSummary(_message.Message):
-    __slots__ = ("target_format", "tensors", "bytes_in", "bytes_out", "elapsed", "layer_id", "manifest_path")
+    __slots__ = ("target_format", "tensors", "bytes_in", "bytes_out", "elapsed", "layer_id", "manifest_path", "device_time", "layers_converted", "layers_skipped", "backend_chosen_by")
     TARGET_FORMAT_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     BYTES_IN_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +177,10 @@ class ConvertSummary(_message.Message):
     ELAPSED_FIELD_NUMBER: _ClassVar[int]
     LAYER_ID_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_PATH_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_CONVERTED_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_CHOSEN_BY_FIELD_NUMBER: _ClassVar[int]
     target_format: KernelFormat
     tensors: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorHeader]
     bytes_in: int
@@ -178,7 +188,11 @@ class ConvertSummary(_message.Message):
     elapsed: _duration_pb2.Duration
     layer_id: str
     manifest_path: str
-    def __init__(self, target_format: _Optional[_Union[KernelFormat, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.TensorHeader, _Mapping]]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., layer_id: _Optional[str] = ..., manifest_path: _Optional[str] = ...) -> None: ...
+    device_time: _duration_pb2.Duration
+    layers_converted: int
+    layers_skipped: int
+    backend_chosen_by: str
+    def __init__(self, target_format: _Optional[_Union[KernelFormat, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.TensorHeader, _Mapping]]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., layer_id: _Optional[str] = ..., manifest_path: _Optional[str] = ..., device_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., layers_converted: _Optional[int] = ..., layers_skipped: _Optional[int] = ..., backend_chosen_by: _Optional[str] = ...) -> None: ...
 
 class RunMoERequest(_message.Message):
     __slots__ = ("layer_id", "inline_layer", "hidden_states", "router_logits", "topk", "backend", "worker_index", "warmup_iterations", "timed_iterations", "compare_with_reference")
