@@ -402,29 +402,16 @@ def _regex_or_equal(value: str, target: str, *, contains: bool = False) -> bool:
 
 
 def _ct_scheme_for(
-    config: Mapping[str, Any], name: str, *, module_class: str = "RoutedExperts"
+    config: Mapping[str, Any],
+    schemes: Mapping[str, _CtScheme],
+    name: str,
+    *,
+    module_class: str = "RoutedExperts",
 ) -> _CtScheme | None:
     """`CompressedTensorsConfig.get_scheme_dict` for one projection of the MoE layer."""
     ignore = config.get("ignore") or []
     if any(_regex_or_equal(name, pattern) for pattern in ignore):
         return None
-    top_format = config.get("format")
-    schemes: dict[str, _CtScheme] = {}
-    for group_name, group in (config.get("config_groups") or {}).items():
-        path = f"hf_quantization_config.config_groups.{group_name}"
-        targets = group.get("targets") or []
-        if len(targets) == 1 and str(targets[0]).endswith("Attention"):
-            continue
-        weights = group.get("weights")
-        scheme = _CtScheme(
-            _parse_weight_args(weights, f"{path}.weights") if weights is not None else None,
-            group.get("input_activations") is not None,
-            group.get("format") or top_format,
-        )
-        for target in targets:
-            schemes[target] = scheme
-    if "Linear" in schemes and "RoutedExperts" not in schemes:
-        schemes["RoutedExperts"] = schemes["Linear"]
     for target, scheme in schemes.items():
         if _regex_or_equal(name, target):
             return scheme
@@ -582,11 +569,13 @@ def _awq_method(
     )
 
 
-def _ct_method(spec: DeploymentSpec, name: str) -> MoEMethodPlan:
+def _ct_method(
+    spec: DeploymentSpec, name: str, scheme_map: Mapping[str, _CtScheme]
+) -> MoEMethodPlan:
     config = spec.hf_quantization_config
     layer = spec.layer.name
     schemes = [
-        _ct_scheme_for(config, f"{layer}.0.{proj}")
+        _ct_scheme_for(config, scheme_map, f"{layer}.0.{proj}")
         for proj in ("gate_proj", "up_proj", "down_proj")
     ]
     if any(s != schemes[0] for s in schemes):
@@ -656,13 +645,19 @@ def _ct_method(spec: DeploymentSpec, name: str) -> MoEMethodPlan:
     )
 
 
-def _check_ct_config(config: Mapping[str, Any], name: str) -> None:
-    """`CompressedTensorsConfig.from_config`: group and dynamic act-order are refused."""
+def _ct_scheme_map(config: Mapping[str, Any], name: str) -> dict[str, _CtScheme]:
+    """`CompressedTensorsConfig.from_config`: the target -> scheme map, parsed once.
+
+    Group and dynamic act-order are refused here, as vLLM refuses them while parsing; a
+    `Linear` target also stands for the fused `RoutedExperts` module, as in vLLM.
+    """
     groups = config.get("config_groups") or {}
     if not isinstance(groups, Mapping):
         raise InvalidSpecError.single(
             "hf_quantization_config.config_groups", "must map group names to schemes"
         )
+    top_format = config.get("format")
+    schemes: dict[str, _CtScheme] = {}
     for group_name, group in groups.items():
         path = f"hf_quantization_config.config_groups.{group_name}"
         if not isinstance(group, Mapping) or not isinstance(group.get("targets"), list):
@@ -671,10 +666,8 @@ def _check_ct_config(config: Mapping[str, Any], name: str) -> None:
         if len(targets) == 1 and str(targets[0]).endswith("Attention"):
             continue
         weights = group.get("weights")
-        if weights is None:
-            continue
-        args = _parse_weight_args(weights, f"{path}.weights")
-        if args.actorder in ("group", "dynamic"):
+        args = _parse_weight_args(weights, f"{path}.weights") if weights is not None else None
+        if args is not None and args.actorder in ("group", "dynamic"):
             raise _vllm_error(
                 "quantization",
                 "ValueError",
@@ -683,6 +676,14 @@ def _check_ct_config(config: Mapping[str, Any], name: str) -> None:
                 "static/weight activation ordering or without activation ordering.",
                 quantization=name,
             )
+        scheme = _CtScheme(
+            args, group.get("input_activations") is not None, group.get("format") or top_format
+        )
+        for target in targets:
+            schemes[target] = scheme
+    if "Linear" in schemes and "RoutedExperts" not in schemes:
+        schemes["RoutedExperts"] = schemes["Linear"]
+    return schemes
 
 
 def build_moe_method(spec: DeploymentSpec, moe: MoEConfig) -> MoEMethodPlan:
@@ -692,6 +693,7 @@ def build_moe_method(spec: DeploymentSpec, moe: MoEConfig) -> MoEMethodPlan:
     platform = spec.platform
     config_class = _CONFIG_CLASS[name]
     parsed: QuantConfig | None = None
+    scheme_map: dict[str, _CtScheme] = {}
     if config_class == "auto_gptq":
         parsed = _parse_gptq(config, name)
     elif config_class == "auto_awq":
@@ -699,7 +701,7 @@ def build_moe_method(spec: DeploymentSpec, moe: MoEConfig) -> MoEMethodPlan:
     elif config_class == "moe_wna16":
         parsed = _parse_moe_wna16(config, platform, name)
     else:
-        _check_ct_config(config, name)
+        scheme_map = _ct_scheme_map(config, name)
     minimum = _MIN_CAPABILITY[config_class]
     gated = platform.capability is not None and platform.device in ("cuda", "rocm")
     if gated and platform.capability_int < minimum:
@@ -723,4 +725,4 @@ def build_moe_method(spec: DeploymentSpec, moe: MoEConfig) -> MoEMethodPlan:
         return _awq_method(parsed, name, spec, moe)
     if isinstance(parsed, MoeWNA16Config):
         return _moe_wna16_method(parsed, name, spec.layer.name)
-    return _ct_method(spec, name)
+    return _ct_method(spec, name, scheme_map)
