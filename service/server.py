@@ -70,6 +70,7 @@ class MoeControlServer:
         self.health = health.aio.HealthServicer()
         self.pool: WorkerPool | None = None
         self.server: grpc.aio.Server | None = None
+        self.servicer: MoeControlServicer | None = None
         self._metrics_http: Any = None
         self._stopping = False
         self._health_tasks: set[asyncio.Task[None]] = set()
@@ -130,8 +131,9 @@ class MoeControlServer:
             options=s.grpc_options(),
             maximum_concurrent_rpcs=s.max_concurrent_rpcs or None,
         )
+        self.servicer = MoeControlServicer(self.pool, self.metrics, s)
         pb_grpc.add_MoeControlServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            MoeControlServicer(self.pool, self.metrics), self.server
+            self.servicer, self.server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -177,6 +179,8 @@ class MoeControlServer:
             await self.server.stop(self.settings.grace_s)
         if self.pool is not None:
             await self.pool.stop()
+        if self.servicer is not None:
+            self.servicer.convert.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()

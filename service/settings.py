@@ -97,6 +97,27 @@ class Settings:
     worker_restart_backoff_s: float = field(
         default=1.0, metadata=_doc("first restart delay; doubles up to 30 s while it keeps dying")
     )
+    data_root: Path | None = field(
+        default=None,
+        metadata=_doc(
+            "directory that path-mode conversions may read and write (checkpoints in, "
+            "converted checkpoints out); unset: path mode is refused"
+        ),
+    )
+    convert_max_layer_bytes: int = field(
+        default=16 * 1024 * MIB,
+        metadata=_doc("most tensor bytes one inline ConvertWeights call may declare"),
+    )
+    convert_chunk_bytes: int = field(
+        default=1 * MIB, metadata=_doc("default size of the tensor chunks ConvertWeights sends")
+    )
+    segment_dir: Path | None = field(
+        default=None,
+        metadata=_doc(
+            "where tensors shared with workers live (default: /dev/shm when it has room, "
+            "else the temp directory)"
+        ),
+    )
     log_level: str = field(default="INFO", metadata=_doc("DEBUG, INFO, WARNING or ERROR"))
     log_format: str = field(default="json", metadata=_doc("'json' (one object a line) or 'text'"))
 
@@ -106,7 +127,12 @@ class Settings:
             value = getattr(self, name)
             if not 0 <= value <= 65535:
                 problems.append(f"{name} must be in 0..65535, got {value}")
-        for name in ("max_receive_message_bytes", "max_send_message_bytes"):
+        for name in (
+            "max_receive_message_bytes",
+            "max_send_message_bytes",
+            "convert_max_layer_bytes",
+            "convert_chunk_bytes",
+        ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive")
         if self.max_concurrent_rpcs < 0:

@@ -8,6 +8,10 @@
 |                                |                     | description=vLLM's reason), ErrorInfo,   |
 |                                |                     | moe_control.v1.SelectionFailure          |
 | other OracleError              | INVALID_ARGUMENT    | ErrorInfo                                |
+| ConvertInputError (StreamError | INVALID_ARGUMENT    | BadRequest (the field, e.g.              |
+|   and path errors)             |                     | `tensors[w13_qweight].sha256`), ErrorInfo|
+| PermissionDeniedError (paths)  | PERMISSION_DENIED   | BadRequest (the field), ErrorInfo        |
+| ConvertResourceError           | RESOURCE_EXHAUSTED  | none                                     |
 | WorkerNotFoundError            | NOT_FOUND           | ResourceInfo (worker)                    |
 | LayerNotFoundError             | NOT_FOUND           | ResourceInfo (layer)                     |
 | WorkerUnavailableError         | UNAVAILABLE         | RetryInfo (1 s)                          |
@@ -23,6 +27,8 @@ from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from service.api import codec
+from service.formats.input_errors import ConvertInputError, ConvertResourceError
+from service.formats.paths import PermissionDeniedError
 from service.oracle import InvalidSpecError, OracleError, SelectionError
 from service.worker.errors import (
     LayerNotFoundError,
@@ -51,6 +57,14 @@ def _status(code: int, message: str, *details: Message) -> status_pb2.Status:
 
 def _error_info(reason: str, **metadata: str) -> error_details_pb2.ErrorInfo:
     return error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=metadata)
+
+
+def _bad_request(field: str, description: str) -> error_details_pb2.BadRequest:
+    return error_details_pb2.BadRequest(
+        field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(field=field, description=description)
+        ]
+    )
 
 
 def status_for(exc: BaseException) -> status_pb2.Status:
@@ -92,6 +106,22 @@ def status_for(exc: BaseException) -> status_pb2.Status:
         )
     if isinstance(exc, OracleError):
         return _status(code_pb2.INVALID_ARGUMENT, str(exc), _error_info(type(exc).__name__.upper()))
+    if isinstance(exc, ConvertInputError):
+        return _status(
+            code_pb2.INVALID_ARGUMENT,
+            str(exc),
+            _bad_request(exc.field, exc.description),
+            _error_info("INVALID_CONVERT_INPUT", field=exc.field),
+        )
+    if isinstance(exc, PermissionDeniedError):
+        return _status(
+            code_pb2.PERMISSION_DENIED,
+            str(exc),
+            _bad_request(exc.field, exc.reason),
+            _error_info("PATH_NOT_ALLOWED", field=exc.field),
+        )
+    if isinstance(exc, ConvertResourceError):
+        return _status(code_pb2.RESOURCE_EXHAUSTED, str(exc))
     if isinstance(exc, WorkerNotFoundError):
         return _status(
             code_pb2.NOT_FOUND,

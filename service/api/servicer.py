@@ -14,6 +14,7 @@ import grpc
 from google.protobuf import json_format
 
 from service.api import codec
+from service.api.convert import ConvertWeightsHandler
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.api.generated.moe_control.v1 import platform_pb2
@@ -25,6 +26,7 @@ from service.oracle import (
     parse_deployment,
     select,
 )
+from service.settings import Settings
 from service.worker.errors import WorkerUnavailableError
 from service.worker.supervisor import WorkerPool, WorkerSnapshot, WorkerState
 
@@ -41,8 +43,8 @@ _STATES = {
 def _not_yet(rpc: str, what: str) -> NotImplementedError:
     return NotImplementedError(
         f"{rpc} is part of the moe_control.v1 contract, but this server version does not "
-        f"implement it yet ({what} lands in a later release); SelectBackend, GetPlatform, "
-        "ListPlatformPresets, ListWorkers, ListLayers and UnloadLayer are served"
+        f"implement it yet ({what} lands in a later release); SelectBackend, ConvertWeights, "
+        "GetPlatform, ListPlatformPresets, ListWorkers, ListLayers and UnloadLayer are served"
     )
 
 
@@ -66,9 +68,12 @@ def worker_to_pb(worker: WorkerSnapshot) -> platform_pb2.WorkerInfo:
 
 
 class MoeControlServicer(pb_grpc.MoeControlServiceServicer):
-    def __init__(self, workers: WorkerPool, metrics: Metrics) -> None:
+    def __init__(
+        self, workers: WorkerPool, metrics: Metrics, settings: Settings | None = None
+    ) -> None:
         self._workers = workers
         self._metrics = metrics
+        self.convert = ConvertWeightsHandler(workers, metrics, settings or Settings())
         self._presets = pb.ListPlatformPresetsResponse(
             presets=[
                 platform_pb2.PlatformPreset(name=name, profile=codec.platform_to_pb(profile))
@@ -101,8 +106,8 @@ class MoeControlServicer(pb_grpc.MoeControlServiceServicer):
     async def ConvertWeights(
         self, request_iterator: AsyncIterator[pb.ConvertWeightsRequest], context: Context
     ) -> AsyncIterator[pb.ConvertWeightsResponse]:
-        raise _not_yet("ConvertWeights", "weight conversion")
-        yield pb.ConvertWeightsResponse()  # pragma: no cover - makes this a stream handler
+        async for response in self.convert(request_iterator, context):
+            yield response
 
     async def RunMoE(self, request: pb.RunMoERequest, context: Context) -> pb.RunMoEResponse:
         raise _not_yet("RunMoE", "the fused MoE forward")

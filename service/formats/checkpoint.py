@@ -267,6 +267,45 @@ class CheckpointJob:
     #: The platform profile the backend was chosen for (recorded in the manifest).
     platform: Mapping[str, Any] | None = None
 
+    def to_json(self) -> dict[str, Any]:
+        """The job as the worker protocol carries it (paths already resolved)."""
+        return {
+            "input_dir": str(self.input_dir),
+            "output_dir": str(self.output_dir),
+            "root": str(self.root.root),
+            "source": self.source.to_json(),
+            "target": self.target.to_json(),
+            "quantization_config": dict(self.quantization_config),
+            "gated": self.gated,
+            "num_experts": self.num_experts,
+            "layers": list(self.layers) if self.layers is not None else None,
+            "device": self.device,
+            "platform": dict(self.platform) if self.platform else None,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> CheckpointJob:
+        target = obj["target"]
+        layers = obj.get("layers")
+        return cls(
+            input_dir=Path(obj["input_dir"]),
+            output_dir=Path(obj["output_dir"]),
+            root=DataRoot(Path(obj["root"])),
+            source=SourceSpec.from_json(obj["source"]),
+            target=Target(
+                str(target["backend"]),
+                str(target.get("experts_class", "")),
+                str(target["ruleset"]),
+                str(target.get("chosen_by", "request")),
+            ),
+            quantization_config=dict(obj.get("quantization_config") or {}),
+            gated=bool(obj.get("gated", True)),
+            num_experts=obj.get("num_experts"),
+            layers=(int(layers[0]), int(layers[1])) if layers else None,
+            device=str(obj.get("device", "cpu")),
+            platform=obj.get("platform"),
+        )
+
     def key(self) -> str:
         """Identity of the conversion (not of the run): a journal or manifest with another
         key belongs to a different conversion and is never resumed."""

@@ -21,3 +21,7 @@ class ConvertInputError(ValueError):
 
 class ConvertCancelledError(Exception):
     """The caller cancelled the conversion; whatever it had made is already removed."""
+
+
+class ConvertResourceError(Exception):
+    """The server has no room for a conversion (tensor segments, disk): RESOURCE_EXHAUSTED."""

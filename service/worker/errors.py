@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class WorkerError(Exception):
     """Base class of the worker seam's errors."""
@@ -29,8 +31,11 @@ class LayerNotFoundError(WorkerError):
 
 
 class WorkerCallError(WorkerError):
-    """The worker answered a call with an error of its own."""
+    """The worker answered a call with an error of its own; `details` (possibly empty) is
+    what the worker said about it beyond the message (see protocol.error)."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, details: dict[str, Any] | None = None) -> None:
         self.kind = kind
+        self.message = message
+        self.details: dict[str, Any] = dict(details or {})
         super().__init__(f"{kind}: {message}")

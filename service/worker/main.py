@@ -8,32 +8,68 @@ its logs go to stderr. It exits when its stdin closes (the server went away).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from service.worker import probe, protocol
+from service.worker import jobs, probe, protocol
+from service.worker.layers import LayerStore
 
 log = logging.getLogger("moe_control.worker")
 
+#: Background methods (they run in a thread; see jobs.py): method -> "module:function",
+#: imported on first use so a worker that never converts never imports torch for it.
+BACKGROUND: dict[str, str] = {
+    "convert_layer": "service.worker.convert:convert_layer",
+    "convert_checkpoint": "service.worker.convert:convert_checkpoint",
+}
+
 
 class Worker:
-    """The worker's request handlers (later releases add conversion and kernels)."""
+    """The worker's request handlers: quick ones answer inline, long ones run as jobs."""
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, send: Callable[[bytes], None] | None = None) -> None:
         self.device = device
         self.info = probe.probe(device)
-        self.layers: dict[str, dict[str, Any]] = {}
+        self.layers = LayerStore()
+        self.jobs = jobs.Jobs(send or (lambda line: None))
         self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "ping": self.ping,
             "profile": self.profile,
             "list_layers": self.list_layers,
             "unload_layer": self.unload_layer,
+            "cancel": self.cancel,
+            "check_target": self.check_target,
         }
+
+    def background(self, method: str) -> jobs.Handler:
+        module_name, _, function = BACKGROUND[method].partition(":")
+        target = getattr(importlib.import_module(module_name), function)
+
+        def handler(params: dict[str, Any], context: jobs.JobContext) -> dict[str, Any]:
+            result: dict[str, Any] = target(self, params, context)
+            return result
+
+        return handler
+
+    def check_target(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Whether this worker can write a backend's layout (asked before data moves)."""
+        from service.formats import registry
+
+        try:
+            registry.writer_for(str(params.get("backend", "")))
+        except registry.ConversionUnsupported as exc:
+            return {"supported": False, "reason": exc.reason}
+        return {"supported": True}
+
+    def cancel(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"cancelled": self.jobs.cancel(int(params.get("call_id", -1)))}
 
     def ping(self, params: dict[str, Any]) -> dict[str, Any]:
         return {"pid": os.getpid()}
@@ -42,16 +78,18 @@ class Worker:
         return self.info
 
     def list_layers(self, params: dict[str, Any]) -> dict[str, Any]:
-        return {"layers": list(self.layers.values())}
+        return {"layers": self.layers.infos()}
 
     def unload_layer(self, params: dict[str, Any]) -> dict[str, Any]:
-        layer = self.layers.pop(str(params.get("layer_id", "")), None)
+        layer = self.layers.pop(str(params.get("layer_id", "")))
         return {
             "found": layer is not None,
-            "freed_bytes": 0 if layer is None else layer["byte_size"],
+            "freed_bytes": 0 if layer is None else int(layer.info.get("byte_size", 0)),
         }
 
-    def handle(self, line: bytes) -> bytes:
+    def handle(self, line: bytes) -> bytes | None:
+        """The answer to one request line; None when it started a background job (which
+        answers by itself when it ends)."""
         try:
             message = protocol.decode(line)
         except protocol.ProtocolError as exc:
@@ -59,10 +97,18 @@ class Worker:
         call_id = message.get("id")
         if not isinstance(call_id, int):
             return protocol.error(-1, "ProtocolError", "a request needs an integer id")
-        handler = self.handlers.get(str(message.get("method")))
+        method = str(message.get("method"))
+        params = message.get("params") or {}
+        if method in BACKGROUND:
+            try:
+                self.jobs.start(call_id, method, self.background(method), params)
+            except Exception as exc:
+                log.exception("cannot start %s", method)
+                return protocol.error(call_id, *jobs.describe(exc))
+            return None
+        handler = self.handlers.get(method)
         if handler is None:
             return protocol.error(call_id, "UnknownMethod", f"no method {message.get('method')!r}")
-        params = message.get("params") or {}
         try:
             return protocol.result(call_id, handler(params))
         except Exception as exc:
@@ -71,13 +117,24 @@ class Worker:
 
 
 def serve(device: str, stdin: BinaryIO, stdout: BinaryIO) -> int:
-    worker = Worker(device)
-    stdout.write(protocol.hello(worker.info))
-    stdout.flush()
+    lock = threading.Lock()
+
+    def send(line: bytes) -> None:
+        """Write one protocol line (background jobs write from their own threads)."""
+        with lock:
+            stdout.write(line)
+            stdout.flush()
+
+    worker = Worker(device, send)
+    send(protocol.hello(worker.info))
     log.info("worker ready", extra={"device": device, "platform": worker.info.get("platform")})
-    for line in stdin:
-        stdout.write(worker.handle(line))
-        stdout.flush()
+    try:
+        for line in stdin:
+            answer = worker.handle(line)
+            if answer is not None:
+                send(answer)
+    finally:
+        worker.jobs.cancel_all()
     return 0
 
 

@@ -47,8 +47,18 @@ def result(call_id: int, value: dict[str, Any]) -> bytes:
     return encode({"id": call_id, "result": value})
 
 
-def error(call_id: int, kind: str, message: str) -> bytes:
-    return encode({"id": call_id, "error": {"type": kind, "message": message}})
+def error(call_id: int, kind: str, message: str, details: dict[str, Any] | None = None) -> bytes:
+    """An error answer; `details` (optional) lets the server rebuild a domain error, e.g.
+    `{"category": "invalid_argument", "field": "tensors[w13_qweight].sha256"}`."""
+    body: dict[str, Any] = {"type": kind, "message": message}
+    if details:
+        body["details"] = details
+    return encode({"id": call_id, "error": body})
+
+
+def event(call_id: int, name: str, data: dict[str, Any]) -> bytes:
+    """A progress line of a background call, sent before its answer."""
+    return encode({"id": call_id, "event": name, "data": data})
 
 
 def hello(info: dict[str, Any]) -> bytes:

@@ -110,6 +110,7 @@ class WorkerHandle:
         self.ready_time: float | None = None
         self.last_exit_reason = ""
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._listeners: dict[int, Callable[[str, dict[str, Any]], None]] = {}
         self._next_id = 0
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -160,9 +161,19 @@ class WorkerHandle:
         )
 
     async def call(
-        self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        cancellable: bool = False,
     ) -> dict[str, Any]:
-        """Send one request and wait for its answer."""
+        """Send one request and wait for its answer.
+
+        `on_event` hears the call's progress lines. A `cancellable` call (a background job
+        in the worker) that is cancelled here, or times out, is cancelled in the worker too,
+        so it stops and frees what it holds."""
         process = self.process
         if not self.ready or process is None or process.stdin is None:
             raise WorkerUnavailableError(f"worker {self.index} ({self.device}) is {self.state}")
@@ -170,6 +181,8 @@ class WorkerHandle:
         call_id = self._next_id
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future
+        if on_event is not None:
+            self._listeners[call_id] = on_event
         try:
             async with self._write_lock:
                 process.stdin.write(protocol.request(call_id, method, params))
@@ -179,8 +192,21 @@ class WorkerHandle:
             raise WorkerUnavailableError(
                 f"worker {self.index} ({self.device}) went away during {method}"
             ) from None
+        except (asyncio.CancelledError, TimeoutError):
+            if cancellable and not future.done():
+                self._cancel_in_worker(process, call_id)
+            raise
         finally:
             self._pending.pop(call_id, None)
+            self._listeners.pop(call_id, None)
+
+    def _cancel_in_worker(self, process: asyncio.subprocess.Process, call_id: int) -> None:
+        """Tell the worker to stop a background call (fire and forget: nobody waits)."""
+        if process.stdin is None or process.returncode is not None:
+            return
+        self._next_id += 1
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
+            process.stdin.write(protocol.request(self._next_id, "cancel", {"call_id": call_id}))
 
     # -- supervision
 
@@ -333,13 +359,24 @@ class WorkerHandle:
                 message = protocol.decode(line)
             except protocol.ProtocolError as exc:
                 raise _WorkerDiedError(f"protocol error: {exc}") from None
+            if "event" in message:
+                listener = self._listeners.get(message.get("id", -1))
+                data = message.get("data")
+                if listener is not None and isinstance(data, dict):
+                    listener(str(message["event"]), data)
+                continue
             future = self._pending.get(message.get("id", -1))
             if future is None or future.done():
                 continue
             if "error" in message:
                 err = message["error"] or {}
+                details = err.get("details")
                 future.set_exception(
-                    WorkerCallError(str(err.get("type", "Error")), str(err.get("message", "")))
+                    WorkerCallError(
+                        str(err.get("type", "Error")),
+                        str(err.get("message", "")),
+                        details if isinstance(details, dict) else None,
+                    )
                 )
             else:
                 future.set_result(message.get("result") or {})

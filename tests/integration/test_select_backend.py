@@ -281,11 +281,13 @@ def test_later_rpcs_are_unimplemented_with_a_clear_message(stub: Any) -> None:
     assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
     assert "RunMoE" in caught.value.details()
     assert "later release" in caught.value.details()
+    # ConvertWeights is served (tests/integration/test_convert*.py): a header without a
+    # deployment is bad input, not an unimplemented call.
     header = pb.ConvertWeightsRequest(header=pb.ConvertWeightsHeader())
     with pytest.raises(grpc.RpcError) as caught:
         list(stub.ConvertWeights(iter([header]), timeout=5))
-    assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
-    assert "ConvertWeights" in caught.value.details()
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "deployment" in caught.value.details()
 
 
 def _metric(text: str, name: str, **labels: str) -> float:

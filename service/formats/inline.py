@@ -1,0 +1,166 @@
+"""One MoE layer's tensors, named any way a client has them, into a kernel layout.
+
+Inline conversions (the ConvertWeights stream, `moe-control convert FILE`) receive a bag of
+named tensors. Three namings are accepted, and the first tensor decides which:
+
+* per-expert names relative to the experts module: ``0.gate_proj.qweight``, ``3.w2.scales``;
+* the same with the checkpoint's full prefix: ``model.layers.5.mlp.experts.0.up_proj.qzeros``
+  (all tensors must share one experts module; outputs keep the prefix);
+* vLLM's stacked layer parameters: ``w13_qweight``, ``w2_scales`` (optionally prefixed).
+
+Anything else is an unknown tensor name, reported with the field
+``tensors[<name>].name``. The canonical layer read from the tensors must match the declared
+layer shape (experts, hidden size, intermediate size), or the mismatching field is named.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import astuple, dataclass
+from typing import Any
+
+import torch
+
+from service.formats import registry
+from service.formats.checkpoint import descriptor_json, match_expert_tensor
+from service.formats.input_errors import ConvertInputError
+from service.formats.plan import SourceSpec
+
+_STACKED = re.compile(r"^(?:(?P<module>.+)\.)?(?P<key>(?:w13|w2)_[A-Za-z0-9_]+)$")
+_RELATIVE = re.compile(r"^\d+\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$")
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """The declared layer (from the deployment spec)."""
+
+    num_experts: int
+    hidden_size: int
+    intermediate_size: int
+    gated: bool = True
+
+
+@dataclass
+class InlineResult:
+    tensors: dict[str, torch.Tensor]
+    descriptor: dict[str, Any]
+    #: Conversion math only (reader + writer), on the device.
+    device_seconds: float
+
+
+def normalize_names(names: list[str]) -> tuple[str, str, dict[str, str]]:
+    """(naming, module prefix, {given name: name the reader takes}). Naming is "per_expert"
+    or "stacked"; the prefix is "" when the names carry none."""
+    if not names:
+        raise ConvertInputError("tensors", "required: the layer's tensors")
+    out: dict[str, str] = {}
+    modules: set[str] = set()
+    naming = ""
+    for name in names:
+        kind, module, key = _classify(name)
+        if naming and kind != naming:
+            raise ConvertInputError(
+                f"tensors[{name}].name",
+                f"mixes {kind} names with {naming} names; use one naming for the whole layer",
+            )
+        naming = kind
+        modules.add(module)
+        out[name] = key
+    if len(modules) > 1:
+        raise ConvertInputError(
+            "tensors", f"tensors of several experts modules in one layer: {sorted(modules)}"
+        )
+    return naming, modules.pop(), out
+
+
+def _classify(name: str) -> tuple[str, str, str]:
+    if _RELATIVE.match(name):
+        return "per_expert", "", name
+    hit = match_expert_tensor(name)
+    if hit is not None:
+        return "per_expert", hit[1], hit[3]
+    stacked = _STACKED.match(name)
+    if stacked is not None:
+        return "stacked", stacked["module"] or "", stacked["key"]
+    raise ConvertInputError(
+        f"tensors[{name}].name",
+        "not an expert tensor name: expected '<expert>.<gate_proj|up_proj|down_proj|w1|w2|w3>."
+        "<tensor>' (optionally under '...layers.N.mlp.experts.' or "
+        "'...block_sparse_moe.experts.') or vLLM's stacked 'w13_<tensor>' / 'w2_<tensor>'",
+    )
+
+
+def _quantization(source: SourceSpec) -> registry.SourceQuantization:
+    return registry.SourceQuantization(
+        bits=source.bits,
+        group_size=source.group_size,
+        symmetric=source.symmetric,
+        desc_act=source.desc_act,
+        gptq_v2=source.gptq_v2,
+    )
+
+
+def convert_layer(
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    source: SourceSpec,
+    backend: str,
+    shape: LayerShape,
+    device: str = "cpu",
+    keep_device: bool = False,
+    vllm_quantization: str | None = None,
+) -> InlineResult:
+    """Read, check against `shape`, write in `backend`'s layout. Outputs are on the CPU
+    unless `keep_device` (a layer kept loaded on a GPU worker stays there). Stacked
+    parameters under `--quantization moe_wna16` (`vllm_quantization`) are MoeWNA16's."""
+    registry.writer_for(backend)  # ConversionUnsupported before any work
+    naming, module, keys = normalize_names(list(tensors))
+    target = torch.device(device)
+    renamed = {keys[name]: tensor.to(target) for name, tensor in tensors.items()}
+    if target.type == "cuda":
+        torch.cuda.synchronize(target)
+    began = time.perf_counter()
+    quant = _quantization(source)
+    if naming == "stacked":
+        layout = "moe_wna16" if vllm_quantization == "moe_wna16" else source.layout
+        layer = registry.read_stacked_layer(layout, renamed, quant)
+        source = SourceSpec(layout, *astuple(source)[1:])
+    else:
+        layer = registry.read_layer(
+            source.layout, renamed, quant, num_experts=shape.num_experts, gated=shape.gated
+        )
+    _check_shape(layer, shape)
+    converted = registry.convert(layer, backend, source=source.layout)
+    if target.type == "cuda":
+        torch.cuda.synchronize(target)
+    seconds = time.perf_counter() - began
+    prefix = f"{module}." if module else ""
+    out = {
+        f"{prefix}{name}": tensor if keep_device else tensor.to("cpu")
+        for name, tensor in converted.tensors.items()
+    }
+    return InlineResult(out, descriptor_json(converted.descriptor), seconds)
+
+
+def _check_shape(layer: Any, shape: LayerShape) -> None:
+    found = {
+        "num_experts": layer.w13.num_experts,
+        "hidden_size": layer.hidden_size,
+        "intermediate_size": layer.intermediate_size,
+    }
+    for name, value in found.items():
+        declared = getattr(shape, name)
+        if value != declared:
+            raise ConvertInputError(
+                f"layer.{name}", f"the tensors hold {name} {value}, the header declares {declared}"
+            )
+    rows = layer.w13.n
+    expected = (2 if shape.gated else 1) * shape.intermediate_size
+    if rows != expected:
+        raise ConvertInputError(
+            "layer.activation",
+            f"w13 has {rows} rows; a {'gated' if shape.gated else 'non-gated'} layer with "
+            f"intermediate size {shape.intermediate_size} has {expected}",
+        )

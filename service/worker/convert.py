@@ -1,0 +1,172 @@
+"""The worker's conversion jobs: one inline layer, or a whole checkpoint on disk.
+
+Both run in a background thread of the worker (jobs.py) on the worker's own device. Inline
+tensors arrive as segments the server filled (segments.py): they are mapped, viewed as
+tensors without a copy, converted, and the results written into new segments of the call's
+prefix for the server to stream back. A layer kept loaded stays on the device in the
+worker's layer store, registered as the very last step, so a cancelled call never leaves
+one behind. Checkpoint jobs arrive fully resolved (paths confined by the server) and report
+progress as events.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from service.formats import checkpoint, inline
+from service.formats.plan import SourceSpec
+from service.formats.safetensors_io import tensor_bytes
+from service.formats.streaming import DTYPES, FROM_TORCH, TensorSpec
+from service.worker.jobs import JobContext
+from service.worker.layers import LoadedLayer, new_layer_id, now_rfc3339
+from service.worker.segments import Segment, SegmentDir
+
+if TYPE_CHECKING:
+    from service.worker.main import Worker
+
+#: A checkpoint job's answer lists at most this many tensors (the manifest has them all).
+MAX_LISTED_TENSORS = 20_000
+
+
+def _input_tensor(segment: Segment, spec: TensorSpec) -> torch.Tensor:
+    dtype = getattr(torch, DTYPES[spec.dtype].torch_name)
+    if spec.byte_size == 0:
+        return torch.empty(spec.shape, dtype=dtype)
+    return torch.frombuffer(segment.view, dtype=torch.uint8).view(dtype).reshape(spec.shape)
+
+
+def _wire_spec(name: str, tensor: torch.Tensor, sha256: str) -> TensorSpec:
+    dtype = FROM_TORCH[str(tensor.dtype).removeprefix("torch.")]
+    return TensorSpec.of(name, dtype, tuple(tensor.shape), sha256=sha256)
+
+
+def convert_layer(worker: Worker, params: dict[str, Any], context: JobContext) -> dict[str, Any]:
+    segments = SegmentDir(Path(params["segments_dir"]))
+    opened: list[Segment] = []
+    made: list[str] = []
+    try:
+        tensors: dict[str, torch.Tensor] = {}
+        for item in params["inputs"]:
+            spec = TensorSpec.from_json(item["spec"])
+            segment = segments.open(item["segment"], spec.byte_size)
+            opened.append(segment)
+            tensors[spec.name] = _input_tensor(segment, spec)
+        context.check()
+        shape = params["shape"]
+        keep = bool(params.get("keep_loaded"))
+        result = inline.convert_layer(
+            tensors,
+            source=SourceSpec.from_json(params["source"]),
+            backend=str(params["backend"]),
+            shape=inline.LayerShape(
+                int(shape["num_experts"]),
+                int(shape["hidden_size"]),
+                int(shape["intermediate_size"]),
+                bool(shape.get("gated", True)),
+            ),
+            device=worker.device,
+            keep_device=keep,
+            vllm_quantization=params.get("quantization"),
+        )
+        del tensors
+        context.check()
+        outputs: list[dict[str, Any]] = []
+        prefix = str(params["out_prefix"])
+        for number, (name, tensor) in enumerate(result.tensors.items()):
+            host = tensor.detach().to("cpu").contiguous()
+            data = tensor_bytes(host)
+            entry: dict[str, Any] = {}
+            if params.get("return_tensors", True):
+                segment_name = f"{prefix}{number}"
+                with segments.new(segment_name, len(data)) as out:
+                    made.append(segment_name)
+                    out.view[:] = data
+                entry["segment"] = segment_name
+            entry["spec"] = _wire_spec(name, host, hashlib.sha256(data).hexdigest()).to_json()
+            outputs.append(entry)
+            context.check()
+        answer: dict[str, Any] = {
+            "tensors": outputs,
+            "descriptor": result.descriptor,
+            "device_seconds": result.device_seconds,
+        }
+        if keep:
+            answer["layer_id"] = _keep(worker, params, result)
+        return answer
+    except BaseException:
+        for name in made:
+            segments.file(name).unlink(missing_ok=True)
+        raise
+    finally:
+        for segment in opened:
+            segment.close()
+
+
+def _keep(worker: Worker, params: dict[str, Any], result: inline.InlineResult) -> str:
+    shape = params["shape"]
+    layer_id = new_layer_id()
+    descriptor = result.descriptor
+    size = sum(t.numel() * t.element_size() for t in result.tensors.values())
+    info = {
+        "layer_id": layer_id,
+        "format": {
+            "backend": str(params["backend"]),
+            "experts_class": str(params.get("experts_class", "")),
+            "bits": int(descriptor.get("bits", 0)),
+            "group_size": int(descriptor.get("group_size", 0)),
+            "has_zero_points": bool(descriptor.get("has_zero_points", False)),
+            "attributes": format_attributes(descriptor),
+        },
+        "num_experts": int(shape["num_experts"]),
+        "hidden_size": int(shape["hidden_size"]),
+        "intermediate_size": int(shape["intermediate_size"]),
+        "byte_size": size,
+        "load_time": now_rfc3339(),
+    }
+    worker.layers.add(
+        LoadedLayer(layer_id, info, dict(result.tensors), dict(params.get("deployment") or {}))
+    )
+    return layer_id
+
+
+def format_attributes(descriptor: dict[str, Any]) -> dict[str, str]:
+    """The descriptor's layout facts as KernelFormat attributes (strings)."""
+    skip = {"backend", "bits", "group_size", "has_zero_points", "dtypes"}
+    out = {
+        k: str(v).lower() if isinstance(v, bool) else str(v)
+        for k, v in descriptor.items()
+        if k not in skip
+    }
+    for name, dtype in (descriptor.get("dtypes") or {}).items():
+        out[f"dtype.{name}"] = str(dtype)
+    return out
+
+
+def convert_checkpoint(
+    worker: Worker, params: dict[str, Any], context: JobContext
+) -> dict[str, Any]:
+    job = checkpoint.CheckpointJob.from_json({**params["job"], "device": worker.device})
+    began = time.perf_counter()
+    result = checkpoint.convert_checkpoint(
+        job, progress=lambda event: context.emit("progress", event), check=context.check
+    )
+    tensors = result.tensors
+    return {
+        "manifest_path": str(result.manifest_path) if result.manifest_path else "",
+        "output_dir": str(result.output_dir),
+        "layers_total": result.layers_total,
+        "layers_converted": result.layers_converted,
+        "layers_skipped": result.layers_skipped,
+        "bytes_in": result.bytes_in,
+        "bytes_out": result.bytes_out,
+        "seconds": time.perf_counter() - began,
+        "device_seconds": result.convert_seconds,
+        "descriptor": result.descriptor,
+        "tensors": tensors[:MAX_LISTED_TENSORS],
+        "tensors_total": len(tensors),
+    }

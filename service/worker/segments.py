@@ -1,0 +1,145 @@
+"""Tensor segments: how tensors cross the server <-> worker process boundary.
+
+The pipe protocol carries JSON only; a tensor's bytes go into a file in a private directory
+that the server creates (mode 0700, on `/dev/shm` when it has room, so the "file" is shared
+memory) and both processes map. The JSON message names the file and the tensor's dtype,
+shape, size and checksum. Nothing is pickled, the data is written once by the producer and
+read in place by the consumer, and cleaning up is deleting files: every segment of a call
+carries the call's prefix, so the server removes them all when the call ends however it
+ends (answered, failed, cancelled, or the worker died), and the whole directory at shutdown.
+
+Space is reserved with `posix_fallocate` when a segment is created: writing into a mapped
+tmpfs file that has run out of room would kill the process with SIGBUS, a full disk here is
+an error the caller sees instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+SHM = Path("/dev/shm")
+
+
+class SegmentError(OSError):
+    """A segment cannot be created or opened (no room, a bad name)."""
+
+
+def _check_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise SegmentError(f"bad segment name {name!r}")
+    return name
+
+
+class Segment:
+    """One mapped segment file. `view` is its whole data (empty for a zero-size one)."""
+
+    def __init__(self, path: Path, size: int, *, writable: bool) -> None:
+        self.path = path
+        self.size = size
+        self._map: mmap.mmap | None = None
+        if size == 0:
+            return
+        flags = os.O_RDWR if writable else os.O_RDONLY
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            actual = os.fstat(fd).st_size
+            if actual != size:
+                raise SegmentError(f"segment {path.name} holds {actual} bytes, not {size}")
+            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY
+            self._map = mmap.mmap(fd, size, access=access)
+        finally:
+            os.close(fd)
+
+    @property
+    def view(self) -> memoryview:
+        return memoryview(self._map) if self._map is not None else memoryview(bytearray())
+
+    def close(self) -> None:
+        if self._map is not None:
+            # A view still alive (a tensor over it) keeps the mapping until it goes.
+            with contextlib.suppress(BufferError):
+                self._map.close()
+            self._map = None
+
+    def __enter__(self) -> Segment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SegmentDir:
+    """The private segment directory of one server (or, in a worker, the one it was told)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def create(
+        cls, base: str | os.PathLike[str] | None = None, *, prefer_shm: int = 0
+    ) -> SegmentDir:
+        """A fresh private directory under `base`; without one, under /dev/shm when it has
+        at least `prefer_shm` bytes free, else the system temp directory."""
+        if base is None:
+            base = tempfile.gettempdir()
+            if SHM.is_dir() and os.access(SHM, os.W_OK):
+                stats = os.statvfs(SHM)
+                if stats.f_bavail * stats.f_frsize >= prefer_shm:
+                    base = str(SHM)
+        path = Path(tempfile.mkdtemp(prefix="moe-control-", dir=base))
+        os.chmod(path, 0o700)
+        return cls(path)
+
+    def file(self, name: str) -> Path:
+        return self.path / _check_name(name)
+
+    def new(self, name: str, size: int) -> Segment:
+        """Create a segment of exactly `size` bytes (its space reserved) and map it."""
+        path = self.file(name)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            if size:
+                os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise SegmentError(
+                f"no room for a {size}-byte tensor segment in {self.path}: {exc.strerror}"
+            ) from None
+        os.close(fd)
+        try:
+            return Segment(path, size, writable=True)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+
+    def open(self, name: str, size: int) -> Segment:
+        """Map an existing segment (copy-on-write: the reader never changes it)."""
+        return Segment(self.file(name), size, writable=False)
+
+    def remove(self, prefix: str) -> int:
+        """Delete every segment whose name starts with `prefix`; returns how many."""
+        count = 0
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self.path):
+                if entry.name.startswith(prefix):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                        count += 1
+        return count
+
+    def names(self) -> list[str]:
+        try:
+            return sorted(os.listdir(self.path))
+        except FileNotFoundError:
+            return []
+
+    def destroy(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
