@@ -11,6 +11,7 @@ import pytest
 
 from tests.deploy.checks import (
     PROVISIONING,
+    ROOT,
     dashboard_paths,
     dashboard_problems,
     dashboard_queries,
@@ -88,3 +89,13 @@ def test_provisioning_points_at_the_dashboards_folder() -> None:
     (source,) = sources["datasources"]
     assert source["type"] == "prometheus"
     assert source["jsonData"]["timeInterval"] == "5s"
+
+
+def test_the_readme_metrics_reference_lists_every_metric() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Metrics reference", 1)[1].split("\n## ", 1)[0]
+    families = {
+        family(name) for name in service_metrics() if not name.startswith(("process_", "python_"))
+    }
+    documented = {family(name) for name in section.split("`") if name.islower()}
+    assert families - documented == set()
