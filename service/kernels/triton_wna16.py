@@ -1,0 +1,686 @@
+"""TRITON: our own fused WNA16 MoE forward in Triton, for the TRITON (vLLM) weight layout.
+
+Two GEMM kernels and an alignment, with nothing between them that a CUDA graph cannot hold
+(no host synchronisation; grids sized for the worst case, surplus programs return early):
+
+1. `align_block_size`: routes grouped by expert in blocks of BLOCK_M (align.py).
+2. `_moe_w13_kernel`: for one block of routes (one expert) and BLOCK_N intermediate
+   columns, the gate tile and the up tile of x·w13ᵀ in two float32 accumulators, then bias
+   and the activation in the epilogue, stored once as the [M·k, I] intermediate. No
+   pre-activation [M·k, 2I] tensor is written or read back.
+3. `_moe_w2_kernel`: intermediate·w2ᵀ, bias, times the router weight, and the sum over the
+   k experts of each token fused in: float32 atomic adds into the [M, H] output (split-K
+   partials add the same way), cast to the activation dtype at the end. With top-1 routing
+   and no split-K each output row has one writer and is stored directly.
+
+Why it should beat vLLM's `fused_moe_kernel_gptq_awq` on Hopper (issue 6):
+
+* weights are dequantized once per tile, not per element: the packed [BLOCK_N, BLOCK_K/2]
+  bytes are loaded row-contiguous (wide loads), the nibbles split with two integer ops and
+  a join, and turned into exact floats with the 2^23 magic-number trick (an OR and a
+  subtract, no int->float conversion instruction);
+* scales and zero points are loaded once per (row, group) in the tile: a [BLOCK_N] vector
+  when the group spans the K tile, a [BLOCK_N, BLOCK_K/group] tile broadcast over the group
+  otherwise, never one load per element;
+* `tl.dot` on 16-bit operands (wgmma where the tile allows it), float32 accumulation;
+* split-K in the down projection where there are too few (block, N-tile) programs to fill
+  the GPU (decode), whose partials the fused top-k reduction absorbs for free.
+
+Tile shapes come from `choose_config` (a table by routes per expert); issue 6's tuner will
+replace the guesses with measured configurations shipped as data.
+"""
+
+# Triton idiom: compile-time parameters are UPPER_CASE and kernels take many arguments;
+# @triton.jit device functions are untyped (triton has no type information).
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# ruff: noqa: N803, PLR0917
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import triton
+import triton.language as tl
+
+from service.formats.canonical import QuantizedMoELayer
+from service.kernels.activation import ResolvedActivation
+from service.kernels.align import align_block_size
+from service.kernels.errors import KernelInputError, KernelUnavailableError
+from service.kernels.interface import ExpertsBackend, LayerSpec, LayerTensors
+from service.kernels.runtime import fix_interpreter_index, interpreting, triton_unavailable_reason
+
+PROJECTIONS = ("w13", "w2")
+#: Smallest K tile: tl.dot needs K >= 16 and the int4 unpack works on whole bytes.
+MIN_BLOCK_K = 16
+
+
+@dataclass(frozen=True, slots=True)
+class GemmTile:
+    """One GEMM's tile: N and K extents, warps, pipeline depth, K splits (w2 only)."""
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+    split_k: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class KernelConfig:
+    """BLOCK_M (shared by both GEMMs: they read one alignment) and each GEMM's tile."""
+
+    block_m: int
+    w13: GemmTile
+    w2: GemmTile
+
+
+@dataclass(frozen=True, slots=True)
+class _ConfigRow:
+    """Guessed tiles for a band of routes per active expert (until the tuner ships data)."""
+
+    max_routes_per_expert: float
+    block_m: int
+    w13: GemmTile
+    w2: GemmTile
+
+
+_CONFIG_TABLE = (
+    _ConfigRow(16, 16, GemmTile(32, 256, 4, 3), GemmTile(32, 256, 4, 3)),
+    _ConfigRow(48, 32, GemmTile(64, 128, 4, 3), GemmTile(64, 128, 4, 3)),
+    _ConfigRow(160, 64, GemmTile(64, 128, 4, 3), GemmTile(128, 64, 4, 3)),
+    _ConfigRow(float("inf"), 128, GemmTile(64, 64, 8, 3), GemmTile(128, 64, 8, 3)),
+)
+
+
+def fit_block_k(block_k: int, k: int, group: int) -> int:
+    """The largest power-of-two K tile <= block_k that divides K and nests with the group
+    (the group spans whole tiles, or the tile whole groups)."""
+    bk = block_k
+    while bk > MIN_BLOCK_K and (k % bk or (group % bk and bk % group)):
+        bk //= 2
+    if k % bk or (group % bk and bk % group):
+        raise KernelUnavailableError(
+            "TRITON", f"K={k} with group {group} has no K tile of at least {MIN_BLOCK_K}"
+        )
+    return bk
+
+
+def choose_config(num_tokens: int, top_k: int, spec: LayerSpec, num_sms: int) -> KernelConfig:
+    """Tiles for this token count: BLOCK_M by routes per active expert, K tiles fitted to
+    the layer, and enough w2 K splits to give the GPU about two programs per SM."""
+    routes = num_tokens * top_k
+    active = max(1, min(spec.num_experts, routes))
+    per_expert = routes / active
+    row = next(r for r in _CONFIG_TABLE if per_expert <= r.max_routes_per_expert)
+    h, i = spec.hidden_size, spec.intermediate_size
+    g13 = h if spec.group_size == -1 else spec.group_size
+    g2 = i if spec.group_size == -1 else spec.group_size
+    scale = 2 if spec.bits == 8 else 1  # same bytes per tile row for int8
+    w13 = GemmTile(
+        min(row.w13.block_n, triton.next_power_of_2(i)),
+        fit_block_k(max(MIN_BLOCK_K, row.w13.block_k // scale), h, g13),
+        row.w13.num_warps,
+        row.w13.num_stages,
+    )
+    bk2 = fit_block_k(max(MIN_BLOCK_K, row.w2.block_k // scale), i, g2)
+    bn2 = min(row.w2.block_n, triton.next_power_of_2(h))
+    blocks = active + triton.cdiv(routes, row.block_m)
+    programs = blocks * triton.cdiv(h, bn2)
+    split = 1
+    while split * 2 <= i // bk2 and programs * split * 2 <= 2 * num_sms:
+        split *= 2
+    w2 = GemmTile(bn2, bk2, row.w2.num_warps, row.w2.num_stages, split)
+    return KernelConfig(row.block_m, w13, w2)
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+
+
+class TritonWNA16Experts(ExpertsBackend):
+    """Our fused WNA16 MoE kernel over TRITON-layout weights (int4/int8, zp, groups)."""
+
+    name: ClassVar[str] = "TRITON"
+    layouts: ClassVar[frozenset[str]] = frozenset({"TRITON"})
+
+    def __init__(self, config: KernelConfig | None = None, *, poison_workspace: bool = False):
+        """`config` pins the tiles (tests, the tuner); `poison_workspace` fills the
+        intermediate with NaN before each forward, so an unwritten element shows up."""
+        super().__init__()
+        self._config = config
+        self._poison = poison_workspace
+        self._tensors: dict[str, torch.Tensor] = {}
+
+    @classmethod
+    def unavailable_reason(cls, device: torch.device) -> str | None:
+        return triton_unavailable_reason(device)
+
+    def _prepare(self, tensors: LayerTensors, spec: LayerSpec) -> None:
+        if isinstance(tensors, QuantizedMoELayer):
+            raise KernelInputError("layout", "TRITON reads TRITON-layout tensors by name")
+        if spec.act_order:
+            raise KernelUnavailableError(
+                "TRITON", "act-order (g_idx) weights are not supported by the TRITON layout"
+            )
+        reason = triton_unavailable_reason(tensors["w13_qweight"].device)
+        if reason is not None:
+            raise KernelUnavailableError("TRITON", reason)
+        self._tensors = check_triton_tensors(tensors, spec)
+
+    def _forward(
+        self,
+        hidden_states: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        activation: ResolvedActivation,
+    ) -> torch.Tensor:
+        return self._forward_into(hidden_states, topk_ids, topk_weights, activation, None)
+
+    def _forward_into(
+        self,
+        hidden_states: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        activation: ResolvedActivation,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        spec, t = self.spec, self._tensors
+        device = hidden_states.device
+        if device != t["w13_qweight"].device:
+            raise KernelInputError(
+                "hidden_states", f"is on {device}, the layer on {t['w13_qweight'].device}"
+            )
+        m, top_k = topk_ids.shape
+        num_sms = 4 if device.type != "cuda" else _num_sms(device.index or 0)
+        config = self._config or choose_config(m, top_k, spec, num_sms)
+        if interpreting():
+            fix_interpreter_index()
+        return fused_moe(
+            hidden_states, topk_ids, topk_weights, t, spec, activation, config, self._poison, out
+        )
+
+
+def check_triton_tensors(tensors: LayerTensors, spec: LayerSpec) -> dict[str, torch.Tensor]:
+    """The TRITON-layout tensors, checked against the descriptor (dtype, shape, device)."""
+    assert not isinstance(tensors, QuantizedMoELayer)
+    e, h, i, bits = spec.num_experts, spec.hidden_size, spec.intermediate_size, spec.bits
+    if h % MIN_BLOCK_K or i % MIN_BLOCK_K:
+        raise KernelUnavailableError(
+            "TRITON", f"hidden {h} and intermediate {i} must be multiples of {MIN_BLOCK_K}"
+        )
+    per_byte = 8 // bits
+    dims = {"w13": (spec.w13_rows, h), "w2": (h, i)}
+    out: dict[str, torch.Tensor] = {}
+    device = None
+    for name, (n, k) in dims.items():
+        groups = 1 if spec.group_size == -1 else k // spec.group_size
+        if spec.group_size != -1 and k % spec.group_size:
+            raise KernelInputError("group_size", f"{spec.group_size} does not divide {k}")
+        expected: dict[str, tuple[tuple[int, ...], tuple[torch.dtype, ...]]] = {
+            f"{name}_qweight": ((e, n, k // per_byte), (torch.uint8,)),
+            f"{name}_scales": ((e, n, groups), (torch.float16, torch.bfloat16, torch.float32)),
+        }
+        if spec.has_zero_points:
+            zrows = n // 2 if bits == 4 else n
+            expected[f"{name}_qzeros"] = ((e, zrows, groups), (torch.uint8,))
+        if spec.has_bias:
+            expected[f"{name}_bias"] = ((e, n), (torch.float16, torch.bfloat16, torch.float32))
+        for key, (shape, dtypes) in expected.items():
+            tensor = tensors.get(key)
+            if tensor is None:
+                raise KernelInputError(key, f"missing (have {sorted(tensors)})")
+            if tuple(tensor.shape) != shape or tensor.dtype not in dtypes:
+                raise KernelInputError(
+                    key,
+                    f"must be {[str(d).removeprefix('torch.') for d in dtypes]} {list(shape)}, "
+                    f"got {tensor.dtype} {list(tensor.shape)}",
+                )
+            device = device or tensor.device
+            if tensor.device != device:
+                raise KernelInputError(key, f"is on {tensor.device}, the layer on {device}")
+            out[key] = tensor.contiguous()
+    return out
+
+
+def fused_moe(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    t: dict[str, torch.Tensor],
+    spec: LayerSpec,
+    act: ResolvedActivation,
+    config: KernelConfig,
+    poison: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The whole forward (launches only; no host synchronisation), into `out` if given."""
+    m, top_k = topk_ids.shape
+    h, i = spec.hidden_size, spec.intermediate_size
+    dot_f32 = interpreting()
+    aligned = align_block_size(topk_ids, config.block_m, spec.num_experts)
+    max_blocks = aligned.expert_ids.numel()
+    num_routes = m * top_k
+    inter = torch.empty((num_routes, i), dtype=x.dtype, device=x.device)
+    if poison:
+        inter.fill_(float("nan"))
+    has_zp, has_bias = spec.has_zero_points, spec.has_bias
+    dummy = t["w13_scales"]  # a valid pointer for absent optional tensors (never read)
+    q13, s13 = t["w13_qweight"], t["w13_scales"]
+    z13 = t.get("w13_qzeros", dummy)
+    b13 = t.get("w13_bias", dummy)
+    c1 = config.w13
+    _moe_w13_kernel[(max_blocks, triton.cdiv(i, c1.block_n))](
+        x,
+        q13,
+        s13,
+        z13,
+        b13,
+        inter,
+        aligned.sorted_ids,
+        aligned.expert_ids,
+        aligned.num_tokens_post_padded,
+        num_routes,
+        i,
+        x.stride(0),
+        q13.stride(0),
+        q13.stride(1),
+        s13.stride(0),
+        s13.stride(1),
+        z13.stride(0),
+        z13.stride(1),
+        b13.stride(0),
+        inter.stride(0),
+        act.limit,
+        act.alpha,
+        act.beta,
+        K=h,
+        TOP_K=top_k,
+        BITS=spec.bits,
+        GROUP=h if spec.group_size == -1 else spec.group_size,
+        HAS_ZP=has_zp,
+        HAS_BIAS=has_bias,
+        ACT=act.code,
+        GATED=act.gated,
+        INTERLEAVED=act.interleaved,
+        BLOCK_M=config.block_m,
+        BLOCK_N=c1.block_n,
+        BLOCK_K=c1.block_k,
+        DOT_F32=dot_f32,
+        num_warps=c1.num_warps,
+        num_stages=c1.num_stages,
+    )
+    c2 = config.w2
+    atomic = top_k > 1 or c2.split_k > 1
+    result = torch.empty_like(x) if out is None else out
+    # The top-k sum (and split-K partials) accumulate in float32; one writer needs none.
+    acc = torch.zeros((m, h), dtype=torch.float32, device=x.device) if atomic else result
+    q2, s2 = t["w2_qweight"], t["w2_scales"]
+    z2 = t.get("w2_qzeros", dummy)
+    b2 = t.get("w2_bias", dummy)
+    _moe_w2_kernel[(max_blocks, triton.cdiv(h, c2.block_n), c2.split_k)](
+        inter,
+        q2,
+        s2,
+        z2,
+        b2,
+        topk_weights,
+        acc,
+        aligned.sorted_ids,
+        aligned.expert_ids,
+        aligned.num_tokens_post_padded,
+        num_routes,
+        h,
+        inter.stride(0),
+        q2.stride(0),
+        q2.stride(1),
+        s2.stride(0),
+        s2.stride(1),
+        z2.stride(0),
+        z2.stride(1),
+        b2.stride(0),
+        acc.stride(0),
+        K=i,
+        TOP_K=top_k,
+        BITS=spec.bits,
+        GROUP=i if spec.group_size == -1 else spec.group_size,
+        HAS_ZP=has_zp,
+        HAS_BIAS=has_bias,
+        BLOCK_M=config.block_m,
+        BLOCK_N=c2.block_n,
+        BLOCK_K=c2.block_k,
+        K_SPAN=triton.cdiv(i, c2.split_k * c2.block_k) * c2.block_k,
+        ATOMIC=atomic,
+        DOT_F32=dot_f32,
+        num_warps=c2.num_warps,
+        num_stages=c2.num_stages,
+    )
+    if atomic:
+        result.copy_(acc)
+    return result
+
+
+# --- device code ------------------------------------------------------------------------------
+
+
+@triton.jit
+def _zero_points(
+    z_ptr, rows, row_mask, groups, stride_zn, BITS: tl.constexpr, HAS_ZP: tl.constexpr
+):
+    """2^23 + zero point, float32, for `rows` [BN] x `groups` (any broadcastable shape)."""
+    if HAS_ZP:
+        if BITS == 4:
+            packed = tl.load(z_ptr + (rows // 2) * stride_zn + groups, mask=row_mask, other=0)
+            zp = (packed.to(tl.int32) >> ((rows % 2) * 4)) & 0xF
+        else:
+            zp = tl.load(z_ptr + rows * stride_zn + groups, mask=row_mask, other=0).to(tl.int32)
+        z = zp.to(tl.float32) + 8388608.0
+    else:
+        z = tl.full(groups.shape, 8388608.0 + (1 << (BITS - 1)), tl.float32)
+    return z
+
+
+@triton.jit
+def _dequant_tile(
+    q_ptr,
+    s_ptr,
+    z_ptr,
+    rows,
+    row_mask,
+    k0,
+    stride_qn,
+    stride_sn,
+    stride_zn,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HAS_ZP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    OUT: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """[BLOCK_N, BLOCK_K] weights (q - zp)·scale of `rows`, inputs k0 .. k0+BLOCK_K.
+
+    The pointers are already offset to the expert. Codes become exact float32 values as
+    2^23 + q (OR the code into the mantissa of 2^23) and the zero point is folded into the
+    subtracted constant, so no int->float conversion instruction runs.
+    """
+    if BITS == 4:
+        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        packed = tl.load(
+            q_ptr + rows[:, None] * stride_qn + kb[None, :], mask=row_mask[:, None], other=0
+        )
+        q = tl.join(packed & 0xF, packed >> 4).reshape(BLOCK_N, BLOCK_K)
+    else:
+        kk = k0 + tl.arange(0, BLOCK_K)
+        q = tl.load(
+            q_ptr + rows[:, None] * stride_qn + kk[None, :], mask=row_mask[:, None], other=0
+        )
+    qf = (q.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True)
+    if GROUP >= BLOCK_K:
+        g = k0 // GROUP + tl.zeros([BLOCK_N], dtype=tl.int32)
+        s = tl.load(s_ptr + rows * stride_sn + g, mask=row_mask, other=0).to(tl.float32)
+        z = _zero_points(z_ptr, rows, row_mask, g, stride_zn, BITS, HAS_ZP)
+        w = (qf - z[:, None]) * s[:, None]
+    else:
+        g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+        g2 = g[None, :] + tl.zeros([BLOCK_N, BLOCK_K // GROUP], dtype=tl.int32)
+        rows2 = rows[:, None] + tl.zeros([BLOCK_N, BLOCK_K // GROUP], dtype=tl.int32)
+        mask2 = row_mask[:, None] & (g2 >= 0)
+        s = tl.load(s_ptr + rows2 * stride_sn + g2, mask=mask2, other=0).to(tl.float32)
+        z = _zero_points(z_ptr, rows2, mask2, g2, stride_zn, BITS, HAS_ZP)
+        w3 = qf.reshape(BLOCK_N, BLOCK_K // GROUP, GROUP)
+        w = ((w3 - z[:, :, None]) * s[:, :, None]).reshape(BLOCK_N, BLOCK_K)
+    return _round16(w, OUT, DOT_F32)
+
+
+@triton.jit
+def _round16(v, OUT: tl.constexpr, DOT_F32: tl.constexpr):
+    """`v` rounded to the 16-bit type OUT (to nearest, ties to even).
+
+    Compiled, that is a plain cast. The interpreter truncates float32 -> bfloat16 (and its
+    rounding mode drops the carry into the exponent), so there the rounding is done on the
+    bits and the value stays float32 (exactly representable in OUT): interpreted kernels
+    then round like compiled ones and the tests can hold them to GPU tolerances.
+    """
+    if DOT_F32:
+        if tl.bfloat16 == OUT:
+            bits = v.to(tl.uint32, bitcast=True)
+            bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+            r = bits.to(tl.float32, bitcast=True)
+        else:
+            r = v.to(OUT).to(tl.float32)
+    else:
+        r = v.to(OUT)
+    return r
+
+
+@triton.jit
+def _mma(a, w, acc, DOT_F32: tl.constexpr):
+    """acc + a·wᵀ. The interpreter multiplies bfloat16 dot operands as raw integers, so
+    there the operands go in as float32 (`w` is already float32, rounded by `_round16`)."""
+    if DOT_F32:
+        acc = tl.dot(a.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, tl.trans(w), acc)
+    return acc
+
+
+@triton.jit
+def _gated_activation(g, u, limit, alpha, beta, ACT: tl.constexpr):
+    """The gated formulas of activation.py, same codes, float32."""
+    if ACT == 0:
+        out = g * tl.sigmoid(g) * u
+    elif ACT == 1:
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+        out = g * tl.sigmoid(alpha * g) * (u + beta)
+    elif ACT == 2:
+        out = 0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476)) * u
+    elif ACT == 3:
+        out = _gelu_tanh(g) * u
+    else:
+        out = tl.minimum(g * tl.sigmoid(g), limit) * tl.minimum(tl.maximum(u, -limit), limit)
+    return out
+
+
+@triton.jit
+def _plain_activation(h, ACT: tl.constexpr):
+    """The `_no_mul` formulas of activation.py, float32."""
+    if ACT == 5:
+        out = h * tl.sigmoid(h)
+    elif ACT == 6:
+        out = 0.5 * h * (1.0 + tl.erf(h * 0.7071067811865476))
+    elif ACT == 7:
+        out = _gelu_tanh(h)
+    else:
+        r = tl.maximum(h, 0.0)
+        out = r * r
+    return out
+
+
+@triton.jit
+def _gelu_tanh(x):
+    # 0.5·x·(1 + tanh(y)) == x·sigmoid(2y), y = sqrt(2/pi)·(x + 0.044715·x³)
+    y = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    return x * tl.sigmoid(2.0 * y)
+
+
+@triton.jit
+def _moe_w13_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    z_ptr,
+    bias_ptr,
+    out_ptr,
+    sorted_ptr,
+    expert_ids_ptr,
+    post_padded_ptr,
+    num_routes,
+    inter,
+    stride_xm,
+    stride_qe,
+    stride_qn,
+    stride_se,
+    stride_sn,
+    stride_ze,
+    stride_zn,
+    stride_be,
+    stride_om,
+    limit,
+    alpha,
+    beta,
+    K: tl.constexpr,
+    TOP_K: tl.constexpr,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HAS_ZP: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    GATED: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """act(x·w13ᵀ + b) for one block of routes (one expert) and BLOCK_N columns of I."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(post_padded_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        return
+    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    route = tl.load(sorted_ptr + slots)
+    m_mask = route < num_routes
+    token = (route // TOP_K).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = cols < inter
+    if GATED:
+        if INTERLEAVED:
+            gate_rows = 2 * cols
+            up_rows = 2 * cols + 1
+        else:
+            gate_rows = cols
+            up_rows = cols + inter
+    else:
+        up_rows = cols
+    q_e = q_ptr + expert * stride_qe
+    s_e = s_ptr + expert * stride_se
+    z_e = z_ptr + expert * stride_ze
+    out_dtype = out_ptr.dtype.element_ty
+    a_ptrs = x_ptr + token[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if GATED:
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_ptrs + k0, mask=m_mask[:, None], other=0.0)
+        w_u = _dequant_tile(
+            q_e, s_e, z_e, up_rows, n_mask, k0, stride_qn, stride_sn, stride_zn,
+            BITS, GROUP, HAS_ZP, BLOCK_N, BLOCK_K, out_dtype, DOT_F32,
+        )  # fmt: skip
+        acc_u = _mma(a, w_u, acc_u, DOT_F32)
+        if GATED:
+            w_g = _dequant_tile(
+                q_e, s_e, z_e, gate_rows, n_mask, k0, stride_qn, stride_sn, stride_zn,
+                BITS, GROUP, HAS_ZP, BLOCK_N, BLOCK_K, out_dtype, DOT_F32,
+            )  # fmt: skip
+            acc_g = _mma(a, w_g, acc_g, DOT_F32)
+    if HAS_BIAS:
+        b_e = bias_ptr + expert * stride_be
+        acc_u += tl.load(b_e + up_rows, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            acc_g += tl.load(b_e + gate_rows, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if GATED:
+        h = _gated_activation(acc_g, acc_u, limit, alpha, beta, ACT)
+    else:
+        h = _plain_activation(acc_u, ACT)
+    out_ptrs = out_ptr + route[:, None].to(tl.int64) * stride_om + cols[None, :]
+    h = _round16(h, out_dtype, DOT_F32)
+    tl.store(out_ptrs, h.to(out_dtype), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _moe_w2_kernel(
+    a_ptr,
+    q_ptr,
+    s_ptr,
+    z_ptr,
+    bias_ptr,
+    topk_w_ptr,
+    out_ptr,
+    sorted_ptr,
+    expert_ids_ptr,
+    post_padded_ptr,
+    num_routes,
+    hidden,
+    stride_am,
+    stride_qe,
+    stride_qn,
+    stride_se,
+    stride_sn,
+    stride_ze,
+    stride_zn,
+    stride_be,
+    stride_om,
+    K: tl.constexpr,
+    TOP_K: tl.constexpr,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HAS_ZP: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    K_SPAN: tl.constexpr,
+    ATOMIC: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """weight·(inter·w2ᵀ + b) for one block of routes, BLOCK_N columns of H and one K split,
+    added into the token's output row (the top-k sum)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    if pid_m * BLOCK_M >= tl.load(post_padded_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        return
+    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    route = tl.load(sorted_ptr + slots)
+    m_mask = route < num_routes
+    token = (route // TOP_K).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = cols < hidden
+    q_e = q_ptr + expert * stride_qe
+    s_e = s_ptr + expert * stride_se
+    z_e = z_ptr + expert * stride_ze
+    a_dtype = a_ptr.dtype.element_ty
+    a_ptrs = a_ptr + route[:, None].to(tl.int64) * stride_am + tl.arange(0, BLOCK_K)[None, :]
+    k_lo = pid_k * K_SPAN
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, tl.minimum(k_lo + K_SPAN, K), BLOCK_K):
+        a = tl.load(a_ptrs + k0, mask=m_mask[:, None], other=0.0)
+        w = _dequant_tile(
+            q_e, s_e, z_e, cols, n_mask, k0, stride_qn, stride_sn, stride_zn,
+            BITS, GROUP, HAS_ZP, BLOCK_N, BLOCK_K, a_dtype, DOT_F32,
+        )  # fmt: skip
+        acc = _mma(a, w, acc, DOT_F32)
+    if HAS_BIAS:
+        # Only the first K split adds the bias.
+        bias = tl.load(bias_ptr + expert * stride_be + cols, mask=n_mask & (pid_k == 0), other=0.0)
+        acc += bias.to(tl.float32)[None, :]
+    acc *= tl.load(topk_w_ptr + route, mask=m_mask, other=0.0)[:, None]
+    out_ptrs = out_ptr + token[:, None] * stride_om + cols[None, :]
+    mask = m_mask[:, None] & n_mask[None, :]
+    if ATOMIC:
+        tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
+    else:
+        out_dtype = out_ptr.dtype.element_ty
+        tl.store(out_ptrs, _round16(acc, out_dtype, DOT_F32).to(out_dtype), mask=mask)
