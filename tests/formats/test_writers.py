@@ -14,6 +14,7 @@ import torch
 
 from service.formats.canonical import FormatError, QuantizedExperts, QuantizedMoELayer
 from service.formats.quantize import random_layer
+from service.formats.readers import SourceQuantization
 from service.formats.registry import (
     ALL_BACKENDS,
     TARGET_BACKENDS,
@@ -21,6 +22,7 @@ from service.formats.registry import (
     ConversionOptions,
     ConversionUnsupported,
     convert,
+    read_stacked_layer,
     writer_for,
 )
 
@@ -150,3 +152,18 @@ def test_convert_checks_source_and_uniformity() -> None:
     )
     with pytest.raises(FormatError):
         convert(regrouped, "EMULATION", source="gptq")
+
+
+@pytest.mark.parametrize(("bits", "group", "sym"), CASES)
+def test_triton_output_is_the_moe_wna16_layout_and_reads_back(
+    bits: int, group: int, sym: bool
+) -> None:
+    """TRITON writes vLLM's MoeWNA16 parameter layout; reading it back gives the layer."""
+    layer = _layer(bits, group, sym, bias=True)
+    out = convert(layer, "TRITON", source="awq").tensors
+    back = read_stacked_layer("moe_wna16", out, SourceQuantization(bits, group, sym))
+    for name in ("w13", "w2"):
+        a, b = getattr(layer, name), getattr(back, name)
+        assert torch.equal(a.codes, b.codes) and torch.equal(a.scales, b.scales)
+        assert torch.equal(a.dequantize(), b.dequantize())
+        assert b.bias is not None and a.bias is not None and torch.equal(a.bias, b.bias)

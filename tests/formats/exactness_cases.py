@@ -1,0 +1,302 @@
+"""The exactness grid: which vLLM integration reads which checkpoint, and what to expect.
+
+Shared by `test_exactness.py` (runs it against vLLM) and kept apart so the grid and the
+table of expected outcomes read as data.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+E, H, INTER = 2, 256, 128
+
+# integration -> (checkpoint layout it loads, stacked layout of its parameters)
+INTEGRATIONS = {
+    "auto_gptq": ("gptq", "gptq"),
+    "auto_awq": ("awq", "awq"),
+    "compressed_tensors": ("compressed-tensors", "compressed-tensors"),
+    "moe_wna16/gptq": ("gptq", "moe_wna16"),
+    "moe_wna16/awq": ("awq", "moe_wna16"),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    integration: str
+    backend: str
+    bits: int
+    group_size: int
+    sym: bool
+    act: bool
+    bias: bool
+    scale_dtype: str
+
+    @property
+    def id(self) -> str:
+        parts = [
+            self.integration.replace("/", "-"),
+            self.backend,
+            f"int{self.bits}",
+            f"g{self.group_size}",
+            "sym" if self.sym else "asym",
+            *(["act"] if self.act else []),
+            *(["bias"] if self.bias else []),
+            self.scale_dtype,
+        ]
+        return "-".join(parts)
+
+    @property
+    def source(self) -> str:
+        return INTEGRATIONS[self.integration][0]
+
+    @property
+    def stacked(self) -> str:
+        return INTEGRATIONS[self.integration][1]
+
+    def spec(self) -> dict[str, object]:
+        integration, _, method = self.integration.partition("/")
+        return {
+            "integration": integration,
+            "method": method or None,
+            "backend": self.backend,
+            "bits": self.bits,
+            "group_size": self.group_size,
+            "sym": self.sym,
+            "desc_act": self.act,
+            "has_bias": self.bias,
+            "num_experts": E,
+            "hidden": H,
+            "intermediate": INTER,
+            "params_dtype": self.scale_dtype,
+        }
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return getattr(torch, self.scale_dtype)  # type: ignore[no-any-return]
+
+
+def grid() -> list[Case]:
+    cases = []
+    for integration, backend, bits, group, sym, act, bias in itertools.product(
+        INTEGRATIONS,
+        ("TRITON", "EMULATION"),
+        (4, 8),
+        (32, 64, 128, -1),
+        (True, False),
+        (False, True),
+        (False, True),
+    ):
+        source = INTEGRATIONS[integration][0]
+        if act and source == "awq":
+            continue  # AWQ has no act-order
+        if bias and integration.startswith("moe_wna16"):
+            continue  # MoeWNA16 registers no bias parameters
+        dtypes = ("float16", "bfloat16") if backend == "EMULATION" else ("float16",)
+        for dtype in dtypes:
+            cases.append(Case(integration, backend, bits, group, sym, act, bias, dtype))
+    return cases
+
+
+@dataclass(frozen=True)
+class Refused:
+    """vLLM raises `error_type` with `message` in its text; we convert (or refuse) anyway."""
+
+    error_type: str
+    message: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Wrong:
+    """vLLM converts without complaint but gets it wrong; the test shows how.
+
+    `drops_g_idx`: vLLM's output is exactly ours for the layer without its act order;
+    otherwise the test shows vLLM's weights differ from the checkpoint's.
+    """
+
+    why: str
+    drops_g_idx: bool = False
+
+
+@dataclass(frozen=True)
+class Exact:
+    """Bit for bit equal, except each listed departure (checked one by one)."""
+
+    departures: tuple[str, ...] = ()
+
+
+Expectation = Refused | Wrong | Exact
+Rule = tuple[Callable[[Case], bool], Expectation]
+
+
+def _one_group(case: Case) -> bool:
+    """Some projection has a single scale group (channelwise, or group_size >= its K)."""
+    return case.group_size == -1 or case.group_size >= min(H, INTER)
+
+
+def _act(case: Case) -> bool:
+    """Act-order that survives vLLM's normalisation (desc_act with one group is a no-op)."""
+    return case.act and case.group_size != -1
+
+
+def _is(integration: str) -> Callable[[Case], bool]:
+    return lambda case: case.integration.startswith(integration)
+
+
+GPTQ_INTEGRATION = ("auto_gptq", "moe_wna16/gptq")
+
+# First match wins. Refusals are what vLLM 0.33.0 raises; Wrong is where it converts but
+# the result is not the checkpoint's weights; Exact lists what we do differently on purpose.
+RULES: tuple[Rule, ...] = (
+    (
+        lambda c: c.integration in GPTQ_INTEGRATION and _act(c),
+        Refused(
+            "ValueError",
+            "desc_act=True) is no longer supported",
+            "vLLM 0.33 refuses GPTQ act-order outright (gptq_utils); we read g_idx and write "
+            "EMULATION (TRITON has no g_idx)",
+        ),
+    ),
+    (
+        lambda c: c.integration == "auto_gptq" and not c.sym,
+        Refused(
+            "ValueError",
+            "Unsupported quantization config",
+            "AutoGPTQConfig knows only uint4b8/uint8b128; asymmetric GPTQ loads through "
+            "moe_wna16 (covered by the moe_wna16/gptq cases)",
+        ),
+    ),
+    (
+        lambda c: c.integration == "compressed_tensors" and c.act and c.group_size == -1,
+        Refused("ValidationError", "Must use group", "compressed-tensors: actorder needs groups"),
+    ),
+    (
+        lambda c: c.integration == "compressed_tensors" and c.group_size == -1,
+        Refused(
+            "AssertionError",
+            "",
+            "non-Marlin compressed-tensors WNA16 MoE asserts strategy == 'group' (R8)",
+        ),
+    ),
+    (
+        lambda c: c.integration == "auto_awq" and c.bits == 8,
+        Refused("ValueError", "Unsupported num_bits = 8", "AutoAWQConfig is 4-bit only"),
+    ),
+    (
+        lambda c: c.integration == "auto_awq" and c.group_size == -1,
+        Refused("RuntimeError", "negative dimension", "AutoAWQ create_weights divides H by -1"),
+    ),
+    (
+        lambda c: c.integration.startswith("moe_wna16") and c.group_size == -1,
+        Refused(
+            "RuntimeError",
+            "must be non-negative",
+            "MoeWNA16 create_weights divides H by -1 (vLLM issue #52715)",
+        ),
+    ),
+    (
+        lambda c: c.integration == "moe_wna16/awq" and c.bits == 8,
+        Refused("AssertionError", "", "MoeWNA16's loader asserts 4-bit AWQ"),
+    ),
+    (
+        lambda c: c.integration == "auto_gptq" and c.backend == "TRITON" and _one_group(c),
+        Refused(
+            "RuntimeError",
+            "to view Int as Byte",
+            "vLLM's TRITON zero-point repack calls .contiguous().view(uint8) on a "
+            "[E, N/pf, 1] transpose whose size-1 last dim keeps a stride != 1 (AutoGPTQ "
+            "passes qzeros even when symmetric)",
+        ),
+    ),
+    (
+        lambda c: (
+            c.integration == "compressed_tensors"
+            and c.backend == "EMULATION"
+            and c.bits == 8
+            and c.sym
+        ),
+        Wrong(
+            "vLLM's emulation unpacks int4 only: each int8 word is read as eight nibbles, "
+            "so w13 comes out [E, N, 2K]; we write int8 correctly"
+        ),
+    ),
+    (
+        lambda c: (
+            c.integration in ("auto_gptq", "compressed_tensors")
+            and c.backend == "EMULATION"
+            and c.bits == 8
+        ),
+        Refused(
+            "RuntimeError",
+            "is invalid for input of size",
+            "vLLM's emulation unpacks int4 only (here the zero points fail to reshape); we "
+            "write int8 correctly",
+        ),
+    ),
+    (
+        lambda c: c.integration.startswith("moe_wna16") and c.backend == "EMULATION" and not c.sym,
+        Refused(
+            "RuntimeError",
+            "is invalid for input of size",
+            "vLLM's emulation unpacks MoeWNA16's uint8 zero points as int32 GPTQ words",
+        ),
+    ),
+    (
+        lambda c: c.integration.startswith("moe_wna16") and c.backend == "EMULATION",
+        Wrong(
+            "vLLM's emulation treats MoeWNA16's uint8 N-first bytes as int32 GPTQ words: "
+            "w13 comes out [E, N, 4K] (int4) instead of [E, N, K]"
+        ),
+    ),
+    (
+        lambda c: c.integration == "auto_awq" and c.backend == "TRITON",
+        Wrong(
+            "vLLM's oracle never picks TRITON for AutoAWQ; called directly, the conversion "
+            "views AWQ's K-first int32 words as N-first bytes"
+        ),
+    ),
+    (
+        lambda c: c.integration == "auto_awq" and c.sym,
+        Wrong(
+            "AutoAWQ with zero_point=false still registers qzeros (torch.empty), nothing "
+            "loads them, and emulation dequantizes with that uninitialised memory"
+        ),
+    ),
+    (
+        lambda c: c.integration == "compressed_tensors" and _act(c),
+        Wrong(
+            "0.33's compressed-tensors MoE registers no weight_g_idx parameter: act-order "
+            "is dropped silently, so vLLM's output is the layer without its g_idx",
+            drops_g_idx=True,
+        ),
+    ),
+    (lambda c: True, Exact()),
+)
+
+
+def expectation(case: Case) -> Expectation:
+    for predicate, outcome in RULES:
+        if predicate(case):
+            return Exact(departures(case)) if isinstance(outcome, Exact) else outcome
+    raise AssertionError("the last rule matches everything")
+
+
+def departures(case: Case) -> tuple[str, ...]:
+    """Where our correct output differs from vLLM's, on purpose, for a case vLLM converts."""
+    out = []
+    if case.backend == "EMULATION":
+        if case.integration == "auto_gptq":
+            out.append("gptq-v1-zero")  # vLLM subtracts the stored zero-1 (R2)
+        if case.scale_dtype != "bfloat16":
+            out.append("scale-rounding")  # vLLM rounds the scale to bf16 first
+        if case.bias:
+            out.append("bias-dropped")  # vLLM returns no bias (R7)
+    elif case.sym and case.integration == "auto_gptq":
+        out.append("sym-zeros-unused")  # vLLM converts the stored midpoint; kernel ignores it
+    if case.bias and case.integration == "auto_awq":
+        out.append("awq-bias-not-loaded")  # no bias parameter, load_weights skips it
+    return tuple(out)

@@ -1,0 +1,277 @@
+"""Exactness: our TRITON and EMULATION writers against vLLM 0.33.0's own conversion.
+
+For every (vLLM integration, backend, bits, group size, symmetry, act-order, bias, scale
+dtype) in `exactness_cases.grid()`, the same synthetic checkpoint (our quantizer, our GPTQ /
+AWQ / compressed-tensors packers) is
+
+* loaded and converted by vLLM in its own environment (`vllm_checker.py`, case
+  ``wna16_convert``: vLLM's create_weights, weight loaders, process_weights_after_loading and
+  `convert_to_wna16_moe_kernel_format`), and
+* read by our reader and written by our writer here.
+
+Each case then checks, bit for bit:
+
+1. the layer parameters vLLM's loaders built equal our `write_stacked` for that
+   integration's layout (GPTQ / AWQ / compressed-tensors / MoeWNA16 — the last one checks our
+   MoeWNA16 reading against vLLM's converting loader, GPTQ zero+1 and AWQ reorder included),
+   and reading them back with `read_stacked_layer` gives the layer;
+2. vLLM's conversion equals our writer's output, where `exactness_cases.expectation` says
+   vLLM is right; where we depart on purpose (`departures`), vLLM's output equals a model of
+   exactly that vLLM behaviour and ours equals the canonical dequantization;
+3. where vLLM refuses (its exception type and message) or gets it wrong, it still does.
+
+Skipped when no vLLM 0.33.0 environment exists (`make test` builds `.venv-vllm`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
+from service.formats.quantize import random_layer
+from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint, write_stacked
+from service.formats.registry import ConversionUnsupported, convert, read_layer, read_stacked_layer
+from tests.formats.exactness_cases import (
+    INTER,
+    Case,
+    E,
+    Exact,
+    H,
+    Refused,
+    Wrong,
+    expectation,
+    grid,
+)
+
+pytestmark = pytest.mark.parity
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECKER = ROOT / "tests" / "formats" / "vllm_checker.py"
+CASES = grid()
+VLLM_NAMES = {
+    "TRITON": {
+        "w13": "w13_qweight",
+        "w2": "w2_qweight",
+        "w13_scale": "w13_scales",
+        "w2_scale": "w2_scales",
+        "w13_qzeros": "w13_qzeros",
+        "w2_qzeros": "w2_qzeros",
+        "w13_bias": "w13_bias",
+        "w2_bias": "w2_bias",
+    },
+    "EMULATION": {
+        "w13": "w13_weight",
+        "w2": "w2_weight",
+        "w13_bias": "w13_bias",
+        "w2_bias": "w2_bias",
+    },
+}
+
+
+def _vllm_python() -> Path:
+    configured = os.environ.get("MOE_CONTROL_VLLM_PYTHON")
+    if configured:
+        path = Path(configured)
+        assert path.exists(), f"MOE_CONTROL_VLLM_PYTHON={configured} does not exist"
+        return path
+    default = ROOT / ".venv-vllm" / "bin" / "python"
+    if not default.exists():
+        pytest.skip("vLLM 0.33.0 reference environment not built (run `make test`)")
+    return default
+
+
+def _layer(case: Case) -> QuantizedMoELayer:
+    return random_layer(
+        E,
+        H,
+        INTER,
+        bits=case.bits,
+        group_size=case.group_size,
+        symmetric=case.sym,
+        generator=torch.Generator().manual_seed(CASES.index(case)),
+        act_order=case.act,
+        bias=case.bias,
+        scale_dtype=case.dtype,
+    )
+
+
+def _quant(case: Case) -> SourceQuantization:
+    return SourceQuantization(case.bits, case.group_size, case.sym, desc_act=case.act)
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """Every case through vLLM in one subprocess (one vLLM start-up)."""
+    python = _vllm_python()
+    directory = tmp_path_factory.mktemp("vllm_cases")
+    entries = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # see conftest.one_torch_thread
+    try:
+        for case in CASES:
+            checkpoint = write_checkpoint(LAYOUTS[case.source], _layer(case), _quant(case))
+            save_file(checkpoint, str(directory / f"{case.id}.in.safetensors"))
+            entries.append({"id": case.id, "case": "wna16_convert", "spec": case.spec()})
+    finally:
+        torch.set_num_threads(threads)
+    (directory / "cases.json").write_text(json.dumps(entries))
+    completed = subprocess.run(
+        [str(python), str(CHECKER), str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        env={**os.environ, "PYTHONPATH": ""},
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return directory, json.loads((directory / "results.json").read_text())
+
+
+def _strip_g_idx(layer: QuantizedMoELayer) -> QuantizedMoELayer:
+    return QuantizedMoELayer(w13=replace(layer.w13, g_idx=None), w2=replace(layer.w2, g_idx=None))
+
+
+def _vllm_emulation(experts: QuantizedExperts, zero_minus_one: bool) -> torch.Tensor:
+    """vLLM 0.33's emulation arithmetic: (q - z) in int16 -> bf16, times the bf16 scale."""
+    index = experts.group_index().unsqueeze(1).expand(-1, experts.n, -1)
+    zeros = experts.zero_points().to(torch.int16) - (1 if zero_minus_one else 0)
+    q = experts.codes.to(torch.int16) - torch.gather(zeros, 2, index)
+    scale = torch.gather(experts.scales, 2, index).to(torch.bfloat16)
+    return q.to(torch.bfloat16) * scale
+
+
+def _model_of_vllm(case: Case, layer: QuantizedMoELayer) -> dict[str, torch.Tensor | None]:
+    """What vLLM outputs for this case, by our writers plus each known departure."""
+    departures = expectation(case).departures  # type: ignore[union-attr]
+    if case.backend == "EMULATION":
+        minus_one = "gptq-v1-zero" in departures
+        model: dict[str, torch.Tensor | None] = {
+            "w13_weight": _vllm_emulation(layer.w13, minus_one),
+            "w2_weight": _vllm_emulation(layer.w2, minus_one),
+        }
+    else:
+        model = dict(convert(layer, "TRITON", source=case.source).tensors)
+        if "sym-zeros-unused" in departures:
+            stored = (1 << (case.bits - 1)) - 1  # GPTQ v1's symmetric midpoint, per code
+            per_byte = stored * 0x11 if case.bits == 4 else stored
+            for name, experts in (("w13", layer.w13), ("w2", layer.w2)):
+                shape = (E, experts.n * case.bits // 8, experts.num_groups)
+                model[f"{name}_qzeros"] = torch.full(shape, per_byte, dtype=torch.uint8)
+    if "bias-dropped" in departures or "awq-bias-not-loaded" in departures:
+        model["w13_bias"] = model["w2_bias"] = None
+    return model
+
+
+def _assert_tensors(
+    got: dict[str, torch.Tensor | None], want: dict[str, torch.Tensor | None], label: str
+) -> None:
+    for name in sorted(set(got) | set(want)):
+        a, b = got.get(name), want.get(name)
+        assert (a is None) == (b is None), f"{label}: {name} present on one side only"
+        if a is not None and b is not None:
+            assert a.dtype == b.dtype and a.shape == b.shape, (
+                f"{label}: {name} {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
+            )
+            assert torch.equal(a, b), f"{label}: {name} differs"
+
+
+# Parameters vLLM 0.33 does not create, so its loaders skip the checkpoint tensors.
+NOT_LOADED = {
+    "auto_gptq": {"w13_g_idx", "w2_g_idx"},  # GPTQ act-order is refused outright
+    "compressed_tensors": {"w13_weight_g_idx", "w2_weight_g_idx"},
+    "auto_awq": {"w13_bias", "w2_bias"},  # AutoAWQ registers no bias: load_weights skips it
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_matches_vllm(case: Case, vllm_run: tuple[Path, dict[str, Any]]) -> None:
+    directory, results = vllm_run
+    result = results[case.id]
+    expected = expectation(case)
+    if isinstance(expected, Refused):
+        assert not result["ok"], f"vLLM now converts {case.id}: {expected.why}"
+        assert result["error_type"] == expected.error_type, result
+        assert expected.message in result["error"], result
+        return
+    assert result["ok"], f"{result['error_type']}: {result['error']}\n{result['where']}"
+    vllm = load_file(str(directory / f"{case.id}.out.safetensors"))
+    layer = _layer(case)
+    quant = _quant(case)
+
+    # 1. The stacked parameters vLLM's loaders built are our stacked layout, bit for bit.
+    ours_stacked = write_stacked(LAYOUTS[case.stacked], layer, quant)
+    skipped = NOT_LOADED.get(case.integration, set())
+    loaded = {}
+    for name, tensor in ours_stacked.items():
+        if name in skipped:
+            continue
+        theirs = vllm[f"param.{name}"]
+        assert theirs.dtype == tensor.dtype and torch.equal(theirs, tensor), f"param {name}"
+        loaded[name] = theirs
+    if not isinstance(expected, Wrong) or case.integration != "auto_awq":
+        back = read_stacked_layer(case.stacked, loaded, replace(quant, desc_act=False))
+        reference = layer if case.stacked == "moe_wna16" else _strip_g_idx(layer)
+        if case.integration == "auto_awq":
+            reference = QuantizedMoELayer(
+                w13=replace(reference.w13, bias=None), w2=replace(reference.w2, bias=None)
+            )
+        assert torch.equal(back.w13.dequantize(), reference.w13.dequantize())
+        assert torch.equal(back.w2.dequantize(), reference.w2.dequantize())
+
+    # 2. The conversion.
+    theirs_out: dict[str, torch.Tensor | None] = {
+        ours_name: vllm.get(f"out.{vllm_name}")
+        for vllm_name, ours_name in VLLM_NAMES[case.backend].items()
+    }
+    canonical = read_layer(
+        case.source, write_checkpoint(LAYOUTS[case.source], layer, quant), quant, num_experts=E
+    )
+    if isinstance(expected, Wrong):
+        if expected.drops_g_idx:
+            # vLLM converted the layer without its act order, and otherwise right.
+            stripped = _strip_g_idx(layer)
+            case_exact = replace(case, act=False)
+            _assert_tensors(theirs_out, _model_of_vllm(case_exact, stripped), case.id)
+            return
+        ours = convert(canonical, case.backend, source=case.source).tensors
+        w13 = theirs_out["w13_weight" if case.backend == "EMULATION" else "w13_qweight"]
+        assert w13 is not None
+        mine = ours["w13_weight" if case.backend == "EMULATION" else "w13_qweight"]
+        assert w13.shape != mine.shape or not torch.equal(w13, mine), expected.why
+        return
+    assert isinstance(expected, Exact)
+    _assert_tensors(theirs_out, _model_of_vllm(case, layer), f"{case.id} (model of vLLM)")
+    try:
+        ours = dict(convert(canonical, case.backend, source=case.source).tensors)
+    except ConversionUnsupported:
+        pytest.fail(f"we refuse {case.id}, which vLLM converts")
+    if not expected.departures:
+        _assert_tensors(theirs_out, dict(ours), case.id)
+    if case.backend == "EMULATION":
+        assert torch.equal(ours["w13_weight"], layer.w13.dequantize(torch.bfloat16))
+        assert torch.equal(ours["w2_weight"], layer.w2.dequantize(torch.bfloat16))
+
+
+def test_grid_covers_every_outcome_kind() -> None:
+    kinds = {type(expectation(case)).__name__ for case in CASES}
+    assert kinds == {"Refused", "Wrong", "Exact"}
+    exact_without_departures = [
+        c
+        for c in CASES
+        if isinstance(expectation(c), Exact) and not expectation(c).departures  # type: ignore[union-attr]
+    ]
+    backends = {(c.integration, c.backend) for c in exact_without_departures}
+    assert ("moe_wna16/gptq", "TRITON") in backends
+    assert ("moe_wna16/awq", "TRITON") in backends
+    assert ("compressed_tensors", "TRITON") in backends
+    assert ("compressed_tensors", "EMULATION") in backends
+    assert ("auto_awq", "EMULATION") in backends
