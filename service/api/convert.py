@@ -30,6 +30,7 @@ from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import tensor_pb2
 from service.formats.checkpoint import plan_job, read_model_config
 from service.formats.input_errors import ConvertInputError, ConvertResourceError
+from service.formats.naming import classify, normalize_names
 from service.formats.paths import DataRoot, PermissionDeniedError
 from service.formats.plan import Target, resolve_target, source_spec
 from service.formats.streaming import (
@@ -279,6 +280,7 @@ class ConvertWeightsHandler:
                     finish()
                     spec = convert_codec.tensor_spec(message.tensor)
                     spec.validate()
+                    classify(spec.name)  # an unknown name fails before its data moves
                     if spec.name in names:
                         raise StreamError(f"tensors[{spec.name}].name", "sent twice")
                     names.add(spec.name)
@@ -310,6 +312,7 @@ class ConvertWeightsHandler:
             raise ConvertInputError(
                 "tensors", "required: inline mode streams the layer's tensors after the header"
             )
+        normalize_names([item["spec"]["name"] for item in inputs])
         return inputs
 
     # -- path mode

@@ -45,7 +45,8 @@ class Connection:
             with open(self.tls_ca, "rb") as handle:
                 credentials = grpc.ssl_channel_credentials(root_certificates=handle.read())
             channel = grpc.secure_channel(self.server, credentials, options=options)
-        return channel, pb_grpc.MoeControlServiceStub(channel)
+        stub = pb_grpc.MoeControlServiceStub(channel)  # type: ignore[no-untyped-call]
+        return channel, stub
 
 
 @dataclass
@@ -150,7 +151,7 @@ def convert_checkpoint_remote(
     on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> pb.ConvertSummary:
     channel, stub = connection.stub()
-    summary = None
+    summary: pb.ConvertSummary | None = None
     with channel:
         for response in stub.ConvertWeights(
             iter([pb.ConvertWeightsRequest(header=header)]),

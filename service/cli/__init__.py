@@ -16,7 +16,12 @@ from collections.abc import Sequence
 from service import __version__
 
 #: Sub-command modules, in the order `--help` lists them.
-COMMANDS: tuple[str, ...] = ("service.cli.select", "service.cli.serve", "service.cli.health")
+COMMANDS: tuple[str, ...] = (
+    "service.cli.select",
+    "service.cli.convert",
+    "service.cli.serve",
+    "service.cli.health",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,7 +31,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from service import __version__
 from service.formats.input_errors import ConvertInputError
+from service.formats.naming import EXPERT_INDEX, match_expert_tensor
 from service.formats.paths import DataRoot
 from service.formats.plan import SourceSpec, Target, resolve_target, source_spec
 from service.formats.safetensors_io import (
@@ -64,27 +64,6 @@ INDEX_NAME = "model.safetensors.index.json"
 JOURNAL_DIR = ".moe-control-journal"
 FORMAT = "moe-control-checkpoint"
 FORMAT_VERSION = 1
-
-#: MoE expert tensor names, per architecture family: the experts module (the fused layer's
-#: prefix), the decoder layer index and the name relative to the experts module, in the
-#: form the readers take ("<expert>.<projection>.<tensor>").
-EXPERT_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    (
-        "mixtral",  # Mixtral, PhiMoE: block_sparse_moe.experts.N.w1/w2/w3
-        re.compile(
-            r"^(?P<module>(?:.*\.)?layers\.(?P<layer>\d+)\.block_sparse_moe\.experts)\."
-            r"(?P<key>\d+\.(?:w1|w2|w3)\.[A-Za-z0-9_]+)$"
-        ),
-    ),
-    (
-        "hf",  # Qwen2-MoE, Qwen3-MoE, DeepSeek V2/V3, OLMoE...: mlp.experts.N.*_proj
-        re.compile(
-            r"^(?P<module>(?:.*\.)?layers\.(?P<layer>\d+)\.mlp\.experts)\."
-            r"(?P<key>\d+\.(?:gate_proj|up_proj|down_proj)\.[A-Za-z0-9_]+)$"
-        ),
-    ),
-)
-_EXPERT_INDEX = re.compile(r"^(\d+)\.")
 
 ProgressFn = Callable[[dict[str, Any]], None]
 CheckFn = Callable[[], None]
@@ -162,21 +141,12 @@ class MoELayerPlan:
 
     @property
     def num_experts(self) -> int:
-        found = {int(m[1]) for key in self.tensors if (m := _EXPERT_INDEX.match(key))}
+        found = {int(m[1]) for key in self.tensors if (m := EXPERT_INDEX.match(key))}
         return max(found) + 1 if found else 0
 
     @property
     def files(self) -> set[str]:
         return {t.file for t in self.tensors.values()}
-
-
-def match_expert_tensor(name: str) -> tuple[str, str, int, str] | None:
-    """(family, experts module, layer index, relative name) of an expert tensor, else None."""
-    for family, pattern in EXPERT_PATTERNS:
-        match = pattern.match(name)
-        if match is not None:
-            return family, match["module"], int(match["layer"]), match["key"]
-    return None
 
 
 def find_moe_layers(

@@ -15,7 +15,6 @@ layer shape (experts, hidden size, intermediate size), or the mismatching field 
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import astuple, dataclass
@@ -24,12 +23,10 @@ from typing import Any
 import torch
 
 from service.formats import registry
-from service.formats.checkpoint import descriptor_json, match_expert_tensor
+from service.formats.checkpoint import descriptor_json
 from service.formats.input_errors import ConvertInputError
+from service.formats.naming import normalize_names
 from service.formats.plan import SourceSpec
-
-_STACKED = re.compile(r"^(?:(?P<module>.+)\.)?(?P<key>(?:w13|w2)_[A-Za-z0-9_]+)$")
-_RELATIVE = re.compile(r"^\d+\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$")
 
 
 @dataclass(frozen=True)
@@ -48,48 +45,6 @@ class InlineResult:
     descriptor: dict[str, Any]
     #: Conversion math only (reader + writer), on the device.
     device_seconds: float
-
-
-def normalize_names(names: list[str]) -> tuple[str, str, dict[str, str]]:
-    """(naming, module prefix, {given name: name the reader takes}). Naming is "per_expert"
-    or "stacked"; the prefix is "" when the names carry none."""
-    if not names:
-        raise ConvertInputError("tensors", "required: the layer's tensors")
-    out: dict[str, str] = {}
-    modules: set[str] = set()
-    naming = ""
-    for name in names:
-        kind, module, key = _classify(name)
-        if naming and kind != naming:
-            raise ConvertInputError(
-                f"tensors[{name}].name",
-                f"mixes {kind} names with {naming} names; use one naming for the whole layer",
-            )
-        naming = kind
-        modules.add(module)
-        out[name] = key
-    if len(modules) > 1:
-        raise ConvertInputError(
-            "tensors", f"tensors of several experts modules in one layer: {sorted(modules)}"
-        )
-    return naming, modules.pop(), out
-
-
-def _classify(name: str) -> tuple[str, str, str]:
-    if _RELATIVE.match(name):
-        return "per_expert", "", name
-    hit = match_expert_tensor(name)
-    if hit is not None:
-        return "per_expert", hit[1], hit[3]
-    stacked = _STACKED.match(name)
-    if stacked is not None:
-        return "stacked", stacked["module"] or "", stacked["key"]
-    raise ConvertInputError(
-        f"tensors[{name}].name",
-        "not an expert tensor name: expected '<expert>.<gate_proj|up_proj|down_proj|w1|w2|w3>."
-        "<tensor>' (optionally under '...layers.N.mlp.experts.' or "
-        "'...block_sparse_moe.experts.') or vLLM's stacked 'w13_<tensor>' / 'w2_<tensor>'",
-    )
 
 
 def _quantization(source: SourceSpec) -> registry.SourceQuantization:

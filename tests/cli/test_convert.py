@@ -1,0 +1,122 @@
+"""`moe-control convert` locally: whole checkpoints (with resume) and single layers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from service.cli import main
+from service.formats import registry
+from service.formats.checkpoint import MANIFEST_NAME
+from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
+
+SPEC = SyntheticSpec(num_layers=2, num_experts=4, hidden_size=128, intermediate_size=128)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, Any]]:
+    directory = tmp_path_factory.mktemp("cli") / "mixtral"
+    return directory, write_synthetic_checkpoint(directory, SPEC)
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
+    status = main(["convert", *argv, "--json", "--no-progress"])
+    out = capsys.readouterr().out.strip()
+    return status, json.loads(out.splitlines()[-1]) if out else {}
+
+
+def test_whole_checkpoint_then_instant_resume(
+    model: tuple[Path, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, _ = model
+    out = tmp_path / "triton"
+    status, first = run_json(capsys, str(source), str(out), "--backend", "triton")
+    assert status == 0
+    assert (first["layers_converted"], first["layers_skipped"]) == (2, 0)
+    assert first["backend"] == "TRITON" and first["backend_chosen_by"] == "request"
+    assert Path(first["manifest_path"]) == out / MANIFEST_NAME
+    status, second = run_json(
+        capsys, "--input", str(source), "--output", str(out), "--backend", "TRITON"
+    )
+    assert status == 0
+    assert (second["layers_converted"], second["layers_skipped"]) == (0, 2)
+    assert second["elapsed_s"] < first["elapsed_s"] + 5
+
+
+def test_auto_takes_the_platform_choice(
+    model: tuple[Path, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, _ = model
+    status = main(["convert", str(source), str(tmp_path / "a100"), "--platform", "a100"])
+    captured = capsys.readouterr()
+    supported = "MARLIN" in registry.TARGET_BACKENDS
+    assert status == (0 if supported else 1), captured.err
+    if not supported:
+        assert "MARLIN" in captured.err and "--backend" in captured.err
+
+
+def test_progress_lines_on_a_pipe(
+    model: tuple[Path, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, _ = model
+    assert (
+        main(["convert", str(source), str(tmp_path / "p"), "--backend", "TRITON", "--progress"])
+        == 0
+    )
+    err = capsys.readouterr().err
+    assert "converted moe-layer-00000.safetensors (1/2 layers" in err
+
+
+def test_one_layer_file(
+    model: tuple[Path, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, layers = model
+    shard = next(iter(sorted(source.glob("model-*.safetensors"))))
+    out = tmp_path / "layer0.safetensors"
+    status, summary = run_json(
+        capsys,
+        str(shard),
+        str(out),
+        "--backend",
+        "TRITON",
+        "--layer",
+        "0",
+        "--config",
+        str(source / "config.json"),
+    )
+    assert status == 0, summary
+    written = load_file(out)
+    expected = registry.convert(layers[0], "TRITON", source="gptq").tensors
+    module = "model.layers.0.block_sparse_moe.experts"
+    assert set(written) == {f"{module}.{name}" for name in expected}
+    for name, tensor in expected.items():
+        assert torch.equal(written[f"{module}.{name}"], tensor)
+    assert [t["name"] for t in summary["tensors"]] == list(written)
+
+
+FAILURES = {
+    "no writer": (["--backend", "CPU"], 1, "cannot write CPU"),
+    "unknown backend": (["--backend", "WARP"], 2, "unknown backend"),
+    "bad range": (["--layers", "x:y", "--backend", "TRITON"], 2, "--layers"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FAILURES))
+def test_failures_exit_with_a_reason(
+    model: tuple[Path, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    source, _ = model
+    argv, code, message = FAILURES[case]
+    assert main(["convert", str(source), str(tmp_path / "o"), *argv]) == code
+    assert message in capsys.readouterr().err
+
+
+def test_input_given_twice_or_not_at_all(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["convert", "a", "b", "--input", "c"]) == 2
+    assert main(["convert"]) == 2
+    assert "INPUT" in capsys.readouterr().err
