@@ -12,7 +12,7 @@ HOST ?= 127.0.0.1
 PORT ?= 50151
 METRICS_PORT ?= 9464
 
-.PHONY: run test lint typecheck unit parity install install-vllm clean help bench protos proto-lint load-bench
+.PHONY: run test lint typecheck unit parity install install-vllm clean help bench protos proto-lint load-bench gpu-test
 
 help:
 	@echo "make run   - install on first use and serve on $(HOST):$(PORT) (metrics on :$(METRICS_PORT))"
@@ -82,6 +82,12 @@ bench: $(VENV)/.stamp
 
 load-bench: $(VENV)/.stamp
 	$(BIN)/python bench/load_bench.py
+
+# The GPU run (H200): prepare .gpu/ here (humming and grpc wheels for Python 3.12, vLLM 0.33's
+# Marlin MoE library), then run the printed command on the device machine, carrying .gpu.
+gpu-test: $(VENV)/.stamp
+	PYTHON=$(BIN)/python scripts/prepare_gpu_deps.sh
+	@echo "Now run on the H200 (device run, carry [\".gpu\"]): bash scripts/gpu_test.sh"
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) node_modules .mypy_cache .ruff_cache .pytest_cache

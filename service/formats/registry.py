@@ -46,6 +46,7 @@ from service.formats.writers import (
     Writer,
 )
 from service.formats.writers.emulation import write_emulation
+from service.formats.writers.humming import write_humming
 from service.formats.writers.triton import write_triton
 
 __all__ = [
@@ -70,12 +71,12 @@ SOURCE_LAYOUTS: Mapping[str, SourceLayout] = LAYOUTS
 TARGET_BACKENDS: dict[str, Writer] = {
     "TRITON": write_triton,
     "EMULATION": write_emulation,
+    "HUMMING": write_humming,  # CUDA workers only: raises ConversionUnsupported elsewhere
 }
 
 UNSUPPORTED_BACKENDS: dict[str, str] = {
     "MARLIN": "no MARLIN writer is installed in this build",
     "BATCHED_MARLIN": "no BATCHED_MARLIN writer is installed in this build",
-    "HUMMING": "needs humming-kernels' own transform on a CUDA worker",
     "FLASHINFER_TRTLLM": (
         "its layout helpers (flashinfer's block_scale_interleave, convert_to_block_layout) "
         "need FlashInfer on an SM100 GPU"
