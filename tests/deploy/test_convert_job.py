@@ -3,14 +3,18 @@
 The Indexed Job's shell script is run here as each pod would run it, with a stand-in
 `moe-control` on PATH that records its arguments: the ranges must cover every layer exactly
 once for any layer count, and every flag must be one the real `moe-control convert` accepts.
+Then the real thing on CPU: each part's script and the merge Job's script run the real CLI
+over a small synthetic checkpoint, and the merged directory holds every layer and a manifest.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import stat
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,24 @@ def container(body: dict[str, Any]) -> dict[str, Any]:
 
 def env_of(body: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container(body)["env"] if "value" in e}
+
+
+def run_real_script(body: dict[str, Any], **env: str) -> str:
+    """Run the container's script with the real `moe-control` of this environment."""
+    command = container(body)["command"]
+    (script,) = container(body)["args"]
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    full_env = {**os.environ, **env_of(body), **env, "PATH": path}
+    done = subprocess.run(
+        [*command[2:], script],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
 
 
 def run_script(body: dict[str, Any], tmp_path: Path, **env: str) -> list[list[str]] | str:
@@ -128,3 +150,33 @@ def test_the_job_calls_flags_the_cli_accepts(
     assert command == "convert"
     args = parser.parse_args([command, *argv])
     assert args.command == "convert"
+
+
+def test_the_parts_and_the_merge_convert_a_real_checkpoint(tmp_path: Path) -> None:
+    _convert_parser_or_skip()
+    from service.formats.checkpoint import MANIFEST_NAME
+    from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
+
+    layers = 3
+    write_synthetic_checkpoint(tmp_path / "in", SyntheticSpec(num_layers=layers, fast=True))
+    common = {
+        "INPUT_DIR": str(tmp_path / "in"),
+        "OUTPUT_DIR": str(tmp_path / "out"),
+        "BACKEND": "TRITON",
+        "DEVICE": "cpu",
+        "MOE_CONTROL_LOG_FORMAT": "text",
+    }
+    parts = 2
+    for index in range(parts):
+        run_real_script(
+            job("moe-control-convert"),
+            JOB_COMPLETION_INDEX=str(index),
+            NUM_LAYERS=str(layers),
+            PARTS=str(parts),
+            **common,
+        )
+    run_real_script(job("moe-control-convert-merge"), **common)
+    manifest = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    written = sorted((tmp_path / "out").glob("moe-layer-*.safetensors"))
+    assert len(written) == layers, written
+    assert "TRITON" in json.dumps(manifest)

@@ -7,9 +7,10 @@ It then drives SelectBackend traffic of every kind the alerts care about (answer
 selections, bad requests, and UNAVAILABLE while the worker is killed and restarted), waits
 until Prometheus has scraped the final counters, and asks Prometheus' HTTP API:
 
-* every PromQL expression of the dashboard returns data, except those whose metrics the
-  server declares but has not emitted yet (RunMoE and conversion collectors, which fill once
-  those RPCs run); that list is computed from what Prometheus holds, not written down;
+* every PromQL expression of the dashboard returns data (two path-mode conversions of a small
+  synthetic checkpoint fill the conversion panels), except those whose metrics the server
+  declares but has not emitted yet (the RunMoE collectors, until RunMoE runs); that list is
+  computed from what Prometheus holds, not written down;
 * every alert rule is healthy and in the state the traffic calls for: the error-ratio and
   no-eligible-backend alerts pending, the worker alerts inactive, and, once the server is
   stopped, the target-down alert pending.
@@ -39,6 +40,7 @@ import grpc
 import pytest
 from integration.serverproc import SERVICE, ServerProcess, health_status, launch, wait_ready
 
+from service.api.convert_client import Connection, convert_checkpoint_remote, header_for
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from tests.deploy.checks import (
@@ -208,6 +210,13 @@ def _select_calls_exposed(server: ServerProcess) -> float:
     return total
 
 
+def _convert(server: ServerProcess, output: str) -> None:
+    """A path-mode conversion of the synthetic checkpoint under the data root."""
+    header = header_for(checkpoint=("in", output), backend="triton")
+    summary = convert_checkpoint_remote(Connection(server.address, timeout=60), header)
+    assert summary.target_format.backend == "TRITON"
+
+
 def _call(stub: Any, request: pb.SelectBackendRequest) -> grpc.StatusCode:
     try:
         stub.SelectBackend(request, timeout=5)
@@ -221,12 +230,23 @@ def _call(stub: Any, request: pb.SelectBackendRequest) -> grpc.StatusCode:
 def stack(tmp_path: Path) -> Iterator[tuple[ServerProcess, Prometheus]]:
     # Prometheus first: it applies new scrape targets only every 5 s, which overlaps with
     # the server's start-up this way. The server's /metrics port is chosen here for it.
+    from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
+
+    data = tmp_path / "data"
+    write_synthetic_checkpoint(data / "in", SyntheticSpec(num_layers=2, fast=True))
     metrics_port = _free_port()
     prometheus = Prometheus(tmp_path, f"127.0.0.1:{metrics_port}")
     server: ServerProcess | None = None
     try:
         # A long restart back-off keeps the killed worker down for several scrapes.
-        server = launch("--metrics-port", str(metrics_port), "--worker-restart-backoff-s", "4")
+        server = launch(
+            "--metrics-port",
+            str(metrics_port),
+            "--worker-restart-backoff-s",
+            "4",
+            "--data-root",
+            str(data),
+        )
         wait_ready(server)
         prometheus.wait_ready()
         until(
@@ -250,6 +270,7 @@ def _drive_traffic(server: ServerProcess, prometheus: Prometheus) -> None:
         assert _call(stub, BAD) is grpc.StatusCode.INVALID_ARGUMENT
         stub.ListWorkers(pb.ListWorkersRequest(), timeout=5)
         stub.GetPlatform(pb.GetPlatformRequest(), timeout=5)
+        _convert(server, "out0")
         worker = stub.ListWorkers(pb.ListWorkersRequest(), timeout=5).workers[0]
         os.kill(worker.pid, signal.SIGKILL)  # a child of the server this test started
         until(
@@ -274,6 +295,7 @@ def _drive_traffic(server: ServerProcess, prometheus: Prometheus) -> None:
         for _ in range(5):
             assert _call(stub, BAD) is grpc.StatusCode.INVALID_ARGUMENT
     wait_ready(server)
+    _convert(server, "out1")
     # 3. Prometheus holds the final counters and a ready worker, and rules ran on them.
     final = _select_calls_exposed(server)
     selector = f'grpc_server_handled_total{{job="{JOB}", grpc_method="SelectBackend"}}'
@@ -281,6 +303,11 @@ def _drive_traffic(server: ServerProcess, prometheus: Prometheus) -> None:
         lambda: prometheus.value(f"sum({selector})") == final,
         15,
         f"Prometheus never scraped all {final} SelectBackend calls",
+    )
+    until(
+        lambda: prometheus.value("sum(moe_control_convert_duration_seconds_count)") == 2,
+        15,
+        "Prometheus never scraped the second conversion",
     )
     until(
         lambda: prometheus.value(f'min(moe_control_worker_ready{{job="{JOB}"}})') == 1,
@@ -322,12 +349,9 @@ def test_dashboard_and_alerts_against_a_real_prometheus(
             empty.append((where, sorted(metric_names(expr) & not_emitted)))
     unexplained = [where for where, missing in empty if not missing]
     assert not unexplained, f"dashboard queries without data: {unexplained}"
-    # What may lack data is only what the server does not emit before the first
-    # conversion or forward (labelled collectors have no series until first used).
+    # What may lack data is only what the server does not emit before the first forward
+    # (labelled collectors have no series until first used).
     assert not_emitted <= {
-        "moe_control_convert_bytes_total",
-        "moe_control_convert_duration_seconds_bucket",
-        "moe_control_convert_duration_seconds_count",
         "moe_control_run_moe_duration_seconds_bucket",
         "moe_control_run_moe_duration_seconds_count",
         "moe_control_run_moe_tokens_total",
