@@ -7,11 +7,15 @@ backends, reason codes, integrations, gRPC methods and codes, worker indices; ne
 paths or shapes.
 
 Each `Metrics` owns its own `CollectorRegistry`, so tests and several servers in one process
-do not collide.
+do not collide. A server of several processes (`--server-processes`, replica.py) runs them in
+prometheus_client's multiprocess mode: every process writes its values to files in one
+directory, and the primary's /metrics sums them (`Metrics(multiprocess_dir=...)`), so a
+counter says the same whichever process served the calls.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 from collections.abc import Iterable
 from importlib import metadata
@@ -26,7 +30,9 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
     generate_latest,
+    values,
 )
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from service import __version__
 from service.oracle import DEFAULT_RULESET, Candidate, Decision
@@ -86,24 +92,48 @@ def _version(distribution: str) -> str:
         return ""
 
 
-class Metrics:
-    """The service's collectors, registered on one registry."""
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+
+def enable_multiprocess(directory: str) -> None:
+    """Switch this process's prometheus_client to multiprocess mode (values in files under
+    `directory`). Call it before any `Metrics` is built: the library picks the value class
+    from the environment when it is imported, so it is picked again here."""
+    os.environ[MULTIPROC_ENV] = directory
+    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+
+
+class Metrics:
+    """The service's collectors, registered on one registry.
+
+    With `multiprocess_dir` (and `enable_multiprocess` called first), `registry` serves the
+    sum over every process writing to that directory, plus this process's own
+    `process_*` / `python_*` collectors; the collectors themselves live on a registry of
+    their own (served by nobody), as the library's multiprocess mode requires."""
+
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, multiprocess_dir: str | None = None
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.multiprocess = multiprocess_dir is not None
         # Label children resolved once (the label sets are small and bounded).
         self._selection_children: dict[tuple[str, str], Any] = {}
         self._rejection_children: dict[tuple[str, str], Any] = {}
-        r = self.registry
-        ProcessCollector(registry=r)
-        PlatformCollector(registry=r)
-        GCCollector(registry=r)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        if multiprocess_dir is not None:
+            MultiProcessCollector(self.registry, path=multiprocess_dir)  # type: ignore[no-untyped-call]
+            r = CollectorRegistry()
+        else:
+            r = self.registry
 
         self.build_info = Gauge(
             "moe_control_build_info",
             "Always 1; the labels carry the versions of this server.",
             ["version", "python", "grpcio", "protobuf", "ruleset"],
             registry=r,
+            multiprocess_mode="max",
         )
         self.build_info.labels(
             __version__,
@@ -165,6 +195,7 @@ class Metrics:
             "1 while the worker process has reported its platform and answers, else 0.",
             ["worker", "device"],
             registry=r,
+            multiprocess_mode="mostrecent",
         )
         self.worker_restarts = Counter(
             "moe_control_worker_restarts_total",
@@ -203,16 +234,34 @@ class Metrics:
 
     # -----------------------------------------------------------------------------------
 
-    def count_rejections(self, candidates: Iterable[Candidate]) -> None:
+    def rejection_counters(self, candidates: Iterable[Candidate]) -> tuple[Any, ...]:
+        """The counter children one decision's rejections increment, one per rejection."""
+        found: list[Any] = []
         for candidate in candidates:
             if candidate.verdict == "rejected":
-                self.backend_rejections.labels(
-                    candidate.backend, candidate.reason_code or "UNSPECIFIED"
-                ).inc()
+                key = (candidate.backend, candidate.reason_code or "UNSPECIFIED")
+                child = self._rejection_children.get(key)
+                if child is None:
+                    child = self._rejection_children[key] = self.backend_rejections.labels(*key)
+                found.append(child)
+        return tuple(found)
+
+    def decision_counters(self, decision: Decision) -> tuple[Any, ...]:
+        """The counter children a decision increments (a cached answer keeps them, so
+        counting it again is one `inc()` each)."""
+        key = (decision.backend or NO_BACKEND, decision.quantization)
+        child = self._selection_children.get(key)
+        if child is None:
+            child = self._selection_children[key] = self.backend_selections.labels(*key)
+        return (child, *self.rejection_counters(decision.candidates))
+
+    def count_rejections(self, candidates: Iterable[Candidate]) -> None:
+        for child in self.rejection_counters(candidates):
+            child.inc()
 
     def count_decision(self, decision: Decision) -> None:
-        self.backend_selections.labels(decision.backend or NO_BACKEND, decision.quantization).inc()
-        self.count_rejections(decision.candidates)
+        for child in self.decision_counters(decision):
+            child.inc()
 
     def set_worker_ready(self, worker: int, device: str, ready: bool) -> None:
         self.worker_ready.labels(str(worker), device).set(1 if ready else 0)

@@ -51,6 +51,10 @@ class Settings:
         default=512,
         metadata=_doc("RPCs served at once; more get RESOURCE_EXHAUSTED (0: no limit)"),
     )
+    select_cache_mib: int = field(
+        default=32,
+        metadata=_doc("memory for remembered SelectBackend answers, per process (0: off)"),
+    )
     keepalive_time_s: float = field(
         default=60.0, metadata=_doc("server pings an idle connection this often")
     )
@@ -135,8 +139,9 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive")
-        if self.max_concurrent_rpcs < 0:
-            problems.append("max_concurrent_rpcs must be >= 0")
+        for name in ("max_concurrent_rpcs", "select_cache_mib"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be >= 0")
         if (self.tls_cert is None) != (self.tls_key is None):
             problems.append("tls_cert and tls_key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:
@@ -182,8 +187,9 @@ class Settings:
             return text
         return self.auth_token
 
-    def grpc_options(self) -> list[tuple[str, Any]]:
-        """Channel arguments of the gRPC server."""
+    def grpc_options(self, *, reuseport: bool = False) -> list[tuple[str, Any]]:
+        """Channel arguments of the gRPC server (`reuseport`: the port is shared by several
+        server processes)."""
         return [
             ("grpc.max_receive_message_length", self.max_receive_message_bytes),
             ("grpc.max_send_message_length", self.max_send_message_bytes),
@@ -196,7 +202,7 @@ class Settings:
             ("grpc.http2.min_ping_interval_without_data_ms", int(self.keepalive_time_s * 1000)),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if reuseport else 0),
         ]
 
     # -----------------------------------------------------------------------------------

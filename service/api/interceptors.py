@@ -1,8 +1,11 @@
 """The server's one interceptor: bearer-token auth, domain error -> status mapping, metrics.
 
-All three wrap every RPC the same way, so they are one wrapper, built once per method and
-cached (the per-call path is a dict lookup plus the wrapper itself). Health checks are exempt
-from auth so Kubernetes probes and load balancers need no credentials.
+All three wrap every RPC the same way, so they are one wrapper around each method handler.
+It is applied when the handlers are registered (`ServerInterceptor.registrar`), not as a
+`grpc.aio.ServerInterceptor`: grpc.aio awaits an interceptor's `intercept_service` coroutine
+on every call, even one that only returns a cached handler, and that alone measured about
+0.05 ms of server CPU per call (a fifth of a bare echo call's cost; bench/RESULTS.md). Health
+checks are exempt from auth so Kubernetes probes and load balancers need no credentials.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ import hmac
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any, TypeAlias
 
 import grpc
 from grpc_status import rpc_status
@@ -31,6 +34,7 @@ AUTH_EXEMPT_SERVICES = frozenset({HEALTH_SERVICE})
 _OK = grpc.StatusCode.OK.name
 _CANCELLED = grpc.StatusCode.CANCELLED.name
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic in the stubs only
 
 
 class _MethodMetrics:
@@ -55,7 +59,23 @@ class _MethodMetrics:
         self.seconds.observe(seconds)
 
 
-def _grpc_type(handler: grpc.RpcMethodHandler[Any, Any]) -> str:
+class _Uncounted:
+    """Stands in for a counter child where calls are counted elsewhere."""
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+
+class _UncountedMethod:
+    """The metrics of a method whose calls another process counts (see replica.py)."""
+
+    started = received = sent = _Uncounted()
+
+    def handled(self, code: str, seconds: float) -> None:
+        pass
+
+
+def _grpc_type(handler: Handler) -> str:
     if handler.request_streaming and handler.response_streaming:
         return "bidi_stream"
     if handler.request_streaming:
@@ -69,29 +89,36 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
-class ServerInterceptor(grpc.aio.ServerInterceptor):
-    """Auth (optional), errors and metrics around every method of the server."""
+def _split(method: str) -> tuple[str, str]:
+    """'/pkg.Service/Method' -> ('pkg.Service', 'Method')."""
+    if method.count("/") >= 2:
+        _, service, name = method.split("/", 2)
+        return service, name
+    return "", method
 
-    def __init__(self, metrics: Metrics, *, token: str | None = None) -> None:
+
+class ServerInterceptor:
+    """Auth (optional), errors and metrics around every method of the server.
+
+    `metrics=None` leaves the gRPC server metrics alone: the private endpoint that replicas
+    forward calls to (replica.py) must not count a call the replica already counted."""
+
+    def __init__(self, metrics: Metrics | None, *, token: str | None = None) -> None:
         self._metrics = metrics
         self._token_digest = _digest(token) if token else None
-        self._handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+        self._wrapped: dict[str, tuple[Handler, Handler]] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        method: str = handler_call_details.method
-        wrapped = self._handlers.get(method)
-        if wrapped is None:
-            handler = await continuation(handler_call_details)
-            if handler is None:
-                return handler  # unknown method: the server answers UNIMPLEMENTED
-            wrapped = self._wrap(method, handler)
-            self._handlers[method] = wrapped
+    def registrar(self, server: grpc.aio.Server) -> HandlerRegistrar:
+        """A stand-in for `server` in `add_*Servicer_to_server` calls; see HandlerRegistrar."""
+        return HandlerRegistrar(server, self)
+
+    def wrap(self, method: str, handler: Handler) -> Handler:
+        """`handler` with auth, error mapping and metrics around it (built once per method)."""
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(method, handler)
+        self._wrapped[method] = (handler, wrapped)
         return wrapped
 
     # -----------------------------------------------------------------------------------
@@ -109,7 +136,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
     async def _abort(
         exc: Exception,
         context: grpc.aio.ServicerContext[Any, Any],
-        stats: _MethodMetrics,
+        stats: _MethodMetrics | _UncountedMethod,
         start: float,
     ) -> None:
         """End the call with the status (and details) `exc` maps to; raises AbortError.
@@ -122,12 +149,14 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         stats.handled(name, time.perf_counter() - start)
         await context.abort_with_status(rpc_status.to_status(status))
 
-    def _wrap(
-        self, method: str, handler: grpc.RpcMethodHandler[Any, Any]
-    ) -> grpc.RpcMethodHandler[Any, Any]:
-        _, service, name = method.split("/", 2) if method.count("/") >= 2 else ("", "", method)
+    def _wrap(self, method: str, handler: Handler) -> Handler:
+        service, name = _split(method)
         grpc_type = _grpc_type(handler)
-        stats = _MethodMetrics(self._metrics, grpc_type, service, name)
+        stats: _MethodMetrics | _UncountedMethod = (
+            _MethodMetrics(self._metrics, grpc_type, service, name)
+            if self._metrics is not None
+            else _UncountedMethod()
+        )
         check_auth = self._token_digest is not None and service not in AUTH_EXEMPT_SERVICES
         deny = "missing or wrong bearer token (metadata 'authorization: Bearer <token>')"
 
@@ -227,6 +256,72 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+
+
+class _WrappedGenericHandler(grpc.GenericRpcHandler):
+    """A generic handler whose answers come wrapped (only found methods are remembered, so
+    made-up method names cannot grow the cache)."""
+
+    def __init__(self, inner: grpc.GenericRpcHandler, interceptor: ServerInterceptor) -> None:
+        self._inner = inner
+        self._interceptor = interceptor
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Handler | None:
+        handler = self._inner.service(handler_call_details)
+        if handler is None:
+            return None
+        return self._interceptor.wrap(handler_call_details.method, handler)
+
+
+class HandlerRegistrar:
+    """Stands in for a `grpc.aio.Server` in the generated `add_*Servicer_to_server`
+    functions (and anything else that registers handlers), wrapping each handler on its way
+    in. Registered (pre-resolved) methods are collected per service and handed over by
+    `install()`, so a later registration of the same method replaces an earlier one (the
+    servicer's bytes-level SelectBackend replaces the generated one) instead of registering
+    the method with the core twice."""
+
+    def __init__(self, server: grpc.aio.Server, interceptor: ServerInterceptor) -> None:
+        self._server = server
+        self._interceptor = interceptor
+        self._registered: dict[str, dict[str, Handler]] = {}
+        self._generic: list[grpc.GenericRpcHandler] = []
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
+        self._generic.extend(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: Mapping[str, Handler]) -> None:
+        self._registered.setdefault(service, {}).update(handlers)
+
+    def install(self, registered: Callable[[str], bool] = lambda method: True) -> None:
+        """Hand the collected methods to the server: those `registered(full_method)` accepts
+        as pre-registered methods, the rest through a generic handler that is asked before
+        the generic handlers registered here (the generated code registers each method both
+        ways; the registered form is the one that counts)."""
+        generic: dict[str, Handler] = {}
+        for service, handlers in self._registered.items():
+            chosen: dict[str, Handler] = {}
+            for name, handler in handlers.items():
+                method = f"/{service}/{name}"
+                wrapped = self._interceptor.wrap(method, handler)
+                if registered(method):
+                    chosen[name] = wrapped
+                else:
+                    generic[method] = wrapped
+            if chosen:
+                self._server.add_registered_method_handlers(service, chosen)
+        wrapped_generic = [_WrappedGenericHandler(h, self._interceptor) for h in self._generic]
+        self._server.add_generic_rpc_handlers((_ByMethod(generic), *wrapped_generic))
+        self._registered.clear()
+        self._generic.clear()
+
+
+class _ByMethod(grpc.GenericRpcHandler):
+    def __init__(self, handlers: dict[str, Handler]) -> None:
+        self._handlers = handlers
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Handler | None:
+        return self._handlers.get(handler_call_details.method)
 
 
 def _code_of(context: grpc.aio.ServicerContext[Any, Any]) -> str:

@@ -18,19 +18,14 @@ from service.api.convert import ConvertWeightsHandler
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.api.generated.moe_control.v1 import platform_pb2
+from service.api.selection import MIB, Selection
 from service.metrics import Metrics
-from service.oracle import (
-    DEFAULT_RULESET,
-    PLATFORM_PRESETS,
-    SelectionError,
-    parse_deployment,
-    select,
-)
+from service.oracle import PLATFORM_PRESETS
 from service.settings import Settings
-from service.worker.errors import WorkerUnavailableError
 from service.worker.supervisor import WorkerPool, WorkerSnapshot, WorkerState
 
 Context = grpc.aio.ServicerContext[Any, Any]
+SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["MoeControlService"].full_name
 
 _STATES = {
     WorkerState.STARTING: platform_pb2.WORKER_STATE_STARTING,
@@ -73,7 +68,9 @@ class MoeControlServicer(pb_grpc.MoeControlServiceServicer):
     ) -> None:
         self._workers = workers
         self._metrics = metrics
-        self.convert = ConvertWeightsHandler(workers, metrics, settings or Settings())
+        settings = settings or Settings()
+        self.selection = Selection(workers, metrics, cache_bytes=settings.select_cache_mib * MIB)
+        self.convert = ConvertWeightsHandler(workers, metrics, settings)
         self._presets = pb.ListPlatformPresetsResponse(
             presets=[
                 platform_pb2.PlatformPreset(name=name, profile=codec.platform_to_pb(profile))
@@ -84,24 +81,7 @@ class MoeControlServicer(pb_grpc.MoeControlServiceServicer):
     async def SelectBackend(
         self, request: pb.SelectBackendRequest, context: Context
     ) -> pb.SelectBackendResponse:
-        spec = codec.deployment_to_json(request)
-        platform = codec.platform_override(request.platform, self._workers.profile)
-        if platform is not None:
-            spec["platform"] = platform
-        default = self._workers.default_profile()
-        if spec.get("platform") is None and default is None:
-            raise WorkerUnavailableError(
-                "no worker is ready to supply the default platform; "
-                "name a preset or a platform for a what-if answer"
-            )
-        deployment = parse_deployment(spec, default_platform=default)
-        try:
-            decision = select(deployment, ruleset=request.ruleset or DEFAULT_RULESET)
-        except SelectionError as exc:
-            self._metrics.count_rejections(exc.candidates)
-            raise
-        self._metrics.count_decision(decision)
-        return codec.select_response(decision, deployment.platform, default)
+        return self.selection.answer(request)
 
     async def ConvertWeights(
         self, request_iterator: AsyncIterator[pb.ConvertWeightsRequest], context: Context
@@ -144,3 +124,11 @@ class MoeControlServicer(pb_grpc.MoeControlServiceServicer):
     ) -> pb.UnloadLayerResponse:
         freed = await self._workers.unload_layer(request.layer_id)
         return pb.UnloadLayerResponse(freed_bytes=freed)
+
+
+def add_to_server(servicer: MoeControlServicer, server: Any) -> None:
+    """Register the service on `server`, a HandlerRegistrar (interceptors.py): the generated
+    handlers, then SelectBackend at the byte level in place of the generated one (see
+    selection.py), which the registrar's merge makes a replacement."""
+    pb_grpc.add_MoeControlServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    server.add_registered_method_handlers(SERVICE_NAME, servicer.selection.handlers())

@@ -1,0 +1,129 @@
+"""The interceptor applied at registration: merge of registrations, both dispatch routes,
+auth, error mapping and metrics, on a real in-process grpc.aio server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from service.api.interceptors import ServerInterceptor
+from service.metrics import Metrics
+from service.oracle import InvalidSpecError
+
+SERVICE = "test.Echo"
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+async def echo(request: bytes, context: Any) -> bytes:
+    return b"echo:" + request
+
+
+async def replaced(request: bytes, context: Any) -> bytes:
+    return b"replaced:" + request
+
+
+async def bad(request: bytes, context: Any) -> bytes:
+    raise InvalidSpecError.single("layer.top_k", "required")
+
+
+def unary(handler: Callable[..., Any]) -> grpc.RpcMethodHandler[Any, Any]:
+    return grpc.unary_unary_rpc_method_handler(handler)
+
+
+async def serve_and_call(
+    *,
+    registered: Callable[[str], bool],
+    token: str | None = None,
+    metadata: tuple[tuple[str, str], ...] = (),
+) -> tuple[dict[str, Any], Metrics]:
+    metrics = Metrics()
+    server = grpc.aio.server()
+    registrar = ServerInterceptor(metrics, token=token).registrar(server)
+    first = {"Echo": unary(echo), "Bad": unary(bad)}
+    registrar.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, first),))
+    registrar.add_registered_method_handlers(SERVICE, first)
+    registrar.add_registered_method_handlers(SERVICE, {"Echo": unary(replaced)})
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), registrar)  # type: ignore[arg-type]
+    registrar.install(registered)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    results: dict[str, Any] = {}
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            for method in ("Echo", "Bad", "Missing"):
+                try:
+                    call = channel.unary_unary(f"/{SERVICE}/{method}")
+                    results[method] = await call(b"x", metadata=metadata, timeout=5)
+                except grpc.aio.AioRpcError as error:
+                    results[method] = error.code()
+            check = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=5
+            )
+            results["health"] = check.status
+    finally:
+        await server.stop(None)
+    return results, metrics
+
+
+@pytest.mark.parametrize("route", ["registered", "generic"])
+def test_the_last_registration_wins_and_every_call_is_wrapped(route: str) -> None:
+    results, metrics = asyncio.run(serve_and_call(registered=lambda method: route == "registered"))
+    assert results["Echo"] == b"replaced:x"
+    assert results["Bad"] is grpc.StatusCode.INVALID_ARGUMENT
+    assert results["Missing"] is grpc.StatusCode.UNIMPLEMENTED
+    labels = {"grpc_type": "unary", "grpc_service": SERVICE}
+    assert (
+        sample(metrics, "grpc_server_handled_total", **labels, grpc_method="Echo", grpc_code="OK")
+        == 1
+    )
+    assert (
+        sample(
+            metrics,
+            "grpc_server_handled_total",
+            **labels,
+            grpc_method="Bad",
+            grpc_code="INVALID_ARGUMENT",
+        )
+        == 1
+    )
+
+
+def test_a_token_guards_everything_but_health() -> None:
+    results, metrics = asyncio.run(serve_and_call(registered=lambda method: True, token="s3"))
+    unauthenticated = {"grpc_method": "Echo", "grpc_code": "UNAUTHENTICATED"}
+    assert (
+        sample(
+            metrics,
+            "grpc_server_handled_total",
+            grpc_type="unary",
+            grpc_service=SERVICE,
+            **unauthenticated,
+        )
+        == 1
+    )
+    assert results["Echo"] is grpc.StatusCode.UNAUTHENTICATED
+    assert results["health"] == health_pb2.HealthCheckResponse.SERVING
+    ok, _ = asyncio.run(
+        serve_and_call(
+            registered=lambda method: True, token="s3", metadata=(("authorization", "Bearer s3"),)
+        )
+    )
+    assert ok["Echo"] == b"replaced:x"
+
+
+def test_wrappers_are_built_once_per_handler_and_may_count_nothing() -> None:
+    interceptor = ServerInterceptor(None)  # the replicas' forwarding target counts nothing
+    handler = unary(echo)
+    wrapped = interceptor.wrap(f"/{SERVICE}/Echo", handler)
+    assert interceptor.wrap(f"/{SERVICE}/Echo", handler) is wrapped
+    assert interceptor.wrap(f"/{SERVICE}/Echo", unary(echo)) is not wrapped  # a new handler
+    assert asyncio.run(wrapped.unary_unary(b"y", None)) == b"echo:y"
