@@ -47,6 +47,7 @@ from service.formats.writers import (
 )
 from service.formats.writers.emulation import write_emulation
 from service.formats.writers.humming import write_humming
+from service.formats.writers.marlin import write_batched_marlin, write_marlin
 from service.formats.writers.triton import write_triton
 
 __all__ = [
@@ -72,11 +73,11 @@ TARGET_BACKENDS: dict[str, Writer] = {
     "TRITON": write_triton,
     "EMULATION": write_emulation,
     "HUMMING": write_humming,  # CUDA workers only: raises ConversionUnsupported elsewhere
+    "MARLIN": write_marlin,
+    "BATCHED_MARLIN": write_batched_marlin,
 }
 
 UNSUPPORTED_BACKENDS: dict[str, str] = {
-    "MARLIN": "no MARLIN writer is installed in this build",
-    "BATCHED_MARLIN": "no BATCHED_MARLIN writer is installed in this build",
     "FLASHINFER_TRTLLM": (
         "its layout helpers (flashinfer's block_scale_interleave, convert_to_block_layout) "
         "need FlashInfer on an SM100 GPU"

@@ -1,0 +1,379 @@
+"""MARLIN and BATCHED_MARLIN: the layout vLLM's Marlin MoE GEMM (`moe_wna16_marlin_gemm`) reads.
+
+Both backends run the same kernel (BATCHED_MARLIN only batches tokens differently), so both
+get the same tensors, those of vLLM 0.33.0's `convert_to_wna16_moe_kernel_format`:
+
+- ``*_qweight`` int32 [E, K/16, N*16*bits/32]: the codes in Marlin's tile order
+  (`marlin_layout.repack_weights`; vLLM's CUDA `gptq_marlin_moe_repack`/`awq_marlin_moe_repack`).
+- ``*_scales`` [E, G, N] (K-first), in the 64-wide grouped order when the kernel sees more
+  than one group, else the 32-wide channelwise order; with int8 activations, grouped scales
+  are rescaled to int16 (stored in the scale dtype's bits) and ``*_input_global_scale``
+  holds the float32 factor back.
+- ``*_qzeros`` (zero points only) int32 [E, G, N*bits/32]: real zero points, grouped
+  order plus the dequantizer's interleave, packed along N.
+- ``*_bias`` [E, N] in the channelwise order.
+
+The intermediate size I is zero-padded to ``round_up(I, lcm(64, group))`` exactly where vLLM
+pads (`marlin_moe_padded_intermediate`): w13's gate and up shards each get padded output
+channels (codes, scales, zero points and bias all zero, so those outputs are zero), w2 gets
+padded input channels. `unpack_marlin` inverts all of it.
+
+Where we depart from vLLM 0.33.0 (each checked by the exactness tests):
+
+- vLLM chooses the scale order for w13 with ``size_k = I`` (and for AWQ's w2 with the unpadded
+  I) instead of the GEMM's real K. The kernel decides by the real group count, so when
+  I == group_size < H, or H == group_size < I, vLLM's w13 scales are in the wrong order; we use
+  the group count the kernel sees. The same holds for which int8-activation scales get the
+  int16 treatment.
+- vLLM 0.33 has no act-order Marlin MoE (GPTQ ``desc_act`` and compressed-tensors
+  ``actorder=group`` are refused at config time, and the GEMM takes no g_idx). Act-order
+  layers are refused unless ``options.extra["act_order"] == "sort"``, which writes the
+  older kernel's form: K sorted by group per expert, with ``*_g_idx`` (sorted) and
+  ``*_g_idx_sort_indices`` int32 [E, K].
+- vLLM's padding helper views w13 as two shards, so a non-gated layer that needs padding
+  crashes there; we pad the one shard.
+- GPTQ symmetric checkpoints carry v1 zero points that vLLM converts but the kernel never
+  reads; we write none.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+
+from service.formats.canonical import FormatError, QuantizedExperts, QuantizedMoELayer
+from service.formats.writers import (
+    ConversionOptions,
+    ConversionUnsupported,
+    ConvertedLayer,
+    Writer,
+    finish,
+    weight_type,
+)
+from service.formats.writers import marlin_layout as layout
+
+MARLIN_GROUP_SIZES = (-1, 32, 64, 128)
+"""Group sizes vLLM's Marlin MoE accepts (`check_moe_marlin_supports_config`)."""
+
+_INT8_SCALE_RANGE = 4096.0
+"""vLLM's `marlin_act_int8_process_scales` maps the largest scale to this int16 value."""
+
+_ACT_ORDER_OPTION = "act_order"
+
+
+def padded_intermediate(intermediate_size: int, group_size: int) -> int:
+    """vLLM's `marlin_moe_padded_intermediate`: round I up to lcm(64, group)."""
+    unit = math.lcm(64, max(group_size, 1))
+    return -(-intermediate_size // unit) * unit
+
+
+def _activation_is_8bit(activation_dtype: torch.dtype | None, backend: str) -> bool:
+    if activation_dtype is None or activation_dtype in (torch.float16, torch.bfloat16):
+        return False
+    if activation_dtype == torch.int8:
+        return True
+    if activation_dtype == torch.float8_e4m3fn:
+        raise ConversionUnsupported(
+            backend,
+            "fp8 activations need vLLM's marlin_int4_fp8_preprocess weight transform, "
+            "which is not implemented here",
+        )
+    raise ConversionUnsupported(backend, f"no Marlin path for {activation_dtype} activations")
+
+
+def _pad(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """Zero-pad dimension `dim` of `x` up to `size`."""
+    if x.shape[dim] == size:
+        return x
+    shape = list(x.shape)
+    shape[dim] = size
+    out = x.new_zeros(shape)
+    out.narrow(dim, 0, x.shape[dim]).copy_(x)
+    return out
+
+
+def _pad_shards(x: torch.Tensor, shards: int, size: int) -> torch.Tensor:
+    """Zero-pad each of the `shards` equal parts of dimension 1 to `size`."""
+    if x.shape[1] == shards * size:
+        return x
+    return _pad(_split_shards(x, shards), 2, size).flatten(1, 2)
+
+
+def _unpad_shards(x: torch.Tensor, shards: int, size: int) -> torch.Tensor:
+    return _split_shards(x, shards).narrow(2, 0, size).flatten(1, 2)
+
+
+def _split_shards(x: torch.Tensor, shards: int) -> torch.Tensor:
+    """View dimension 1 as (shards, rows)."""
+    return x.reshape(x.shape[0], shards, -1, *x.shape[2:])
+
+
+def _act_order_sort(experts: QuantizedExperts, name: str, backend: str) -> torch.Tensor | None:
+    """Per-expert stable argsort of g_idx (int64 [E, K]), or None without act-order.
+
+    A g_idx equal to k // group_size is no act-order at all. Sorted act-order is only exact in
+    the older kernel's full-K mode when every group holds exactly group_size channels.
+    """
+    if experts.g_idx is None:
+        return None
+    g_idx = experts.g_idx.to(torch.int64)
+    plain = torch.arange(experts.k, device=g_idx.device) // experts.effective_group_size
+    if torch.equal(g_idx, plain.expand_as(g_idx)):
+        return None
+    counts = torch.zeros(
+        experts.num_experts, experts.num_groups, dtype=torch.int64, device=g_idx.device
+    )
+    counts.scatter_add_(1, g_idx, torch.ones_like(g_idx))
+    if not bool((counts == experts.effective_group_size).all()):
+        raise FormatError(
+            f"{name}.g_idx", "act-order needs every group to hold exactly group_size channels"
+        )
+    return torch.argsort(g_idx, dim=1, stable=True)
+
+
+class _Projection:
+    """One projection's Marlin tensors, built from padded canonical data."""
+
+    def __init__(
+        self,
+        bits: int,
+        *,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        zeros: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        a8: bool,
+    ) -> None:
+        groups = int(scales.shape[2])
+        self.qweight = layout.repack_weights(codes, bits, a8)
+        k_first = scales.transpose(1, 2)
+        # The kernel reads a single group (channelwise) in the 32-wide order, and so does
+        # every int8-activation layout.
+        grouped = groups > 1 and not a8
+        self.scales = layout.permute_scales(k_first, grouped)
+        self.input_global_scale: torch.Tensor | None = None
+        if a8 and groups > 1:
+            self.scales, self.input_global_scale = _int8_activation_scales(self.scales)
+        self.zeros = (
+            None
+            if zeros is None
+            else layout.pack_zero_points(zeros.transpose(1, 2).contiguous(), bits, a8)
+        )
+        self.bias = None if bias is None else layout.permute_bias(bias)
+
+
+def _int8_activation_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's `marlin_act_int8_process_scales`: scales relative to their maximum as int16
+    (kept in the 16-bit scale dtype's bits), and that maximum / 4096 as a float32 scalar.
+    The arithmetic is vLLM's, in the scale dtype, so the bits match."""
+    if scales.dtype.itemsize != 2:
+        raise FormatError("scales", f"int8 activations need 16-bit scales, got {scales.dtype}")
+    peak = scales.max()
+    global_scale = 1 / _INT8_SCALE_RANGE * peak.float()
+    relative = (scales / peak * _INT8_SCALE_RANGE).round().to(torch.int16)
+    return relative.view(scales.dtype), global_scale
+
+
+def marlin_tensors(
+    layer: QuantizedMoELayer,
+    *,
+    activation_dtype: torch.dtype | None = None,
+    act_order: bool = False,
+    backend: str = "MARLIN",
+) -> dict[str, torch.Tensor | None]:
+    """The Marlin tensors of `layer`, by vLLM's parameter names (None where absent)."""
+    w13, w2 = layer.w13, layer.w2
+    a8 = _activation_is_8bit(activation_dtype, backend)
+    bits, group = w13.bits, w13.group_size
+    if group != w2.group_size:
+        raise FormatError("w2", f"group size {w2.group_size} differs from w13's {group}")
+    if w13.symmetric != w2.symmetric:
+        raise FormatError("w2.zeros", "w13 and w2 must both have zero points or neither")
+    if group not in MARLIN_GROUP_SIZES:
+        raise ConversionUnsupported(
+            backend, f"group size {group} is not one of Marlin's {MARLIN_GROUP_SIZES}"
+        )
+    hidden, inter = layer.hidden_size, layer.intermediate_size
+    if hidden % 128:
+        raise ConversionUnsupported(backend, f"hidden size {hidden} is not a multiple of 128")
+    shards, rest = divmod(w13.n, inter)
+    if rest or shards not in (1, 2):
+        raise FormatError("w13", f"N={w13.n} must be 1 or 2 times the intermediate size {inter}")
+    padded = padded_intermediate(inter, group)
+
+    sorts = [_act_order_sort(e, name, backend) for name, e in (("w13", w13), ("w2", w2))]
+    if any(s is not None for s in sorts):
+        if not act_order:
+            raise ConversionUnsupported(
+                backend,
+                "act-order (g_idx) weights: vLLM 0.33's Marlin MoE kernel takes no g_idx "
+                "(set extra act_order=sort for the older kernel's sorted form)",
+            )
+        if padded != inter:
+            raise ConversionUnsupported(
+                backend, f"act-order with a padded intermediate size ({inter} -> {padded})"
+            )
+
+    out: dict[str, torch.Tensor | None] = {}
+    projections: dict[str, _Projection] = {}
+    for name, experts, sort in (("w13", w13, sorts[0]), ("w2", w2, sorts[1])):
+        codes, scales, zeros, bias = experts.codes, experts.scales, experts.zeros, experts.bias
+        if name == "w13":
+            codes = _pad_shards(codes, shards, padded)
+            scales = _pad_shards(scales, shards, padded)
+            zeros = None if zeros is None else _pad_shards(zeros, shards, padded)
+            bias = None if bias is None else _pad_shards(bias, shards, padded)
+        else:
+            codes = _pad(codes, 2, padded)
+            if group > 0:
+                scales = _pad(scales, 2, padded // group)
+                zeros = None if zeros is None else _pad(zeros, 2, padded // group)
+        if sort is not None:
+            index = sort.unsqueeze(1).expand(-1, codes.shape[1], -1)
+            codes = torch.gather(codes, 2, index)
+        projections[name] = _Projection(
+            bits, codes=codes, scales=scales, zeros=zeros, bias=bias, a8=a8
+        )
+    for field in ("qweight", "scales", "zeros", "input_global_scale", "bias"):
+        suffix = {"zeros": "qzeros"}.get(field, field)
+        for name in ("w13", "w2"):
+            out[f"{name}_{suffix}"] = getattr(projections[name], field)
+    for name, experts, sort in (("w13", w13, sorts[0]), ("w2", w2, sorts[1])):
+        if sort is not None and experts.g_idx is not None:
+            out[f"{name}_g_idx"] = torch.gather(experts.g_idx, 1, sort)
+            out[f"{name}_g_idx_sort_indices"] = sort.to(torch.int32)
+    return out
+
+
+def _writer(backend: str) -> Writer:
+    def write(
+        layer: QuantizedMoELayer, *, source: str, options: ConversionOptions
+    ) -> ConvertedLayer:
+        act_order = options.extra.get(_ACT_ORDER_OPTION, "reject")
+        if act_order not in ("reject", "sort"):
+            raise FormatError(f"extra.{_ACT_ORDER_OPTION}", "must be 'reject' or 'sort'")
+        tensors = marlin_tensors(
+            layer,
+            activation_dtype=options.activation_dtype,
+            act_order=act_order == "sort",
+            backend=backend,
+        )
+        return finish(
+            tensors,
+            backend=backend,
+            source=source,
+            layer=layer,
+            weight_type_name=weight_type(layer.w13),
+            options=options,
+        )
+
+    write.__name__ = f"write_{backend.lower()}"
+    write.__doc__ = f"Canonical layer -> {backend} tensors (see the module docstring)."
+    return write
+
+
+write_marlin = _writer("MARLIN")
+write_batched_marlin = _writer("BATCHED_MARLIN")
+
+
+def _unpack_projection(
+    tensors: Mapping[str, torch.Tensor],
+    name: str,
+    *,
+    bits: int,
+    group_size: int,
+    size_n: int,
+    size_k: int,
+    a8: bool,
+) -> QuantizedExperts:
+    codes = layout.unpack_weights(tensors[f"{name}_qweight"], bits, size_n, size_k, a8)
+    scales = tensors[f"{name}_scales"]
+    groups = int(scales.shape[1])
+    gscale = tensors.get(f"{name}_input_global_scale")
+    if gscale is not None:
+        # int16 relative scales: only approximately the original ones.
+        scales = (scales.view(torch.int16).float() * gscale).to(scales.dtype)
+    scales = layout.unpermute_scales(scales, groups > 1 and not a8).transpose(1, 2)
+    zeros = tensors.get(f"{name}_qzeros")
+    if zeros is not None:
+        zeros = layout.unpack_zero_points(zeros, bits, a8).transpose(1, 2)
+    bias = tensors.get(f"{name}_bias")
+    if bias is not None:
+        bias = layout.unpermute_bias(bias)
+    g_idx = tensors.get(f"{name}_g_idx")
+    sort = tensors.get(f"{name}_g_idx_sort_indices")
+    if g_idx is not None and sort is not None:
+        index = sort.to(torch.int64)
+        codes = torch.empty_like(codes).scatter_(
+            2, index.unsqueeze(1).expand(-1, codes.shape[1], -1), codes
+        )
+        g_idx = torch.empty_like(g_idx).scatter_(1, index, g_idx)
+    return QuantizedExperts(
+        codes=codes.contiguous(),
+        scales=scales.contiguous(),
+        bits=bits,
+        group_size=group_size,
+        zeros=None if zeros is None else zeros.contiguous(),
+        g_idx=g_idx,
+        bias=bias,
+    )
+
+
+def unpack_marlin(
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    bits: int,
+    group_size: int,
+    intermediate_size: int,
+    activation_dtype: torch.dtype | None = None,
+) -> QuantizedMoELayer:
+    """Marlin tensors (as `marlin_tensors` names them) -> the canonical layer, padding removed.
+
+    Exact for 16-bit activations; with int8 activations grouped scales come back only as
+    accurately as their int16 form holds them.
+    """
+    a8 = _activation_is_8bit(activation_dtype, "MARLIN")
+    w13_q, w2_q = tensors["w13_qweight"], tensors["w2_qweight"]
+    hidden = int(w13_q.shape[1]) * layout.TILE
+    padded = int(w2_q.shape[1]) * layout.TILE
+    w13_n = int(w13_q.shape[2]) * 32 // (bits * layout.TILE)
+    shards = w13_n // padded
+    w13 = _unpack_projection(
+        tensors, "w13", bits=bits, group_size=group_size, size_n=w13_n, size_k=hidden, a8=a8
+    )
+    w2 = _unpack_projection(
+        tensors, "w2", bits=bits, group_size=group_size, size_n=hidden, size_k=padded, a8=a8
+    )
+    if padded != intermediate_size:
+        w13 = _strip_w13(w13, shards, intermediate_size)
+        w2 = _strip_w2(w2, intermediate_size)
+    return QuantizedMoELayer(w13=w13, w2=w2)
+
+
+def _strip_w13(experts: QuantizedExperts, shards: int, size: int) -> QuantizedExperts:
+    return QuantizedExperts(
+        codes=_unpad_shards(experts.codes, shards, size).contiguous(),
+        scales=_unpad_shards(experts.scales, shards, size).contiguous(),
+        bits=experts.bits,
+        group_size=experts.group_size,
+        zeros=None
+        if experts.zeros is None
+        else _unpad_shards(experts.zeros, shards, size).contiguous(),
+        g_idx=experts.g_idx,
+        bias=None if experts.bias is None else _unpad_shards(experts.bias, shards, size),
+    )
+
+
+def _strip_w2(experts: QuantizedExperts, size: int) -> QuantizedExperts:
+    groups = 1 if experts.group_size == -1 else size // experts.group_size
+    return QuantizedExperts(
+        codes=experts.codes.narrow(2, 0, size).contiguous(),
+        scales=experts.scales.narrow(2, 0, groups).contiguous(),
+        bits=experts.bits,
+        group_size=experts.group_size,
+        zeros=None if experts.zeros is None else experts.zeros.narrow(2, 0, groups).contiguous(),
+        g_idx=experts.g_idx,
+        bias=experts.bias,
+    )

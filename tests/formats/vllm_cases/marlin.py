@@ -1,0 +1,241 @@
+"""vLLM 0.33.0's Marlin MoE conversion on CPU: the reference for our MARLIN writers.
+
+vLLM repacks Marlin weights only with a CUDA op (`gptq_marlin_moe_repack`,
+`awq_marlin_moe_repack`). Here both are replaced, for the duration of a case, by their
+pure-torch reference: vLLM's own unpackers recover each expert's codes from the packed words
+(`unpack_quantized_values_into_int32` along K for GPTQ/compressed-tensors, `unpack_cols` plus
+the inverse AWQ order for AWQ), then `marlin_utils_test.marlin_weights` lays them out, which
+is what vLLM's repack tests hold the CUDA op to. Everything else (padding, scale and zero
+point permutations, int8-activation scales, bias) is vLLM's code, run as is.
+
+Cases:
+
+- ``marlin_integration``: the ``wna16_convert`` case (checkpoint tensors through the
+  integration's loaders and `process_weights_after_loading`) with the repack references in
+  place; same spec, backend ``MARLIN`` or ``BATCHED_MARLIN``.
+- ``marlin_convert``: `convert_to_wna16_moe_kernel_format` called directly, for what the
+  integrations cannot be asked here (int8 activations, non-gated layers). Spec: ``source``
+  (gptq | awq | compressed-tensors), ``bits``, ``group_size``, ``sym``, ``input_dtype``
+  (null | "int8"). Inputs: canonical ``<w13|w2>.<codes|scales|zeros|bias>`` (codes uint8
+  [E, N, K], scales [E, N, G], real zero points uint8 [E, N, G]), packed here with vLLM's own
+  packers (`pack_rows`, `pack_cols`, `awq_pack`) into what each integration hands over.
+- ``marlin_repack``: `marlin_weights` per expert of ``codes`` (uint8 [E, N, K]) for spec
+  ``bits`` and ``a8`` (the 8-bit-activation layout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from vllm_cases import CaseOutput, register
+
+AWQ_ORDER = {4: (0, 2, 4, 6, 1, 3, 5, 7), 8: (0, 2, 1, 3)}
+CONVERT_OUTPUTS = (
+    "w13_qweight",
+    "w2_qweight",
+    "w13_scales",
+    "w2_scales",
+    "w13_qzeros",
+    "w2_qzeros",
+    "w13_input_global_scale",
+    "w2_input_global_scale",
+    "w13_bias",
+    "w2_bias",
+)
+
+
+def _reference_repack(codes: torch.Tensor, bits: int, a8: bool) -> torch.Tensor:
+    """K-first int32 codes [E, K, N] -> `marlin_weights` of each expert, stacked."""
+    from vllm.model_executor.layers.quantization.utils.marlin_utils_test import (
+        get_weight_perm,
+        marlin_weights,
+    )
+
+    perm = get_weight_perm(bits, a8)
+    size_k, size_n = int(codes.shape[1]), int(codes.shape[2])
+    return torch.stack(
+        [marlin_weights(q_w, size_k, size_n, bits, perm, is_a_8bit=a8) for q_w in codes]
+    )
+
+
+@contextmanager
+def repack_references() -> Iterator[None]:
+    """Swap vLLM's CUDA Marlin MoE repacks for their pure-torch reference."""
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.layers.quantization.utils.quant_utils import (
+        unpack_cols,
+        unpack_quantized_values_into_int32,
+    )
+    from vllm.scalar_type import scalar_types
+
+    weight_types = {4: scalar_types.uint4b8, 8: scalar_types.uint8b128}
+
+    def gptq(
+        b_q_weight: torch.Tensor, size_k: int, size_n: int, num_bits: int, is_a_8bit: bool = False
+    ) -> torch.Tensor:
+        codes = torch.stack(
+            [unpack_quantized_values_into_int32(w, weight_types[num_bits], 0) for w in b_q_weight]
+        )
+        assert tuple(codes.shape[1:]) == (size_k, size_n)
+        return _reference_repack(codes, num_bits, is_a_8bit)
+
+    def awq(
+        b_q_weight: torch.Tensor, size_k: int, size_n: int, num_bits: int, is_a_8bit: bool = False
+    ) -> torch.Tensor:
+        undo = torch.argsort(torch.tensor(AWQ_ORDER[num_bits]))
+        codes = torch.stack(
+            [
+                unpack_cols(w, num_bits, size_k, size_n)
+                .reshape(-1, undo.numel())[:, undo]
+                .reshape(size_k, size_n)
+                for w in b_q_weight
+            ]
+        )
+        return _reference_repack(codes, num_bits, is_a_8bit)
+
+    saved = (ops.gptq_marlin_moe_repack, ops.awq_marlin_moe_repack)
+    ops.gptq_marlin_moe_repack, ops.awq_marlin_moe_repack = gptq, awq
+    try:
+        yield
+    finally:
+        ops.gptq_marlin_moe_repack, ops.awq_marlin_moe_repack = saved
+
+
+@contextmanager
+def _marlin_moe_config(spec: Mapping[str, Any]) -> Iterator[None]:
+    """Give the ``wna16_convert`` case's MoE config the two sizes Marlin's support check
+    (`check_moe_marlin_supports_config`, asserted by the compressed-tensors method) reads."""
+    from vllm_cases import wna16
+
+    plain = wna16._moe
+
+    def moe(spec: Mapping[str, Any]) -> SimpleNamespace:
+        config = plain(spec)
+        config.hidden_dim = spec["hidden"]
+        config.intermediate_size_per_partition_unpadded = spec["intermediate"]
+        return config
+
+    wna16._moe = moe
+    try:
+        yield
+    finally:
+        wna16._moe = plain
+
+
+@register("marlin_integration")
+def marlin_integration(spec: Mapping[str, Any], inputs: dict[str, torch.Tensor]) -> CaseOutput:
+    from vllm_cases.wna16 import wna16_convert
+
+    assert spec["backend"] in ("MARLIN", "BATCHED_MARLIN")
+    with repack_references(), _marlin_moe_config(spec):
+        return wna16_convert(spec, inputs)
+
+
+@register("marlin_repack")
+def marlin_repack(spec: Mapping[str, Any], inputs: dict[str, torch.Tensor]) -> CaseOutput:
+    codes = inputs["codes"].to(torch.int32).transpose(1, 2).contiguous()
+    return {"qweight": _reference_repack(codes, spec["bits"], spec["a8"])}, {}
+
+
+def _per_expert(fn: Callable[..., torch.Tensor], x: torch.Tensor, *args: Any) -> torch.Tensor:
+    return torch.stack([fn(x[e], *args) for e in range(x.shape[0])])
+
+
+def _handed_over(spec: Mapping[str, Any], inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Canonical tensors -> what the spec's integration passes to the conversion."""
+    from vllm.model_executor.layers.quantization.utils.quant_utils import (
+        awq_pack,
+        pack_cols,
+        pack_rows,
+    )
+
+    bits, source = spec["bits"], spec["source"]
+    args: dict[str, Any] = {}
+    for name in ("w13", "w2"):
+        codes = inputs[f"{name}.codes"].to(torch.int32)
+        scales = inputs[f"{name}.scales"]
+        zeros = inputs.get(f"{name}.zeros")
+        e, n, k = codes.shape
+        groups = int(scales.shape[2])
+        k_first = codes.transpose(1, 2).contiguous()
+        if source == "awq":
+            # AutoAWQ hands over its checkpoint layout: [E, K, N/pf], [E, G, N], [E, G, N/pf].
+            assert zeros is not None, "AWQ always stores zero points"
+            args[name] = _per_expert(awq_pack, k_first, bits, k, n)
+            args[f"{name}_scale"] = scales.transpose(1, 2).contiguous()
+            zp = zeros.to(torch.int32).transpose(1, 2).contiguous()
+            args[f"{name}_qzeros"] = _per_expert(awq_pack, zp, bits, groups, n)
+        else:
+            # GPTQ qweight [K/pf, N] and compressed-tensors weight_packed [N, K/pf] hold the
+            # same words; both integrations hand over the N-first form.
+            args[name] = _per_expert(pack_rows, k_first, bits, k, n).transpose(1, 2).contiguous()
+            args[f"{name}_scale"] = scales.contiguous()
+            if source == "gptq":
+                # vLLM 0.33 takes symmetric GPTQ only, whose v1 zero points store midpoint - 1.
+                assert zeros is None
+                zeros = torch.full((e, n, groups), (1 << (bits - 1)) - 1)
+            if zeros is not None:
+                zp = zeros.to(torch.int32).transpose(1, 2).contiguous()
+                packed = _per_expert(pack_cols, zp, bits, groups, n)
+                args[f"{name}_qzeros"] = packed.transpose(1, 2).contiguous()
+        bias = inputs.get(f"{name}.bias")
+        if bias is not None:
+            args[f"{name}_bias"] = bias
+    return args
+
+
+def _quant_config(spec: Mapping[str, Any]) -> Any:
+    from compressed_tensors.quantization import QuantizationArgs
+    from vllm.model_executor.layers.quantization.auto_awq import AutoAWQConfig
+    from vllm.model_executor.layers.quantization.auto_gptq import AutoGPTQConfig
+
+    bits, group = spec["bits"], spec["group_size"]
+    if spec["source"] == "gptq":
+        return AutoGPTQConfig(bits, group, False, True, False, {}, {})
+    if spec["source"] == "awq":
+        return AutoAWQConfig(bits, group, True, False)
+    return QuantizationArgs(
+        num_bits=bits,
+        group_size=None if group == -1 else group,
+        strategy="channel" if group == -1 else "group",
+        symmetric=spec["sym"],
+    )
+
+
+@register("marlin_convert")
+def marlin_convert(spec: Mapping[str, Any], inputs: dict[str, torch.Tensor]) -> CaseOutput:
+    from vllm.model_executor.layers.fused_moe.oracle.int_wna16 import (
+        WNA16MoEBackend,
+        convert_to_wna16_moe_kernel_format,
+    )
+
+    hidden, inter = (int(d) for d in inputs["w2.codes"].shape[1:])
+    group = spec["group_size"]
+    layer = SimpleNamespace(
+        intermediate_size_per_partition=inter,
+        num_groups_w13=1 if group == -1 else hidden // group,
+        num_groups_w2=1 if group == -1 else inter // group,
+    )
+    args = _handed_over(spec, inputs)
+    input_dtype = {None: None, "int8": torch.int8}[spec["input_dtype"]]
+    with repack_references():
+        result = convert_to_wna16_moe_kernel_format(
+            WNA16MoEBackend.MARLIN,
+            layer,
+            _quant_config(spec),
+            input_dtype,
+            args["w13"],
+            args["w2"],
+            args["w13_scale"],
+            args["w2_scale"],
+            w13_qzeros=args.get("w13_qzeros"),
+            w2_qzeros=args.get("w2_qzeros"),
+            w13_bias=args.get("w13_bias"),
+            w2_bias=args.get("w2_bias"),
+        )
+    assert result is not None
+    return dict(zip(CONVERT_OUTPUTS, result, strict=True)), {}
