@@ -37,10 +37,13 @@ import triton.language as tl
 from service.kernels.errors import KernelInputError
 from service.kernels.runtime import fix_interpreter_index, interpreting, triton_unavailable_reason
 
-#: One-hot tiles (routes x experts) are kept at about this many elements per program.
+#: Tiles (blocks x experts, chunks x experts) are kept at about this many elements.
 _TILE_ELEMENTS = 16384
-#: Up to this many routes x padded experts, one program aligns everything.
-_SINGLE_PROGRAM_LIMIT = 1 << 17
+#: Routes per chunk: a chunk ranks its routes with one [CHUNK, CHUNK] comparison.
+_CHUNK = 128
+#: Up to this many routes one program aligns everything (one launch); above, three
+#: launches spread the counting and the scatter over one program per chunk.
+_SINGLE_PROGRAM_ROUTES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +139,11 @@ def _align_triton(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> 
         num_routes, block_size, num_experts, device
     )
     block_e = max(16, triton.next_power_of_2(num_experts))
-    chunk = max(16, min(1024, _TILE_ELEMENTS // block_e))
-    fill = 256
-    if num_routes * block_e <= _SINGLE_PROGRAM_LIMIT:
+    # Tiles sized to the problem: decode aligns a handful of routes.
+    fill = min(1024, max(16, triton.next_power_of_2(sorted_ids.numel())))
+    block_fill = min(max(16, _TILE_ELEMENTS // block_e), triton.next_power_of_2(expert_ids.numel()))
+    block_fill = max(16, block_fill)
+    if num_routes <= _SINGLE_PROGRAM_ROUTES:
         _align_single_kernel[(1,)](
             flat,
             sorted_ids,
@@ -150,11 +155,12 @@ def _align_triton(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> 
             expert_ids.numel(),
             BS=block_size,
             BLOCK_E=block_e,
-            CHUNK=chunk,
+            CHUNK=min(_CHUNK, max(16, triton.next_power_of_2(num_routes))),
             FILL=fill,
+            BLOCK_FILL=block_fill,
         )
     else:
-        num_chunks = triton.cdiv(num_routes, chunk)
+        num_chunks = triton.cdiv(num_routes, _CHUNK)
         bases = torch.empty((num_chunks, block_e), dtype=torch.int32, device=device)
         fill_per_program = triton.cdiv(triton.cdiv(sorted_ids.numel(), num_chunks), fill) * fill
         _align_count_kernel[(num_chunks,)](
@@ -166,7 +172,7 @@ def _align_triton(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> 
             sorted_ids.numel(),
             fill_per_program,
             BLOCK_E=block_e,
-            CHUNK=chunk,
+            CHUNK=_CHUNK,
             FILL=fill,
         )
         _align_offsets_kernel[(1,)](
@@ -177,8 +183,8 @@ def _align_triton(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> 
             expert_ids.numel(),
             BS=block_size,
             BLOCK_E=block_e,
-            ROWS=max(1, _TILE_ELEMENTS // block_e),
-            FILL=fill,
+            ROWS=max(1, min(_TILE_ELEMENTS // block_e, triton.next_power_of_2(num_chunks))),
+            BLOCK_FILL=block_fill,
         )
         _align_scatter_kernel[(num_chunks,)](
             flat,
@@ -187,32 +193,55 @@ def _align_triton(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> 
             num_routes,
             num_experts,
             BLOCK_E=block_e,
-            CHUNK=chunk,
+            CHUNK=_CHUNK,
         )
     return Alignment(sorted_ids, expert_ids, post_padded, block_size, num_routes)
 
 
 @triton.jit
-def _chunk_hits(ids_ptr, c0, num_routes, num_experts, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):
-    """One-hot [CHUNK, BLOCK_E] of the routes c0 .. c0+CHUNK (out-of-range ids hit nothing)."""
+def _chunk_ids(ids_ptr, c0, num_routes, num_experts, CHUNK: tl.constexpr):
+    """Routes c0 .. c0+CHUNK, their expert ids, and which of them are real, in-range routes."""
     routes = c0 + tl.arange(0, CHUNK)
     ids = tl.load(ids_ptr + routes, mask=routes < num_routes, other=-1).to(tl.int32)
-    ids = tl.where((ids >= 0) & (ids < num_experts), ids, -1)
-    hits = (ids[:, None] == tl.arange(0, BLOCK_E)[None, :]).to(tl.int32)
-    return routes, hits
+    valid = (ids >= 0) & (ids < num_experts)
+    return routes, tl.where(valid, ids, 0), valid
+
+
+@triton.jit
+def _rank_in_chunk(ids, valid, CHUNK: tl.constexpr):
+    """For each route: how many earlier routes of the chunk go to the same expert. A
+    [CHUNK, CHUNK] comparison: no scan, and no work proportional to the expert count."""
+    same = (ids[None, :] == ids[:, None]) & valid[None, :]
+    earlier = tl.arange(0, CHUNK)[None, :] < tl.arange(0, CHUNK)[:, None]
+    return tl.sum((same & earlier).to(tl.int32), axis=1)
+
+
+@triton.jit
+def _pick(vector, ids, BLOCK_E: tl.constexpr):
+    """vector[ids] for a [BLOCK_E] register vector (a masked reduction, no gather)."""
+    hits = ids[:, None] == tl.arange(0, BLOCK_E)[None, :]
+    return tl.sum(tl.where(hits, vector[None, :], 0), axis=1)
 
 
 @triton.jit
 def _expert_of_blocks(
-    expert_ids_ptr, ends, total, max_blocks, BS: tl.constexpr, FILL: tl.constexpr
+    expert_ids_ptr, ends, total, max_blocks, BS: tl.constexpr, BLOCK_FILL: tl.constexpr
 ):
     """expert_ids[b] = the expert whose padded range holds slot b·BS (-1 past the end)."""
-    for b0 in range(0, max_blocks, FILL):
-        blocks = b0 + tl.arange(0, FILL)
+    for b0 in range(0, max_blocks, BLOCK_FILL):
+        blocks = b0 + tl.arange(0, BLOCK_FILL)
         slot = blocks * BS
         owner = tl.sum((ends[None, :] <= slot[:, None]).to(tl.int32), axis=1)
         owner = tl.where(slot < total, owner, -1)
         tl.store(expert_ids_ptr + blocks, owner, mask=blocks < max_blocks)
+
+
+@triton.jit
+def _fill_sentinel(sorted_ptr, start, stop, max_padded, value, FILL: tl.constexpr):
+    for p0 in range(start, stop, FILL):
+        slots = p0 + tl.arange(0, FILL)
+        sentinel = tl.zeros([FILL], dtype=tl.int32) + value
+        tl.store(sorted_ptr + slots, sentinel, mask=slots < max_padded)
 
 
 @triton.jit
@@ -229,34 +258,27 @@ def _align_single_kernel(
     BLOCK_E: tl.constexpr,
     CHUNK: tl.constexpr,
     FILL: tl.constexpr,
+    BLOCK_FILL: tl.constexpr,
 ):
-    """Everything in one program: count, pad, prefix-sum, fill, scatter."""
+    """Everything in one program (few routes): count, pad, prefix-sum, fill, scatter."""
     counts = tl.zeros([BLOCK_E], dtype=tl.int32)
     for c0 in range(0, num_routes, CHUNK):
-        _, hits = _chunk_hits(ids_ptr, c0, num_routes, num_experts, BLOCK_E, CHUNK)
-        counts += tl.sum(hits, axis=0)
+        _, ids, valid = _chunk_ids(ids_ptr, c0, num_routes, num_experts, CHUNK)
+        counts += tl.histogram(ids, BLOCK_E, mask=valid)
     padded = (counts + BS - 1) // BS * BS
     ends = tl.cumsum(padded, axis=0)
     total = tl.sum(padded, axis=0)
     tl.store(post_padded_ptr, total)
-    _expert_of_blocks(expert_ids_ptr, ends, total, max_blocks, BS, FILL)
-    for p0 in range(0, max_padded, FILL):
-        slots = p0 + tl.arange(0, FILL)
-        tl.store(
-            sorted_ptr + slots,
-            tl.zeros([FILL], dtype=tl.int32) + num_routes,
-            mask=slots < max_padded,
-        )
+    _expert_of_blocks(expert_ids_ptr, ends, total, max_blocks, BS, BLOCK_FILL)
+    _fill_sentinel(sorted_ptr, 0, max_padded, max_padded, num_routes, FILL)
     # The sentinel fill above must land before the scatter below overwrites some of it.
     tl.debug_barrier()
     running = ends - padded
     for c0 in range(0, num_routes, CHUNK):
-        routes, hits = _chunk_hits(ids_ptr, c0, num_routes, num_experts, BLOCK_E, CHUNK)
-        before = tl.cumsum(hits, axis=0) - hits
-        dest = tl.sum(hits * (before + running[None, :]), axis=1)
-        hit_any = tl.sum(hits, axis=1) > 0
-        tl.store(sorted_ptr + dest, routes, mask=hit_any)
-        running += tl.sum(hits, axis=0)
+        routes, ids, valid = _chunk_ids(ids_ptr, c0, num_routes, num_experts, CHUNK)
+        dest = _pick(running, ids, BLOCK_E) + _rank_in_chunk(ids, valid, CHUNK)
+        tl.store(sorted_ptr + dest, routes, mask=valid)
+        running += tl.histogram(ids, BLOCK_E, mask=valid)
 
 
 @triton.jit
@@ -274,16 +296,11 @@ def _align_count_kernel(
 ):
     """Per chunk of routes: its count per expert; and a share of the sentinel fill."""
     pid = tl.program_id(0)
-    _, hits = _chunk_hits(ids_ptr, pid * CHUNK, num_routes, num_experts, BLOCK_E, CHUNK)
-    tl.store(counts_ptr + pid * BLOCK_E + tl.arange(0, BLOCK_E), tl.sum(hits, axis=0))
+    _, ids, valid = _chunk_ids(ids_ptr, pid * CHUNK, num_routes, num_experts, CHUNK)
+    counts = tl.histogram(ids, BLOCK_E, mask=valid)
+    tl.store(counts_ptr + pid * BLOCK_E + tl.arange(0, BLOCK_E), counts)
     start = pid * fill_per_program
-    for p0 in range(start, start + fill_per_program, FILL):
-        slots = p0 + tl.arange(0, FILL)
-        tl.store(
-            sorted_ptr + slots,
-            tl.zeros([FILL], dtype=tl.int32) + num_routes,
-            mask=slots < max_padded,
-        )
+    _fill_sentinel(sorted_ptr, start, start + fill_per_program, max_padded, num_routes, FILL)
 
 
 @triton.jit
@@ -296,7 +313,7 @@ def _align_offsets_kernel(
     BS: tl.constexpr,
     BLOCK_E: tl.constexpr,
     ROWS: tl.constexpr,
-    FILL: tl.constexpr,
+    BLOCK_FILL: tl.constexpr,
 ):
     """One program: expert totals, padded offsets, block owners; then, in place, the first
     destination slot of every (chunk, expert) pair."""
@@ -314,7 +331,7 @@ def _align_offsets_kernel(
     ends = tl.cumsum(padded, axis=0)
     total = tl.sum(padded, axis=0)
     tl.store(post_padded_ptr, total)
-    _expert_of_blocks(expert_ids_ptr, ends, total, max_blocks, BS, FILL)
+    _expert_of_blocks(expert_ids_ptr, ends, total, max_blocks, BS, BLOCK_FILL)
     running = ends - padded
     for r0 in range(0, num_chunks, ROWS):
         rows = r0 + tl.arange(0, ROWS)
@@ -337,9 +354,7 @@ def _align_scatter_kernel(
 ):
     """Per chunk: each route's slot = its chunk's base for the expert + its rank in the chunk."""
     pid = tl.program_id(0)
-    routes, hits = _chunk_hits(ids_ptr, pid * CHUNK, num_routes, num_experts, BLOCK_E, CHUNK)
-    base = tl.load(bases_ptr + pid * BLOCK_E + tl.arange(0, BLOCK_E))
-    before = tl.cumsum(hits, axis=0) - hits
-    dest = tl.sum(hits * (before + base[None, :]), axis=1)
-    hit_any = tl.sum(hits, axis=1) > 0
-    tl.store(sorted_ptr + dest, routes, mask=hit_any)
+    routes, ids, valid = _chunk_ids(ids_ptr, pid * CHUNK, num_routes, num_experts, CHUNK)
+    base = tl.load(bases_ptr + pid * BLOCK_E + ids, mask=valid, other=0)
+    dest = base + _rank_in_chunk(ids, valid, CHUNK)
+    tl.store(sorted_ptr + dest, routes, mask=valid)

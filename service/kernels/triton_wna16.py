@@ -30,15 +30,16 @@ Tile shapes come from `choose_config` (a table by routes per expert); issue 6's 
 replace the guesses with measured configurations shipped as data.
 """
 
-# Triton idiom: compile-time parameters are UPPER_CASE and kernels take many arguments;
+# Triton idiom: compile-time parameters are UPPER_CASE, kernels take many arguments and
+# constexpr branches stay statements (not conditional expressions);
 # @triton.jit device functions are untyped (triton has no type information).
 # mypy: disable-error-code="untyped-decorator,no-untyped-def"
-# ruff: noqa: N803, PLR0917
+# ruff: noqa: N803, PLR0917, SIM108
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -59,13 +60,15 @@ MIN_BLOCK_K = 16
 
 @dataclass(frozen=True, slots=True)
 class GemmTile:
-    """One GEMM's tile: N and K extents, warps, pipeline depth, K splits (w2 only)."""
+    """One GEMM's tile: N and K extents, warps, pipeline depth, K splits (w2 only), and
+    whether to compute the transposed tile (weights as the MMA's left operand)."""
 
     block_n: int
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1
+    swap_ab: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,11 +90,18 @@ class _ConfigRow:
     w2: GemmTile
 
 
+#: First guesses, refined by bench/kernel_check.py's sweep on an H200 (see the notes in
+#: bench/RESULTS.md). Few routes per expert: swap-AB (weights fill the 64-row MMA side);
+#: many: plain orientation, 128-row token blocks, 8 warps.
 _CONFIG_TABLE = (
-    _ConfigRow(16, 16, GemmTile(32, 256, 4, 3), GemmTile(32, 256, 4, 3)),
-    _ConfigRow(48, 32, GemmTile(64, 128, 4, 3), GemmTile(64, 128, 4, 3)),
-    _ConfigRow(160, 64, GemmTile(64, 128, 4, 3), GemmTile(128, 64, 4, 3)),
-    _ConfigRow(float("inf"), 128, GemmTile(64, 64, 8, 3), GemmTile(128, 64, 8, 3)),
+    _ConfigRow(6, 16, GemmTile(64, 128, 4, 4, swap_ab=True), GemmTile(64, 128, 4, 4, swap_ab=True)),
+    _ConfigRow(
+        40, 32, GemmTile(64, 128, 4, 4, swap_ab=True), GemmTile(64, 128, 4, 4, swap_ab=True)
+    ),
+    _ConfigRow(
+        160, 64, GemmTile(64, 128, 4, 3, swap_ab=True), GemmTile(128, 64, 4, 3, swap_ab=True)
+    ),
+    _ConfigRow(float("inf"), 128, GemmTile(64, 64, 8, 4), GemmTile(128, 64, 8, 4)),
 )
 
 
@@ -119,11 +129,10 @@ def choose_config(num_tokens: int, top_k: int, spec: LayerSpec, num_sms: int) ->
     g13 = h if spec.group_size == -1 else spec.group_size
     g2 = i if spec.group_size == -1 else spec.group_size
     scale = 2 if spec.bits == 8 else 1  # same bytes per tile row for int8
-    w13 = GemmTile(
-        min(row.w13.block_n, triton.next_power_of_2(i)),
-        fit_block_k(max(MIN_BLOCK_K, row.w13.block_k // scale), h, g13),
-        row.w13.num_warps,
-        row.w13.num_stages,
+    w13 = replace(
+        row.w13,
+        block_n=min(row.w13.block_n, triton.next_power_of_2(i)),
+        block_k=fit_block_k(max(MIN_BLOCK_K, row.w13.block_k // scale), h, g13),
     )
     bk2 = fit_block_k(max(MIN_BLOCK_K, row.w2.block_k // scale), i, g2)
     bn2 = min(row.w2.block_n, triton.next_power_of_2(h))
@@ -132,7 +141,7 @@ def choose_config(num_tokens: int, top_k: int, spec: LayerSpec, num_sms: int) ->
     split = 1
     while split * 2 <= i // bk2 and programs * split * 2 <= 2 * num_sms:
         split *= 2
-    w2 = GemmTile(bn2, bk2, row.w2.num_warps, row.w2.num_stages, split)
+    w2 = replace(row.w2, block_n=bn2, block_k=bk2, split_k=split)
     return KernelConfig(row.block_m, w13, w2)
 
 
@@ -282,7 +291,7 @@ def fused_moe(
         inter,
         aligned.sorted_ids,
         aligned.expert_ids,
-        aligned.num_tokens_post_padded,
+        aligned.sorted_ids.numel(),
         num_routes,
         i,
         x.stride(0),
@@ -309,6 +318,7 @@ def fused_moe(
         BLOCK_M=config.block_m,
         BLOCK_N=c1.block_n,
         BLOCK_K=c1.block_k,
+        SWAP_AB=c1.swap_ab,
         DOT_F32=dot_f32,
         num_warps=c1.num_warps,
         num_stages=c1.num_stages,
@@ -331,7 +341,7 @@ def fused_moe(
         acc,
         aligned.sorted_ids,
         aligned.expert_ids,
-        aligned.num_tokens_post_padded,
+        aligned.sorted_ids.numel(),
         num_routes,
         h,
         inter.stride(0),
@@ -354,6 +364,7 @@ def fused_moe(
         BLOCK_K=c2.block_k,
         K_SPAN=triton.cdiv(i, c2.split_k * c2.block_k) * c2.block_k,
         ATOMIC=atomic,
+        SWAP_AB=c2.swap_ab,
         DOT_F32=dot_f32,
         num_warps=c2.num_warps,
         num_stages=c2.num_stages,
@@ -459,11 +470,20 @@ def _round16(v, OUT: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def _mma(a, w, acc, DOT_F32: tl.constexpr):
-    """acc + a·wᵀ. The interpreter multiplies bfloat16 dot operands as raw integers, so
-    there the operands go in as float32 (`w` is already float32, rounded by `_round16`)."""
+def _mma(a, w, acc, SWAP_AB: tl.constexpr, DOT_F32: tl.constexpr):
+    """acc + a·wᵀ ([BLOCK_M, BLOCK_N]), or with SWAP_AB acc + w·a (`a` loaded as
+    [BLOCK_K, BLOCK_M]; result [BLOCK_N, BLOCK_M]). The interpreter multiplies bfloat16 dot
+    operands as raw integers, so there the operands go in as float32 (`w` is already
+    float32, rounded by `_round16`)."""
     if DOT_F32:
-        acc = tl.dot(a.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
+        a = a.to(tl.float32)
+    if SWAP_AB:
+        if DOT_F32:
+            acc = tl.dot(w, a, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, a, acc)
+    elif DOT_F32:
+        acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
     else:
         acc = tl.dot(a, tl.trans(w), acc)
     return acc
@@ -510,6 +530,17 @@ def _gelu_tanh(x):
 
 
 @triton.jit
+def _block_routes(expert_ids_ptr, sorted_ptr, max_padded, num_routes, BLOCK_M: tl.constexpr):
+    """This program's expert (-1: a block past the end) and its BLOCK_M routes. Both loads
+    are independent, so they are in flight together (the GEMM preamble is latency-bound)."""
+    pid_m = tl.program_id(0)
+    expert = tl.load(expert_ids_ptr + pid_m)
+    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    route = tl.load(sorted_ptr + slots, mask=slots < max_padded, other=num_routes)
+    return expert.to(tl.int64), route
+
+
+@triton.jit
 def _moe_w13_kernel(
     x_ptr,
     q_ptr,
@@ -519,7 +550,7 @@ def _moe_w13_kernel(
     out_ptr,
     sorted_ptr,
     expert_ids_ptr,
-    post_padded_ptr,
+    max_padded,
     num_routes,
     inter,
     stride_xm,
@@ -546,18 +577,20 @@ def _moe_w13_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SWAP_AB: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
-    """act(x·w13ᵀ + b) for one block of routes (one expert) and BLOCK_N columns of I."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    if pid_m * BLOCK_M >= tl.load(post_padded_ptr):
-        return
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    """act(x·w13ᵀ + b) for one block of routes (one expert) and BLOCK_N columns of I.
+
+    SWAP_AB computes the transposed tile (w13·xᵀ, [BLOCK_N, BLOCK_M]): the dequantized
+    weights are then the MMA's left operand, which Hopper's wgmma reads from registers (no
+    shared-memory round trip for the big operand) and whose 64-row minimum the weight tile
+    fills while a decode block holds only a few tokens.
+    """
+    expert, route = _block_routes(expert_ids_ptr, sorted_ptr, max_padded, num_routes, BLOCK_M)
     if expert < 0:
         return
-    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    route = tl.load(sorted_ptr + slots)
+    pid_n = tl.program_id(1)
     m_mask = route < num_routes
     token = (route // TOP_K).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -575,35 +608,70 @@ def _moe_w13_kernel(
     s_e = s_ptr + expert * stride_se
     z_e = z_ptr + expert * stride_ze
     out_dtype = out_ptr.dtype.element_ty
-    a_ptrs = x_ptr + token[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    offs_k = tl.arange(0, BLOCK_K)
+    if SWAP_AB:
+        a_ptrs = x_ptr + token[None, :] * stride_xm + offs_k[:, None]  # [BLOCK_K, BLOCK_M]
+        a_mask = m_mask[None, :]
+        acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        a_ptrs = x_ptr + token[:, None] * stride_xm + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
+        a_mask = m_mask[:, None]
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if GATED:
-        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_g = tl.zeros_like(acc_u)
     for k0 in range(0, K, BLOCK_K):
-        a = tl.load(a_ptrs + k0, mask=m_mask[:, None], other=0.0)
+        a = tl.load(a_ptrs + k0, mask=a_mask, other=0.0)
         w_u = _dequant_tile(
             q_e, s_e, z_e, up_rows, n_mask, k0, stride_qn, stride_sn, stride_zn,
             BITS, GROUP, HAS_ZP, BLOCK_N, BLOCK_K, out_dtype, DOT_F32,
         )  # fmt: skip
-        acc_u = _mma(a, w_u, acc_u, DOT_F32)
+        acc_u = _mma(a, w_u, acc_u, SWAP_AB, DOT_F32)
         if GATED:
             w_g = _dequant_tile(
                 q_e, s_e, z_e, gate_rows, n_mask, k0, stride_qn, stride_sn, stride_zn,
                 BITS, GROUP, HAS_ZP, BLOCK_N, BLOCK_K, out_dtype, DOT_F32,
             )  # fmt: skip
-            acc_g = _mma(a, w_g, acc_g, DOT_F32)
+            acc_g = _mma(a, w_g, acc_g, SWAP_AB, DOT_F32)
     if HAS_BIAS:
         b_e = bias_ptr + expert * stride_be
-        acc_u += tl.load(b_e + up_rows, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        b_u = tl.load(b_e + up_rows, mask=n_mask, other=0.0).to(tl.float32)
+        acc_u += _along_n(b_u, SWAP_AB)
         if GATED:
-            acc_g += tl.load(b_e + gate_rows, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            b_g = tl.load(b_e + gate_rows, mask=n_mask, other=0.0).to(tl.float32)
+            acc_g += _along_n(b_g, SWAP_AB)
     if GATED:
         h = _gated_activation(acc_g, acc_u, limit, alpha, beta, ACT)
     else:
         h = _plain_activation(acc_u, ACT)
-    out_ptrs = out_ptr + route[:, None].to(tl.int64) * stride_om + cols[None, :]
     h = _round16(h, out_dtype, DOT_F32)
-    tl.store(out_ptrs, h.to(out_dtype), mask=m_mask[:, None] & n_mask[None, :])
+    row = route.to(tl.int64) * stride_om
+    if SWAP_AB:
+        out_ptrs = out_ptr + row[None, :] + cols[:, None]
+        mask = n_mask[:, None] & m_mask[None, :]
+    else:
+        out_ptrs = out_ptr + row[:, None] + cols[None, :]
+        mask = m_mask[:, None] & n_mask[None, :]
+    tl.store(out_ptrs, h.to(out_dtype), mask=mask)
+
+
+@triton.jit
+def _along_n(v, SWAP_AB: tl.constexpr):
+    """A per-column [BLOCK_N] vector broadcast over the accumulator's route axis."""
+    if SWAP_AB:
+        r = v[:, None]
+    else:
+        r = v[None, :]
+    return r
+
+
+@triton.jit
+def _along_m(v, SWAP_AB: tl.constexpr):
+    """A per-route [BLOCK_M] vector broadcast over the accumulator's column axis."""
+    if SWAP_AB:
+        r = v[None, :]
+    else:
+        r = v[:, None]
+    return r
 
 
 @triton.jit
@@ -617,7 +685,7 @@ def _moe_w2_kernel(
     out_ptr,
     sorted_ptr,
     expert_ids_ptr,
-    post_padded_ptr,
+    max_padded,
     num_routes,
     hidden,
     stride_am,
@@ -640,20 +708,16 @@ def _moe_w2_kernel(
     BLOCK_K: tl.constexpr,
     K_SPAN: tl.constexpr,
     ATOMIC: tl.constexpr,
+    SWAP_AB: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
     """weight·(inter·w2ᵀ + b) for one block of routes, BLOCK_N columns of H and one K split,
-    added into the token's output row (the top-k sum)."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    if pid_m * BLOCK_M >= tl.load(post_padded_ptr):
-        return
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    added into the token's output row (the top-k sum). SWAP_AB as in `_moe_w13_kernel`."""
+    expert, route = _block_routes(expert_ids_ptr, sorted_ptr, max_padded, num_routes, BLOCK_M)
     if expert < 0:
         return
-    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    route = tl.load(sorted_ptr + slots)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
     m_mask = route < num_routes
     token = (route // TOP_K).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -662,23 +726,36 @@ def _moe_w2_kernel(
     s_e = s_ptr + expert * stride_se
     z_e = z_ptr + expert * stride_ze
     a_dtype = a_ptr.dtype.element_ty
-    a_ptrs = a_ptr + route[:, None].to(tl.int64) * stride_am + tl.arange(0, BLOCK_K)[None, :]
+    offs_k = tl.arange(0, BLOCK_K)
+    row = route.to(tl.int64) * stride_am
+    if SWAP_AB:
+        a_ptrs = a_ptr + row[None, :] + offs_k[:, None]
+        a_mask = m_mask[None, :]
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        a_ptrs = a_ptr + row[:, None] + offs_k[None, :]
+        a_mask = m_mask[:, None]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k_lo = pid_k * K_SPAN
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, tl.minimum(k_lo + K_SPAN, K), BLOCK_K):
-        a = tl.load(a_ptrs + k0, mask=m_mask[:, None], other=0.0)
+        a = tl.load(a_ptrs + k0, mask=a_mask, other=0.0)
         w = _dequant_tile(
             q_e, s_e, z_e, cols, n_mask, k0, stride_qn, stride_sn, stride_zn,
             BITS, GROUP, HAS_ZP, BLOCK_N, BLOCK_K, a_dtype, DOT_F32,
         )  # fmt: skip
-        acc = _mma(a, w, acc, DOT_F32)
+        acc = _mma(a, w, acc, SWAP_AB, DOT_F32)
     if HAS_BIAS:
         # Only the first K split adds the bias.
         bias = tl.load(bias_ptr + expert * stride_be + cols, mask=n_mask & (pid_k == 0), other=0.0)
-        acc += bias.to(tl.float32)[None, :]
-    acc *= tl.load(topk_w_ptr + route, mask=m_mask, other=0.0)[:, None]
-    out_ptrs = out_ptr + token[:, None] * stride_om + cols[None, :]
-    mask = m_mask[:, None] & n_mask[None, :]
+        acc += _along_n(bias.to(tl.float32), SWAP_AB)
+    acc *= _along_m(tl.load(topk_w_ptr + route, mask=m_mask, other=0.0), SWAP_AB)
+    out_row = token * stride_om
+    if SWAP_AB:
+        out_ptrs = out_ptr + out_row[None, :] + cols[:, None]
+        mask = n_mask[:, None] & m_mask[None, :]
+    else:
+        out_ptrs = out_ptr + out_row[:, None] + cols[None, :]
+        mask = m_mask[:, None] & n_mask[None, :]
     if ATOMIC:
         tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
     else:

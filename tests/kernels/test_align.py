@@ -39,8 +39,10 @@ CASES = [
     (37, 60, 4, 16),
     (16, 128, 8, 64),
     (200, 16, 2, 32),
-    (80, 256, 8, 16),  # 640 routes x 256 experts: the three-kernel Triton path
+    (80, 256, 8, 16),  # 640 routes: still one program
+    (150, 256, 8, 16),  # 1200 routes: the three-kernel Triton path, a partial last chunk
     (300, 128, 8, 32),  # 2400 routes: three-kernel path, many chunks
+    (600, 8, 2, 128),  # few experts, many routes each
 ]
 
 
@@ -72,6 +74,17 @@ def test_out_of_range_ids_are_skipped(impl: str) -> None:
     got = align_block_size(ids, 2, 4, impl=impl)
     assert got.sorted_ids.tolist()[:4] == [0, 5, 3, 4]
     assert got.num_tokens_post_padded.item() == 4
+    # The same on the three-kernel path: out-of-range ids take no slot.
+    many = _routing(700, 8, 2, seed=1)
+    many[::7, 0] = 8
+    many[::5, 1] = -3
+    got = align_block_size(many, 16, 8, impl=impl)
+    valid = many.clone()
+    valid[(many < 0) | (many >= 8)] = 99
+    sorted_ids, expert_ids, total = _reference(valid, 16, 8)
+    assert got.sorted_ids.tolist() == sorted_ids[: got.sorted_ids.numel()]
+    assert got.expert_ids.tolist()[: len(expert_ids)] == expert_ids[: got.expert_ids.numel()]
+    assert got.num_tokens_post_padded.item() == total
 
 
 def test_bad_arguments() -> None:

@@ -99,6 +99,12 @@ PATHS = {
     "group_spans_tiles_split_k": KernelConfig(32, GemmTile(32, 32), GemmTile(64, 32, split_k=2)),
     "tile_spans_groups": KernelConfig(16, GemmTile(32, 128), GemmTile(32, 96 // 3, split_k=1)),
     "split_k_4_partial_n": KernelConfig(16, GemmTile(64, 64), GemmTile(32, 16, split_k=4)),
+    "swap_ab_split_k": KernelConfig(
+        16, GemmTile(64, 32, swap_ab=True), GemmTile(32, 32, split_k=2, swap_ab=True)
+    ),
+    "swap_ab_tile_spans_groups": KernelConfig(
+        32, GemmTile(32, 128, swap_ab=True), GemmTile(64, 32, swap_ab=True)
+    ),
 }
 
 
@@ -111,6 +117,8 @@ def test_code_paths(path: str) -> None:
 def test_top1_stores_directly_and_decode_shape() -> None:
     layer = random_layer(5, 8, 128, 64, bits=4, group_size=32, bias=True)
     _check(layer, 9, 1, torch.bfloat16, config=KernelConfig(16, GemmTile(32, 64), GemmTile(32, 64)))
+    swapped = KernelConfig(16, GemmTile(32, 64, swap_ab=True), GemmTile(32, 64, swap_ab=True))
+    _check(layer, 9, 1, torch.float16, config=swapped, seed=1)
     _check(layer, 1, 4, torch.float16, seed=2)
 
 
