@@ -32,9 +32,10 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -397,14 +398,21 @@ class _Progress:
         self.layers_done = 0
         self.bytes_done = 0
         self._last = 0.0
+        self._lock = threading.Lock()
+
+    def add(self, *, layers: int = 0, nbytes: int = 0) -> None:
+        with self._lock:
+            self.layers_done += layers
+            self.bytes_done += nbytes
 
     def __call__(self, stage: str, current: str = "", *, force: bool = False) -> None:
         if self.emit is None:
             return
-        now = time.monotonic()
-        if not force and now - self._last < 0.1:
-            return
-        self._last = now
+        with self._lock:
+            now = time.monotonic()
+            if not force and now - self._last < 0.1:
+                return
+            self._last = now
         self.emit(
             {
                 "stage": stage,
@@ -443,8 +451,12 @@ class _Journal:
         return data if isinstance(data, dict) else None
 
     def write(self, name: str, record: Mapping[str, Any]) -> None:
+        """Atomic, not fsynced: a record is written only after its unit's file is durable,
+        and a record lost in a power cut only means the unit is verified or redone."""
         self.ensure()
-        atomic_write_bytes(self.path / f"{name}.json", json.dumps(record, indent=1).encode())
+        atomic_write_bytes(
+            self.path / f"{name}.json", json.dumps(record, indent=1).encode(), durable=False
+        )
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
@@ -497,16 +509,26 @@ def convert_checkpoint(
             check=check,
             converter=converter,
         )
-        for layer in mine:
+        try:
+            if job.owns_rest():
+                run.hash_sources([*names, *meta_files, "config.json", INDEX_NAME])
+            run.verify_ahead(
+                [(layer.unit, sorted(layer.files)) for layer in mine]
+                + [(f"copy-{file}", [file]) for file in copies]
+            )
+            for layer in mine:
+                check()
+                run.moe_layer(layer)
+            for file in copies:
+                check()
+                run.copy_shard(file, rest[file])
+            run.drain()
+            if job.owns_rest():
+                run.copy_meta(meta_files)
             check()
-            run.moe_layer(layer)
-        for file in copies:
-            check()
-            run.copy_shard(file, rest[file])
-        if job.owns_rest():
-            run.copy_meta(meta_files)
-        check()
-        manifest = run.finalize(layers, rest, names)
+            manifest = run.finalize(layers, rest, names)
+        finally:
+            run.close()
         return CheckpointResult(
             output_dir=output_dir,
             manifest_path=manifest,
@@ -604,6 +626,45 @@ class _Run:
         self.descriptor: dict[str, Any] | None = None
         self.records: dict[str, dict[str, Any]] = {}
         self._source_ids: dict[str, dict[str, int]] = {}
+        self._lock = threading.Lock()
+        #: Writes one converted layer while the next is converted (bounded: one in flight).
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-write")
+        self._pending: Future[None] | None = None
+        #: Verifies finished units and hashes the source files, beside the conversion.
+        self._helpers = ThreadPoolExecutor(2, thread_name_prefix="checkpoint-hash")
+        self._verified: dict[str, Future[dict[str, Any] | None]] = {}
+        self._sources: Future[list[dict[str, Any]]] | None = None
+
+    def close(self) -> None:
+        """Wait for the background work (an aborted write removes its temp file first)."""
+        self._verified.clear()
+        self._writer.shutdown(wait=True, cancel_futures=True)
+        self._helpers.shutdown(wait=True, cancel_futures=True)
+
+    def verify_ahead(self, units: list[tuple[str, list[str]]]) -> None:
+        """Start verifying every unit that has a record (hashing its output) in the
+        background, so a resume hashes files in parallel instead of one by one."""
+        for unit, sources in units:
+            if self.journal.read(unit) is not None or unit in self.previous:
+                self._verified[unit] = self._helpers.submit(self.recorded, unit, sources)
+
+    def verified(self, unit: str, sources: Iterable[str]) -> dict[str, Any] | None:
+        future = self._verified.pop(unit, None)
+        if future is not None:
+            return future.result()
+        if self.journal.read(unit) is None and unit not in self.previous:
+            return None
+        return self.recorded(unit, sources)
+
+    def hash_sources(self, names: list[str]) -> None:
+        """Start hashing the source files for the manifest (reusing unchanged hashes)."""
+        self._sources = self._helpers.submit(self._source_hashes, names, 1)
+
+    def drain(self) -> None:
+        """Wait for the layer being written (re-raising its error)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
 
     @property
     def converter(self) -> Converter:
@@ -647,7 +708,7 @@ class _Run:
         if record.get("descriptor") and self.descriptor is None:
             self.descriptor = record["descriptor"]
         self.journal.write(unit, record)
-        self.report.bytes_done += bytes_in
+        self.report.add(nbytes=bytes_in)
 
     def _record(
         self,
@@ -685,11 +746,12 @@ class _Run:
     def moe_layer(self, layer: MoELayerPlan) -> None:
         bytes_in = sum(self.shards[t.file].entries[t.name].nbytes for t in layer.tensors.values())
         self.report("verifying", layer.file)
-        record = self.recorded(layer.unit, layer.files)
+        record = self.verified(layer.unit, layer.files)
         if record is not None:
-            self.skipped += 1
+            with self._lock:
+                self.skipped += 1
             self._skip(layer.unit, record, bytes_in)
-            self.report.layers_done += 1
+            self.report.add(layers=1)
             self.report("skipped", layer.file, force=True)
             return
         self.report("converting", layer.module, force=True)
@@ -699,6 +761,16 @@ class _Run:
         self.convert_seconds += time.perf_counter() - began
         del sources
         self.check()
+        self.drain()  # at most one layer waits to be written
+        self._pending = self._writer.submit(self._write_layer, layer, tensors, descriptor, bytes_in)
+
+    def _write_layer(
+        self,
+        layer: MoELayerPlan,
+        tensors: dict[str, Any],
+        descriptor: dict[str, Any],
+        bytes_in: int,
+    ) -> None:
         named = {f"{layer.module}.{name}": tensor for name, tensor in tensors.items()}
         path = self.job.output_dir / layer.file
         self.job.root.check(path.parent, "checkpoint.output_dir")
@@ -709,9 +781,6 @@ class _Run:
                 out.write(name, tensor_bytes(tensor))
                 self.report("writing", name)
             out.commit()
-        self.bytes_in += bytes_in
-        self.bytes_out += out.data_bytes
-        self.descriptor = self.descriptor or descriptor
         self._record(
             layer.unit,
             "moe",
@@ -723,9 +792,12 @@ class _Run:
             num_experts=self.job.num_experts or layer.num_experts,
             descriptor=descriptor,
         )
-        self.converted += 1
-        self.report.bytes_done += bytes_in
-        self.report.layers_done += 1
+        with self._lock:
+            self.bytes_in += bytes_in
+            self.bytes_out += out.data_bytes
+            self.descriptor = self.descriptor or descriptor
+            self.converted += 1
+        self.report.add(layers=1, nbytes=bytes_in)
         self.report("converted", layer.file, force=True)
 
     def copy_shard(self, file: str, names: list[str]) -> None:
@@ -733,7 +805,7 @@ class _Run:
         shard = self.shards[file]
         bytes_in = sum(shard.entries[n].nbytes for n in names)
         self.report("verifying", file)
-        record = self.recorded(unit, [file])
+        record = self.verified(unit, [file])
         if record is not None:
             self._skip(unit, record, bytes_in)
             return
@@ -748,11 +820,12 @@ class _Run:
             for name in names:
                 self.check()
                 out.write(name, shard.raw(name))
-                self.report.bytes_done += shard.entries[name].nbytes
+                self.report.add(nbytes=shard.entries[name].nbytes)
                 self.report("copying", name)
             out.commit()
-        self.bytes_in += bytes_in
-        self.bytes_out += out.data_bytes
+        with self._lock:
+            self.bytes_in += bytes_in
+            self.bytes_out += out.data_bytes
         self._record(unit, "copy", file, [file], out)
 
     def copy_meta(self, files: list[str]) -> None:
@@ -824,7 +897,8 @@ class _Run:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         out = self.job.output_dir
         atomic_write_bytes(out / INDEX_NAME, json.dumps(index, indent=2).encode())
-        sources = self._source_hashes([*shards, *meta, "config.json", INDEX_NAME])
+        names = [*shards, *meta, "config.json", INDEX_NAME]
+        sources = self._sources.result() if self._sources else self._source_hashes(names)
         job = self.job
         manifest = {
             "format": FORMAT,
@@ -858,32 +932,33 @@ class _Run:
         self.journal.remove()
         return out / MANIFEST_NAME
 
-    def _source_hashes(self, names: list[str]) -> list[dict[str, Any]]:
-        """SHA-256 of every source file, reusing a previous manifest's hash when the file's
-        size and mtime are unchanged (re-reading a 100 GB checkpoint is not a resume)."""
+    def _source_hashes(self, names: list[str], workers: int = 2) -> list[dict[str, Any]]:
+        """SHA-256 of every source file, reusing a hash recorded by an earlier run (the
+        previous manifest, or this conversion's journal) when the file's size and mtime are
+        unchanged: re-reading a 100 GB checkpoint is not a resume."""
         known: dict[str, dict[str, Any]] = {}
         manifest = self.job.output_dir / MANIFEST_NAME
         if manifest.exists():
             with contextlib.suppress(ConvertInputError, KeyError, TypeError, AttributeError):
                 old = _read_json(manifest, "checkpoint.output_dir")
                 known = {f["name"]: f for f in old["source"]["files"]}
+        journal = self.journal.read("sources") or {}
+        known.update(journal.get("files", {}))
         wanted = sorted({n for n in names if (self.job.input_dir / n).exists()})
 
         def one(name: str) -> dict[str, Any]:
             path = self.job.root.child(self.job.input_dir, name, f"checkpoint.input_dir/{name}")
             identity = _file_identity(path)
             old = known.get(name)
-            if (
-                old
-                and old.get("bytes") == identity["bytes"]
-                and old.get("mtime_ns") == identity["mtime_ns"]
-            ):
+            if old and all(old.get(k) == v for k, v in identity.items()):
                 return dict(old)
             self.report("hashing", name, force=True)
             return {"name": name, **identity, "sha256": hash_file(path)}
 
-        with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-            return list(pool.map(one, wanted))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            files = list(pool.map(one, wanted))
+        self.journal.write("sources", {"files": {f["name"]: f for f in files}})
+        return files
 
     def tensor_list(self, layers: list[MoELayerPlan], copies: list[str]) -> list[dict[str, Any]]:
         units = [layer.unit for layer in layers] + [f"copy-{file}" for file in copies]

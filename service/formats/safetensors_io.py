@@ -213,15 +213,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write a small file atomically (temp + fsync + rename + directory fsync)."""
+def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Write a small file atomically (temp + fsync + rename + directory fsync). Without
+    `durable` the fsyncs are skipped: the file still appears whole or not at all, but a
+    power cut may lose it (right for records that can be rebuilt)."""
     temp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         temp.unlink(missing_ok=True)
@@ -232,7 +235,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 class SafetensorsWriter:
