@@ -90,19 +90,23 @@ class _ConfigRow:
     w2: GemmTile
 
 
-#: First guesses, refined by bench/kernel_check.py's sweep on an H200 (see the notes in
-#: bench/RESULTS.md). Few routes per expert: swap-AB (weights fill the 64-row MMA side);
-#: many: plain orientation, 128-row token blocks, 8 warps.
+#: Measured on an H200 with bench/kernel_check.py --sweep (bench/KERNEL_NOTES.md has the
+#: figures). Few routes per expert: swap-AB (the weights fill wgmma's 64-row side, read
+#: from registers); many: the plain orientation, 128-row token blocks, 8 warps.
 _CONFIG_TABLE = (
     _ConfigRow(6, 16, GemmTile(64, 128, 4, 4, swap_ab=True), GemmTile(64, 128, 4, 4, swap_ab=True)),
     _ConfigRow(
         40, 32, GemmTile(64, 128, 4, 4, swap_ab=True), GemmTile(64, 128, 4, 4, swap_ab=True)
     ),
-    _ConfigRow(
-        160, 64, GemmTile(64, 128, 4, 3, swap_ab=True), GemmTile(128, 64, 4, 3, swap_ab=True)
-    ),
+    _ConfigRow(160, 64, GemmTile(64, 128, 4, 3), GemmTile(128, 64, 4, 3)),
     _ConfigRow(float("inf"), 128, GemmTile(64, 64, 8, 4), GemmTile(128, 64, 8, 4)),
 )
+#: When few (expert, 64-column) w13 tiles exist (decode on few large experts), narrower
+#: plain tiles give the GPU more programs: Mixtral M=1 ran 168 µs so against 195 µs.
+_NARROW_W13 = GemmTile(32, 128, 4, 4)
+#: Programs per SM the w13 grid should reach before swap-AB's 64-wide tiles are used, and
+#: that split-K raises the w2 grid to.
+_PROGRAMS_PER_SM = 4
 
 
 def fit_block_k(block_k: int, k: int, group: int) -> int:
@@ -120,7 +124,8 @@ def fit_block_k(block_k: int, k: int, group: int) -> int:
 
 def choose_config(num_tokens: int, top_k: int, spec: LayerSpec, num_sms: int) -> KernelConfig:
     """Tiles for this token count: BLOCK_M by routes per active expert, K tiles fitted to
-    the layer, and enough w2 K splits to give the GPU about two programs per SM."""
+    the layer, narrow w13 tiles when wide ones would leave the GPU short of programs, and
+    enough w2 K splits to give it about `_PROGRAMS_PER_SM` programs per SM."""
     routes = num_tokens * top_k
     active = max(1, min(spec.num_experts, routes))
     per_expert = routes / active
@@ -129,17 +134,21 @@ def choose_config(num_tokens: int, top_k: int, spec: LayerSpec, num_sms: int) ->
     g13 = h if spec.group_size == -1 else spec.group_size
     g2 = i if spec.group_size == -1 else spec.group_size
     scale = 2 if spec.bits == 8 else 1  # same bytes per tile row for int8
+    target = _PROGRAMS_PER_SM * num_sms
+    blocks = max(active, triton.cdiv(routes, row.block_m))
+    w13_tile = row.w13
+    if w13_tile.swap_ab and blocks * triton.cdiv(i, w13_tile.block_n) < target:
+        w13_tile = _NARROW_W13
     w13 = replace(
-        row.w13,
-        block_n=min(row.w13.block_n, triton.next_power_of_2(i)),
-        block_k=fit_block_k(max(MIN_BLOCK_K, row.w13.block_k // scale), h, g13),
+        w13_tile,
+        block_n=min(w13_tile.block_n, triton.next_power_of_2(i)),
+        block_k=fit_block_k(max(MIN_BLOCK_K, w13_tile.block_k // scale), h, g13),
     )
     bk2 = fit_block_k(max(MIN_BLOCK_K, row.w2.block_k // scale), i, g2)
     bn2 = min(row.w2.block_n, triton.next_power_of_2(h))
-    blocks = active + triton.cdiv(routes, row.block_m)
     programs = blocks * triton.cdiv(h, bn2)
     split = 1
-    while split * 2 <= i // bk2 and programs * split * 2 <= 2 * num_sms:
+    while split * 2 <= i // bk2 and programs * split * 2 <= target:
         split *= 2
     w2 = replace(row.w2, block_n=bn2, block_k=bk2, split_k=split)
     return KernelConfig(row.block_m, w13, w2)
