@@ -42,13 +42,14 @@ def quantize(
     index = (
         (torch.arange(k, device=w.device) // size).expand(e, k)
         if g_idx is None
-        else g_idx.to(torch.int64)
+        else g_idx.to(device=w.device, dtype=torch.int64)
     )
     gather = index.unsqueeze(1).expand(e, n, k)
     shape = (e, n, groups)
 
     def reduce(values: torch.Tensor, how: str) -> torch.Tensor:
-        initial = torch.full(shape, float("-inf") if how == "amax" else float("inf"))
+        fill = float("-inf") if how == "amax" else float("inf")
+        initial = torch.full(shape, fill, device=w.device)
         return initial.scatter_reduce(2, gather, values, how, include_self=True)
 
     maxq = (1 << bits) - 1
@@ -74,7 +75,7 @@ def quantize(
         bits=bits,
         group_size=group_size,
         zeros=zeros,
-        g_idx=None if g_idx is None else g_idx.to(torch.int32).contiguous(),
+        g_idx=None if g_idx is None else index.to(torch.int32).contiguous(),
         bias=bias,
     )
 

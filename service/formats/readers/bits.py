@@ -5,11 +5,9 @@ lowest code in the lowest bits, along one axis; they differ only in the axis, th
 (AWQ) a fixed permutation of the codes inside each word. So one pair of functions with those
 three parameters covers them all, and the layout modules only say which.
 
-Packing goes through bytes: a little-endian int32 is four bytes, the lowest first, so
-"code i of word w sits at bits [bits*i, bits*(i+1))" is exactly "pack the codes into bytes
-(two nibbles per byte, the even index low) and view four bytes as one int32". That avoids
-signed-shift overflow in int32 arithmetic and is the same rule vLLM's `.view(torch.uint8)`
-conversions rely on.
+On a little-endian host "code i of an int32 word sits at bits [bits*i, bits*(i+1))" is also
+"byte j of the word holds codes 2j (low nibble) and 2j+1": the rule vLLM's
+`.view(torch.uint8)` conversions between GPTQ words and the Triton layout rely on.
 """
 
 from __future__ import annotations
@@ -32,20 +30,9 @@ def codes_per_word(bits: int, word: torch.dtype) -> int:
     return (8 * word.itemsize) // bits
 
 
-def _pack_bytes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """uint8 [..., L] codes -> uint8 [..., L * bits / 8]; for int4 the even index is low."""
-    if bits == 8:
-        return codes.contiguous()
-    pairs = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)
-    return (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()
-
-
-def _unpack_bytes(data: torch.Tensor, bits: int) -> torch.Tensor:
-    if bits == 8:
-        return data
-    low = data & 0xF
-    high = data >> 4
-    return torch.stack((low, high), dim=-1).reshape(*data.shape[:-1], data.shape[-1] * 2)
+def _split(shape: Sequence[int], dim: int, per_word: int) -> tuple[int, ...]:
+    """`shape` with axis `dim` split into (words, per_word)."""
+    return (*shape[:dim], shape[dim] // per_word, per_word, *shape[dim + 1 :])
 
 
 def pack(
@@ -57,20 +44,32 @@ def pack(
 ) -> torch.Tensor:
     """Pack uint8 `codes` along `dim` into `word` (torch.int32 or torch.uint8).
 
-    `order` (AWQ): packed slot i of each word holds code `order[i]` of that word's run.
-    The caller guarantees the packed axis is a multiple of the codes per word.
+    Slot i of each word (bits [bits*i, bits*(i+1))) holds code `order[i]` of that word's run
+    (AWQ), or code i without `order`. The caller guarantees the axis is a multiple of the codes
+    per word. Two strategies, both without transposing the codes: along the last axis the
+    codes become bytes (two nibbles, even index low) viewed as words; along another axis each
+    slot is one pass over contiguous slices.
     """
+    dim %= codes.dim()
     per_word = codes_per_word(bits, word)
-    moved = codes.to(torch.uint8).movedim(dim, -1)
-    if order is not None:
-        runs = moved.reshape(*moved.shape[:-1], moved.shape[-1] // per_word, per_word)
-        moved = runs[..., list(order)].reshape(moved.shape)
-    data = _pack_bytes(moved.contiguous(), bits)
-    if word != torch.uint8:
+    codes = codes.to(torch.uint8).contiguous()
+    if dim == codes.dim() - 1 and order is None:
+        data = codes
+        if bits == 4:
+            pairs = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)
+            data = pairs[..., 0] | (pairs[..., 1] << 4)
+        if word == torch.uint8:
+            return data.contiguous()
         # Through 1-D: `view` rejects odd strides that size-1 dims may carry.
         shape = (*data.shape[:-1], data.shape[-1] // word.itemsize)
-        data = data.reshape(-1).view(word).reshape(shape)
-    return data.movedim(-1, dim).contiguous()
+        return data.contiguous().reshape(-1).view(word).reshape(shape)
+    runs = codes.reshape(_split(codes.shape, dim, per_word))
+    words = torch.zeros(runs.select(dim + 1, 0).shape, dtype=word, device=codes.device)
+    for slot in range(per_word):
+        column = slot if order is None else order[slot]
+        # int32 shifts into the sign bit are well defined in torch (done on the unsigned type).
+        words |= runs.select(dim + 1, column).to(word) << (bits * slot)
+    return words
 
 
 def unpack(
@@ -79,18 +78,23 @@ def unpack(
     dim: int,
     order: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """Inverse of `pack`: int32 or uint8 words -> uint8 codes, `dim` grown by codes per word."""
+    """Inverse of `pack`: int32 or uint8 words -> contiguous uint8 codes, `dim` grown."""
+    dim %= words.dim()
     per_word = codes_per_word(bits, words.dtype)
-    moved = words.movedim(dim, -1).contiguous()
-    data = moved
-    if moved.dtype != torch.uint8:
-        shape = (*moved.shape[:-1], moved.shape[-1] * moved.dtype.itemsize)
-        data = moved.reshape(-1).view(torch.uint8).reshape(shape)
-    codes = _unpack_bytes(data, bits)
-    if order is not None:
-        inverse = [0] * len(order)
-        for slot, column in enumerate(order):
-            inverse[column] = slot
-        runs = codes.reshape(*codes.shape[:-1], codes.shape[-1] // per_word, per_word)
-        codes = runs[..., inverse].reshape(codes.shape)
-    return codes.movedim(-1, dim).contiguous()
+    words = words.contiguous()
+    shape = list(words.shape)
+    shape[dim] *= per_word
+    if dim == words.dim() - 1 and order is None:
+        data = words
+        if words.dtype != torch.uint8:
+            flat = (*words.shape[:-1], words.shape[-1] * words.dtype.itemsize)
+            data = words.reshape(-1).view(torch.uint8).reshape(flat)
+        if bits == 8:
+            return data
+        return torch.stack((data & 0xF, data >> 4), dim=-1).reshape(shape)
+    mask = (1 << bits) - 1
+    out = torch.empty(_split(shape, dim, per_word), dtype=torch.uint8, device=words.device)
+    for slot in range(per_word):
+        column = slot if order is None else order[slot]
+        out.select(dim + 1, column).copy_((words >> (bits * slot)) & mask)
+    return out.reshape(shape)

@@ -183,11 +183,7 @@ class SourceLayout:
     ) -> QuantizedExperts:
         """Stacked, already shape-checked tensors of one projection -> canonical form."""
         bits = quant.bits
-        weight = parts["weight"]
-        codes = packing.unpack(
-            weight, bits, 1 + self.weight.axes.index(self.weight.packed), self.weight.order(bits)
-        )
-        codes = _to_canonical(codes, self.weight.axes, ("N", "K"))
+        codes = _unpack_as(self.weight, parts["weight"], bits, ("N", "K"))
         scales = _to_canonical(parts["scales"], self.scales, ("N", "G")).contiguous()
         k = int(codes.shape[2])
         groups = int(scales.shape[2])
@@ -195,10 +191,7 @@ class SourceLayout:
         zeros = None
         stored = parts.get("zeros")
         if stored is not None:
-            raw = packing.unpack(
-                stored, bits, 1 + self.zeros.axes.index(self.zeros.packed), self.zeros.order(bits)
-            )
-            raw = _to_canonical(raw, self.zeros.axes, ("N", "G"))
+            raw = _unpack_as(self.zeros, stored, bits, ("N", "G"))
             zeros = self._real_zeros(raw, quant, fields["zeros"])
         g_idx = None
         if "g_idx" in parts:
@@ -247,14 +240,7 @@ class SourceLayout:
         dims = {"N": experts.n, "K": experts.k, "G": experts.num_groups}
         _check_packable(self.weight, dims, bits, self.names["weight"])
         out: dict[Role, torch.Tensor] = {}
-        codes = _from_canonical(experts.codes, ("N", "K"), self.weight.axes)
-        out["weight"] = packing.pack(
-            codes,
-            bits,
-            1 + self.weight.axes.index(self.weight.packed),
-            self.weight.word,
-            self.weight.order(bits),
-        )
+        out["weight"] = _pack_as(self.weight, experts.codes, bits, ("N", "K"))
         out["scales"] = _from_canonical(experts.scales, ("N", "G"), self.scales).contiguous()
         stored = None
         if experts.zeros is not None:
@@ -269,14 +255,7 @@ class SourceLayout:
             stored = torch.full_like(experts.scales, value, dtype=torch.uint8)
         if stored is not None:
             _check_packable(self.zeros, dims, bits, self.names["zeros"])
-            arranged = _from_canonical(stored, ("N", "G"), self.zeros.axes)
-            out["zeros"] = packing.pack(
-                arranged,
-                bits,
-                1 + self.zeros.axes.index(self.zeros.packed),
-                self.zeros.word,
-                self.zeros.order(bits),
-            )
+            out["zeros"] = _pack_as(self.zeros, stored, bits, ("N", "G"))
         if experts.g_idx is not None and "g_idx" not in self.names:
             raise FormatError("g_idx", f"{self.name} has no act-order (g_idx) tensor")
         if "g_idx" in self.names and (
@@ -286,7 +265,9 @@ class SourceLayout:
         if experts.bias is not None:
             out["bias"] = experts.bias.contiguous()
         if "shape" in self.names:
-            shape = torch.tensor([experts.n, experts.k], dtype=torch.int64)
+            shape = torch.tensor(
+                [experts.n, experts.k], dtype=torch.int64, device=experts.codes.device
+            )
             out["shape"] = shape.unsqueeze(0).expand(experts.num_experts, 2).contiguous()
         return out
 
@@ -298,6 +279,22 @@ def _check_packable(spec: PackedAxes, dims: Mapping[str, int], bits: int, name: 
             f"{spec.packed}={dims[spec.packed]} is not a multiple of {spec.per_word(bits)}, "
             f"the {bits}-bit codes per {spec.word} word",
         )
+
+
+def _unpack_as(spec: PackedAxes, stored: torch.Tensor, bits: int, target: Axes) -> torch.Tensor:
+    """[E, a, b] words in `spec`'s storage order -> contiguous uint8 codes [E, *target].
+
+    Only the words are ever transposed (a view; they are 1/2 to 1/8 of the codes' bytes):
+    unpacking then writes the codes in their final order.
+    """
+    words = stored if spec.axes == target else stored.transpose(1, 2)
+    return packing.unpack(words, bits, 1 + target.index(spec.packed), spec.order(bits))
+
+
+def _pack_as(spec: PackedAxes, codes: torch.Tensor, bits: int, source: Axes) -> torch.Tensor:
+    """Inverse of `_unpack_as`: uint8 codes [E, *source] -> words in `spec`'s storage order."""
+    words = packing.pack(codes, bits, 1 + source.index(spec.packed), spec.word, spec.order(bits))
+    return words if spec.axes == source else words.transpose(1, 2).contiguous()
 
 
 def _to_canonical(tensor: torch.Tensor, axes: Axes, target: Axes) -> torch.Tensor:

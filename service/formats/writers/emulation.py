@@ -18,10 +18,28 @@ Where we depart from vLLM 0.33 (`_process_weights_emulation_gptq/_awq`), on purp
 
 from __future__ import annotations
 
-from service.formats.canonical import QuantizedMoELayer
+import torch
+
+from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
 from service.formats.writers import ConversionOptions, ConvertedLayer, dtype_name, finish
 
 BACKEND = "EMULATION"
+
+
+def dense(experts: QuantizedExperts, dtype: torch.dtype) -> torch.Tensor:
+    """`experts.dequantize(dtype)`, bit for bit, without its gathers when groups are plain.
+
+    Contiguous groups let scales and zero points broadcast over [E, N, G, group] views: the
+    same float32 subtract, multiply and single rounding, several times faster.
+    """
+    if experts.g_idx is not None:
+        return experts.dequantize(dtype).contiguous()
+    e, n, k = experts.codes.shape
+    groups = experts.num_groups
+    codes = experts.codes.reshape(e, n, groups, k // groups).to(torch.float32)
+    zeros = experts.zero_points().to(torch.float32).unsqueeze(-1)
+    scales = experts.scales.to(torch.float32).unsqueeze(-1)
+    return ((codes - zeros) * scales).to(dtype).reshape(e, n, k)
 
 
 def write_emulation(
@@ -30,8 +48,8 @@ def write_emulation(
     dtype = options.dense_dtype
     return finish(
         {
-            "w13_weight": layer.w13.dequantize(dtype).contiguous(),
-            "w2_weight": layer.w2.dequantize(dtype).contiguous(),
+            "w13_weight": dense(layer.w13, dtype),
+            "w2_weight": dense(layer.w2, dtype),
             "w13_bias": layer.w13.bias,
             "w2_bias": layer.w2.bias,
         },
