@@ -7,7 +7,7 @@ pure-torch reference `marlin_utils_test.marlin_weights`. Three families:
 - integration: our quantizer's random layer -> checkpoint tensors (GPTQ, AWQ,
   compressed-tensors) -> on one side vLLM's loaders and `process_weights_after_loading`, on
   the other our reader and writer;
-- convert: `convert_to_wna16_moe_kernel_format` called directly, for int8 activations,
+- convert: `convert_to_wna16_moe_kernel_format` called directly, for int8/fp8 activations,
   non-gated layers and the shapes where vLLM's choices are wrong;
 - repack: our weight repack against `marlin_weights` for all four tile layouts.
 
@@ -61,9 +61,19 @@ class Case:
     inter: int = 256
     gated: bool = True
     int8: bool = False
+    fp8: bool = False
     desc_act: bool = False
     dtype: str = "float16"
     departures: tuple[str, ...] = field(default=())
+
+    @property
+    def a8(self) -> bool:
+        """8-bit activations (int8 or fp8)."""
+        return self.int8 or self.fp8
+
+    @property
+    def activation_dtype(self) -> torch.dtype | None:
+        return torch.int8 if self.int8 else torch.float8_e4m3fn if self.fp8 else None
 
     @property
     def source(self) -> str:
@@ -82,7 +92,8 @@ class Case:
             f"i{self.inter}",
             *(["bias"] if self.bias else []),
             *([] if self.gated else ["nongated"]),
-            *(["a8"] if self.int8 else []),
+            *(["int8"] if self.int8 else []),
+            *(["fp8"] if self.fp8 else []),
             *(["act"] if self.desc_act else []),
             self.dtype,
         ]
@@ -95,7 +106,7 @@ def _vllm_scale_orders(case: Case) -> tuple[bool, bool]:
     It passes `size_k = I` for w13, and for AWQ's w2 the unpadded I (GPTQ/CT w2: the padded
     group count times the group size); grouped means `group_size < size_k`, 16-bit
     activations."""
-    if case.group == -1 or case.int8:
+    if case.group == -1 or case.a8:
         return False, False
     padded = layout_padded(case)
     w2_k = case.inter if case.source == "awq" else padded
@@ -104,7 +115,7 @@ def _vllm_scale_orders(case: Case) -> tuple[bool, bool]:
 
 def _our_scale_orders(case: Case) -> tuple[bool, bool]:
     """Grouped when the kernel sees more than one group: K / group_size > 1."""
-    if case.group == -1 or case.int8:
+    if case.group == -1 or case.a8:
         return False, False
     return case.hidden > case.group, layout_padded(case) > case.group
 
@@ -236,7 +247,28 @@ def _repack_cases() -> Iterator[Case]:
         yield Case("repack", bits=bits, int8=a8, hidden=512, inter=256)
 
 
-CASES = [*_integration_cases(), *_convert_cases(), *_repack_cases()]
+def _fp8_cases() -> Iterator[Case]:
+    # fp8 activations (VLLM_MARLIN_INPUT_DTYPE=fp8, SM89/SM120): int4 codes remapped around
+    # the zero point, scales x512, the 8-bit-activation layouts.
+    yield Case(
+        "convert", "auto_gptq", group=128, fp8=True, bias=True, departures=("gptq_sym_zeros",)
+    )
+    yield Case("convert", "auto_gptq", group=32, inter=96, fp8=True, departures=("gptq_sym_zeros",))
+    yield Case("convert", "compressed_tensors", group=-1, fp8=True)
+    yield Case("convert", "auto_awq", group=128, sym=False, fp8=True, bias=True)
+    yield Case("convert", "auto_awq", group=32, sym=False, inter=96, fp8=True)
+    # compressed-tensors with zero points: vLLM's GPTQ path remaps around 8, not the zero point.
+    yield Case(
+        "convert",
+        "compressed_tensors",
+        group=64,
+        sym=False,
+        fp8=True,
+        departures=("fp8_zero_points",),
+    )
+
+
+CASES = [*_integration_cases(), *_convert_cases(), *_fp8_cases(), *_repack_cases()]
 assert len({c.id for c in CASES}) == len(CASES)
 
 
@@ -284,14 +316,14 @@ def _vllm_entry(case: Case) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         tensors = write_checkpoint(LAYOUTS[case.source], layer, _quant(case))
         return {"case": "marlin_integration", "spec": spec}, tensors
     if case.family == "repack":
-        spec = {"bits": case.bits, "a8": case.int8}
+        spec = {"bits": case.bits, "a8": case.a8}
         return {"case": "marlin_repack", "spec": spec}, {"codes": layer.w13.codes}
     spec = {
         "source": case.source,
         "bits": case.bits,
         "group_size": case.group,
         "sym": case.sym,
-        "input_dtype": "int8" if case.int8 else None,
+        "input_dtype": "int8" if case.int8 else "fp8" if case.fp8 else None,
     }
     tensors = {}
     for name in ("w13", "w2"):
@@ -350,7 +382,7 @@ def _ours(case: Case) -> dict[str, torch.Tensor | None]:
         layer = read_layer(case.source, tensors, _quant(case), num_experts=E)
     return marlin_tensors(
         layer,
-        activation_dtype=torch.int8 if case.int8 else None,
+        activation_dtype=case.activation_dtype,
         backend=case.backend,
     )
 
@@ -397,7 +429,7 @@ def _check_departure(
                 for e in (layer.w13, layer.w2)
             )
         )
-        expected = marlin_tensors(stored, activation_dtype=torch.int8 if case.int8 else None)
+        expected = marlin_tensors(stored, activation_dtype=case.activation_dtype)
         for name in ("w13_qzeros", "w2_qzeros"):
             assert ours[name] is None
             assert torch.equal(theirs[name], expected[name])
@@ -422,6 +454,18 @@ def _check_departure(
         assert "w13_bias" not in theirs and "w2_bias" not in theirs
         assert ours["w13_bias"] is not None and ours["w2_bias"] is not None
         return {"w13_bias", "w2_bias"}
+    if departure == "fp8_zero_points":
+        # vLLM remaps codes as q - 8 (or 15 - q) whatever the zero point; we remap around it.
+        layer = _layer(case)
+        for name in ("w13", "w2"):
+            experts = getattr(layer, name)
+            remapped = layout.unpack_weights(
+                theirs[f"{name}_qweight"], 4, experts.n, experts.k, True
+            )
+            plain = torch.where(remapped <= 7, remapped + 8, 15 - remapped)
+            assert torch.equal(plain, experts.codes)
+            assert not torch.equal(theirs[f"{name}_qweight"], ours[f"{name}_qweight"])
+        return {"w13_qweight", "w2_qweight"}
     if departure == "int8_scales":
         # vLLM counts w2's unpadded groups (1) and leaves its scales as plain fp16.
         assert "w2_input_global_scale" not in theirs and ours["w2_input_global_scale"] is not None
@@ -457,7 +501,7 @@ def test_marlin_matches_vllm(case: Case, vllm_run: tuple[Path, dict[str, Any]]) 
     assert result["ok"], result
     theirs = _theirs(case, case_dir, result)
     if case.family == "repack":
-        ours_q = layout.repack_weights(_layer(case).w13.codes, case.bits, case.int8)
+        ours_q = layout.repack_weights(_layer(case).w13.codes, case.bits, case.a8)
         assert torch.equal(ours_q, theirs["qweight"])
         return
     ours = _ours(case)

@@ -264,9 +264,39 @@ def test_int8_activations() -> None:
         marlin_tensors(_layer(4, 64, True, scale_dtype=torch.float32), activation_dtype=torch.int8)
 
 
+@pytest.mark.parametrize(
+    ("group", "sym", "inter", "act"),
+    [
+        (128, True, 128, False),
+        (32, False, 96, False),
+        (-1, False, 128, False),
+        (64, True, 128, True),
+    ],
+)
+def test_fp8_activations_round_trip(group: int, sym: bool, inter: int, act: bool) -> None:
+    layer = _layer(4, group, sym, inter=inter, act=act, bias=True)
+    fp8 = torch.float8_e4m3fn
+    out = _present(marlin_tensors(layer, activation_dtype=fp8, act_order=act))
+    assert "w13_input_global_scale" not in out
+    back = unpack_marlin(
+        out, bits=4, group_size=group, intermediate_size=inter, activation_dtype=fp8
+    )
+    assert _same(back, layer)
+    # Symmetric codes become q - 8 (q >= 8) or 15 - q: the 8-bit-activation layout of those.
+    if sym and not act and inter == 128:
+        codes = layer.w13.codes
+        remapped = torch.where(codes >= 8, codes - 8, 15 - codes)
+        assert torch.equal(out["w13_qweight"], layout.repack_weights(remapped, 4, a8=True))
+        scales = layer.w13.scales * 512
+        expected = layout.permute_scales(scales.transpose(1, 2), grouped=False)
+        assert torch.equal(out["w13_scales"], expected)
+
+
 def test_unsupported_targets_say_why() -> None:
-    with pytest.raises(ConversionUnsupported, match="fp8"):
-        marlin_tensors(_layer(), activation_dtype=torch.float8_e4m3fn)
+    with pytest.raises(ConversionUnsupported, match="int4 weights only"):
+        marlin_tensors(_layer(8, 64, True), activation_dtype=torch.float8_e4m3fn)
+    with pytest.raises(ConversionUnsupported, match="no Marlin path"):
+        marlin_tensors(_layer(), activation_dtype=torch.float32)
     with pytest.raises(ConversionUnsupported, match="hidden size 192"):
         marlin_tensors(_layer(4, 64, True, hidden=192))
     with pytest.raises(ConversionUnsupported, match="group size 16"):

@@ -13,6 +13,11 @@ get the same tensors, those of vLLM 0.33.0's `convert_to_wna16_moe_kernel_format
   order plus the dequantizer's interleave, packed along N.
 - ``*_bias`` [E, N] in the channelwise order.
 
+`ConversionOptions.activation_dtype` picks the activation path (`VLLM_MARLIN_INPUT_DTYPE`):
+16-bit (the default); int8 (32x32 weight tiles, channelwise scale order, no zero-point
+interleave, int16 scales); fp8 (the same 8-bit layouts, int4 codes q remapped to q - z or
+15 - q around their zero point z, 8 when symmetric, and scales times 512).
+
 The intermediate size I is zero-padded to ``round_up(I, lcm(64, group))`` exactly where vLLM
 pads (`marlin_moe_padded_intermediate`): w13's gate and up shards each get padded output
 channels (codes, scales, zero points and bias all zero, so those outputs are zero), w2 gets
@@ -34,12 +39,16 @@ Where we depart from vLLM 0.33.0 (each checked by the exactness tests):
   crashes there; we pad the one shard.
 - GPTQ symmetric checkpoints carry v1 zero points that vLLM converts but the kernel never
   reads; we write none.
+- With fp8 activations vLLM's GPTQ/compressed-tensors path remaps codes around 8 even when
+  the layer has zero points; we remap around the zero point, as its AWQ path does for the
+  same zero-point kernel type.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
@@ -69,18 +78,63 @@ def padded_intermediate(intermediate_size: int, group_size: int) -> int:
     return -(-intermediate_size // unit) * unit
 
 
-def _activation_is_8bit(activation_dtype: torch.dtype | None, backend: str) -> bool:
-    if activation_dtype is None or activation_dtype in (torch.float16, torch.bfloat16):
-        return False
-    if activation_dtype == torch.int8:
-        return True
-    if activation_dtype == torch.float8_e4m3fn:
-        raise ConversionUnsupported(
-            backend,
-            "fp8 activations need vLLM's marlin_int4_fp8_preprocess weight transform, "
-            "which is not implemented here",
-        )
-    raise ConversionUnsupported(backend, f"no Marlin path for {activation_dtype} activations")
+@dataclass(frozen=True)
+class _ActivationPath:
+    """How the activation dtype the kernel will see changes the weights' layout.
+
+    - `a8`: 8-bit activations: the 32x32 weight tiles, the channelwise scale order for every
+      group size and no zero-point interleave;
+    - `int8_scales`: grouped scales as int16 relative to their maximum plus a global factor
+      (`marlin_act_int8_process_scales`);
+    - `fp8`: int4 codes remapped for fp8 arithmetic (`marlin_int4_fp8_preprocess`) and scales
+      times 512.
+    """
+
+    a8: bool = False
+    int8_scales: bool = False
+    fp8: bool = False
+
+
+_A16 = _ActivationPath()
+_ACTIVATION_PATHS: dict[torch.dtype | None, _ActivationPath] = {
+    None: _A16,
+    torch.float16: _A16,
+    torch.bfloat16: _A16,
+    torch.int8: _ActivationPath(a8=True, int8_scales=True),
+    torch.float8_e4m3fn: _ActivationPath(a8=True, fp8=True),
+}
+
+_FP8_SCALE_FACTOR = 512
+"""vLLM multiplies Marlin's scales by 512 for fp8 activations (undone by the fp8 dequant)."""
+
+
+def _activation_path(activation_dtype: torch.dtype | None, backend: str) -> _ActivationPath:
+    path = _ACTIVATION_PATHS.get(activation_dtype)
+    if path is None:
+        raise ConversionUnsupported(backend, f"no Marlin path for {activation_dtype} activations")
+    return path
+
+
+def _fp8_codes(experts: QuantizedExperts) -> torch.Tensor:
+    """`marlin_int4_fp8_preprocess`: code q with zero point z (8 when symmetric) becomes
+    q - z when q >= z, else 15 - q (a bijection on 0..15). vLLM applies it before padding,
+    so padded codes stay 0 (a zero weight in this encoding)."""
+    codes = experts.codes
+    if experts.zeros is None:
+        zero = torch.full((), 8, dtype=torch.uint8, device=codes.device)
+    else:
+        index = experts.group_index().unsqueeze(1).expand(-1, experts.n, -1)
+        zero = torch.gather(experts.zeros, 2, index)
+    return torch.where(codes >= zero, codes - zero, 15 - codes)
+
+
+def _fp8_codes_inverse(codes: torch.Tensor, zeros: torch.Tensor | None) -> torch.Tensor:
+    """Inverse of `_fp8_codes` for codes whose groups are contiguous along K."""
+    if zeros is None:
+        zero = torch.full((), 8, dtype=torch.uint8, device=codes.device)
+    else:
+        zero = zeros.repeat_interleave(codes.shape[2] // zeros.shape[2], dim=2)
+    return torch.where(codes <= 15 - zero, codes + zero, 15 - codes)
 
 
 def _pad(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
@@ -134,7 +188,7 @@ def _act_order_sort(experts: QuantizedExperts, name: str, backend: str) -> torch
 
 
 class _Projection:
-    """One projection's Marlin tensors, built from padded canonical data."""
+    """One projection's Marlin tensors, built from padded (and sorted) canonical data."""
 
     def __init__(
         self,
@@ -144,22 +198,21 @@ class _Projection:
         scales: torch.Tensor,
         zeros: torch.Tensor | None,
         bias: torch.Tensor | None,
-        a8: bool,
+        path: _ActivationPath,
     ) -> None:
         groups = int(scales.shape[2])
-        self.qweight = layout.repack_weights(codes, bits, a8)
-        k_first = scales.transpose(1, 2)
+        self.qweight = layout.repack_weights(codes, bits, path.a8)
         # The kernel reads a single group (channelwise) in the 32-wide order, and so does
-        # every int8-activation layout.
-        grouped = groups > 1 and not a8
-        self.scales = layout.permute_scales(k_first, grouped)
+        # every 8-bit-activation layout.
+        grouped = groups > 1 and not path.a8
+        self.scales = layout.permute_scales(scales.transpose(1, 2), grouped)
         self.input_global_scale: torch.Tensor | None = None
-        if a8 and groups > 1:
+        if path.int8_scales and groups > 1:
             self.scales, self.input_global_scale = _int8_activation_scales(self.scales)
         self.zeros = (
             None
             if zeros is None
-            else layout.pack_zero_points(zeros.transpose(1, 2).contiguous(), bits, a8)
+            else layout.pack_zero_points(zeros.transpose(1, 2).contiguous(), bits, path.a8)
         )
         self.bias = None if bias is None else layout.permute_bias(bias)
 
@@ -185,8 +238,10 @@ def marlin_tensors(
 ) -> dict[str, torch.Tensor | None]:
     """The Marlin tensors of `layer`, by vLLM's parameter names (None where absent)."""
     w13, w2 = layer.w13, layer.w2
-    a8 = _activation_is_8bit(activation_dtype, backend)
+    path = _activation_path(activation_dtype, backend)
     bits, group = w13.bits, w13.group_size
+    if path.fp8 and bits != 4:
+        raise ConversionUnsupported(backend, "fp8 activations take int4 weights only")
     if group != w2.group_size:
         raise FormatError("w2", f"group size {w2.group_size} differs from w13's {group}")
     if w13.symmetric != w2.symmetric:
@@ -220,6 +275,8 @@ def marlin_tensors(
     projections: dict[str, _Projection] = {}
     for name, experts, sort in (("w13", w13, sorts[0]), ("w2", w2, sorts[1])):
         codes, scales, zeros, bias = experts.codes, experts.scales, experts.zeros, experts.bias
+        if path.fp8:
+            codes, scales = _fp8_codes(experts), scales * _FP8_SCALE_FACTOR
         if name == "w13":
             codes = _pad_shards(codes, shards, padded)
             scales = _pad_shards(scales, shards, padded)
@@ -234,7 +291,7 @@ def marlin_tensors(
             index = sort.unsqueeze(1).expand(-1, codes.shape[1], -1)
             codes = torch.gather(codes, 2, index)
         projections[name] = _Projection(
-            bits, codes=codes, scales=scales, zeros=zeros, bias=bias, a8=a8
+            bits, codes=codes, scales=scales, zeros=zeros, bias=bias, path=path
         )
     for field in ("qweight", "scales", "zeros", "input_global_scale", "bias"):
         suffix = {"zeros": "qzeros"}.get(field, field)
@@ -286,19 +343,22 @@ def _unpack_projection(
     group_size: int,
     size_n: int,
     size_k: int,
-    a8: bool,
+    path: _ActivationPath,
 ) -> QuantizedExperts:
-    codes = layout.unpack_weights(tensors[f"{name}_qweight"], bits, size_n, size_k, a8)
+    codes = layout.unpack_weights(tensors[f"{name}_qweight"], bits, size_n, size_k, path.a8)
     scales = tensors[f"{name}_scales"]
     groups = int(scales.shape[1])
     gscale = tensors.get(f"{name}_input_global_scale")
     if gscale is not None:
         # int16 relative scales: only approximately the original ones.
         scales = (scales.view(torch.int16).float() * gscale).to(scales.dtype)
-    scales = layout.unpermute_scales(scales, groups > 1 and not a8).transpose(1, 2)
+    scales = layout.unpermute_scales(scales, groups > 1 and not path.a8).transpose(1, 2)
     zeros = tensors.get(f"{name}_qzeros")
     if zeros is not None:
-        zeros = layout.unpack_zero_points(zeros, bits, a8).transpose(1, 2)
+        zeros = layout.unpack_zero_points(zeros, bits, path.a8).transpose(1, 2)
+    if path.fp8:
+        codes = _fp8_codes_inverse(codes, zeros)
+        scales = scales / _FP8_SCALE_FACTOR
     bias = tensors.get(f"{name}_bias")
     if bias is not None:
         bias = layout.unpermute_bias(bias)
@@ -331,20 +391,20 @@ def unpack_marlin(
 ) -> QuantizedMoELayer:
     """Marlin tensors (as `marlin_tensors` names them) -> the canonical layer, padding removed.
 
-    Exact for 16-bit activations; with int8 activations grouped scales come back only as
-    accurately as their int16 form holds them.
+    Exact for 16-bit and fp8 activations; with int8 activations grouped scales come back only
+    as accurately as their int16 form holds them.
     """
-    a8 = _activation_is_8bit(activation_dtype, "MARLIN")
+    path = _activation_path(activation_dtype, "MARLIN")
     w13_q, w2_q = tensors["w13_qweight"], tensors["w2_qweight"]
     hidden = int(w13_q.shape[1]) * layout.TILE
     padded = int(w2_q.shape[1]) * layout.TILE
     w13_n = int(w13_q.shape[2]) * 32 // (bits * layout.TILE)
     shards = w13_n // padded
     w13 = _unpack_projection(
-        tensors, "w13", bits=bits, group_size=group_size, size_n=w13_n, size_k=hidden, a8=a8
+        tensors, "w13", bits=bits, group_size=group_size, size_n=w13_n, size_k=hidden, path=path
     )
     w2 = _unpack_projection(
-        tensors, "w2", bits=bits, group_size=group_size, size_n=hidden, size_k=padded, a8=a8
+        tensors, "w2", bits=bits, group_size=group_size, size_n=hidden, size_k=padded, path=path
     )
     if padded != intermediate_size:
         w13 = _strip_w13(w13, shards, intermediate_size)

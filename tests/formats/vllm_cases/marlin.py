@@ -5,8 +5,10 @@ vLLM repacks Marlin weights only with a CUDA op (`gptq_marlin_moe_repack`,
 pure-torch reference: vLLM's own unpackers recover each expert's codes from the packed words
 (`unpack_quantized_values_into_int32` along K for GPTQ/compressed-tensors, `unpack_cols` plus
 the inverse AWQ order for AWQ), then `marlin_utils_test.marlin_weights` lays them out, which
-is what vLLM's repack tests hold the CUDA op to. Everything else (padding, scale and zero
-point permutations, int8-activation scales, bias) is vLLM's code, run as is.
+is what vLLM's repack tests hold the CUDA op to. The fp8-activation code remap
+(`marlin_int4_fp8_preprocess`, also CUDA-only) is replaced by the torch statement of it in
+`marlin_utils_test.awq_marlin_quantize`. Everything else (padding, scale and zero-point
+permutations, int8-activation scales, bias) is vLLM's code, run as is.
 
 Cases:
 
@@ -14,11 +16,12 @@ Cases:
   integration's loaders and `process_weights_after_loading`) with the repack references in
   place; same spec, backend ``MARLIN`` or ``BATCHED_MARLIN``.
 - ``marlin_convert``: `convert_to_wna16_moe_kernel_format` called directly, for what the
-  integrations cannot be asked here (int8 activations, non-gated layers). Spec: ``source``
-  (gptq | awq | compressed-tensors), ``bits``, ``group_size``, ``sym``, ``input_dtype``
-  (null | "int8"). Inputs: canonical ``<w13|w2>.<codes|scales|zeros|bias>`` (codes uint8
-  [E, N, K], scales [E, N, G], real zero points uint8 [E, N, G]), packed here with vLLM's own
-  packers (`pack_rows`, `pack_cols`, `awq_pack`) into what each integration hands over.
+  integrations cannot be asked here (int8/fp8 activations, non-gated layers). Spec:
+  ``source`` (gptq | awq | compressed-tensors), ``bits``, ``group_size``, ``sym``,
+  ``input_dtype`` (null | "int8" | "fp8"). Inputs: canonical
+  ``<w13|w2>.<codes|scales|zeros|bias>`` (codes uint8 [E, N, K], scales [E, N, G], real zero
+  points uint8 [E, N, G]), packed here with vLLM's own packers (`pack_rows`, `pack_cols`,
+  `awq_pack`) into what each integration hands over.
 - ``marlin_repack``: `marlin_weights` per expert of ``codes`` (uint8 [E, N, K]) for spec
   ``bits`` and ``a8`` (the 8-bit-activation layout).
 """
@@ -64,7 +67,7 @@ def _reference_repack(codes: torch.Tensor, bits: int, a8: bool) -> torch.Tensor:
 
 @contextmanager
 def repack_references() -> Iterator[None]:
-    """Swap vLLM's CUDA Marlin MoE repacks for their pure-torch reference."""
+    """Swap vLLM's CUDA-only Marlin weight ops for pure-torch references."""
     from vllm import _custom_ops as ops
     from vllm.model_executor.layers.quantization.utils.quant_utils import (
         unpack_cols,
@@ -97,12 +100,35 @@ def repack_references() -> Iterator[None]:
         )
         return _reference_repack(codes, num_bits, is_a_8bit)
 
-    saved = (ops.gptq_marlin_moe_repack, ops.awq_marlin_moe_repack)
+    def fp8_preprocess(
+        qweight: torch.Tensor, qzeros_or_none: torch.Tensor | None = None, inplace: bool = False
+    ) -> torch.Tensor:
+        """`marlin_int4_fp8_preprocess` on int4 words: the remap `awq_marlin_quantize` states
+        in torch (q - zp, or 15 - q where that is negative), zp = 8 without zero points."""
+        shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+        q = (qweight.unsqueeze(-1) >> shifts) & 0xF
+        if qzeros_or_none is None:
+            zp = torch.full_like(q, 8)
+        else:
+            group = qweight.shape[0] // qzeros_or_none.shape[0]
+            zp = ((qzeros_or_none.unsqueeze(-1) >> shifts) & 0xF).repeat_interleave(group, 0)
+        new = q - zp
+        new[new < 0] = 15 - q[new < 0]
+        words = (new << shifts).sum(-1, dtype=torch.int64).to(torch.uint32).view(torch.int32)
+        if inplace:
+            qweight.copy_(words)
+            return qweight
+        return words
+
+    saved = (ops.gptq_marlin_moe_repack, ops.awq_marlin_moe_repack, ops.marlin_int4_fp8_preprocess)
     ops.gptq_marlin_moe_repack, ops.awq_marlin_moe_repack = gptq, awq
+    ops.marlin_int4_fp8_preprocess = fp8_preprocess
     try:
         yield
     finally:
-        ops.gptq_marlin_moe_repack, ops.awq_marlin_moe_repack = saved
+        (ops.gptq_marlin_moe_repack, ops.awq_marlin_moe_repack, ops.marlin_int4_fp8_preprocess) = (
+            saved
+        )
 
 
 @contextmanager
@@ -221,7 +247,7 @@ def marlin_convert(spec: Mapping[str, Any], inputs: dict[str, torch.Tensor]) -> 
         num_groups_w2=1 if group == -1 else inter // group,
     )
     args = _handed_over(spec, inputs)
-    input_dtype = {None: None, "int8": torch.int8}[spec["input_dtype"]]
+    input_dtype = {None: None, "int8": torch.int8, "fp8": torch.float8_e4m3fn}[spec["input_dtype"]]
     with repack_references():
         result = convert_to_wna16_moe_kernel_format(
             WNA16MoEBackend.MARLIN,
