@@ -19,6 +19,7 @@ import mmap
 import os
 import secrets
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -239,6 +240,16 @@ def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None
         fsync_dir(path.parent)
 
 
+def sha256_of(data: memoryview) -> str:
+    digest = hashlib.sha256()
+    for offset in range(0, len(data), WRITE_SLICE):
+        digest.update(data[offset : offset + WRITE_SLICE])
+    return digest.hexdigest()
+
+
+_HASHERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sha256")
+
+
 class SafetensorsWriter:
     """Writes one safetensors file: the header from `plans`, then each tensor's data in
     plan order. `commit()` makes it appear; leaving the `with` block by an exception (or
@@ -292,13 +303,13 @@ class SafetensorsWriter:
             raise ValueError(
                 f"expected {plan.name} ({plan.nbytes} bytes), got {name} ({len(view)} bytes)"
             )
-        digest = hashlib.sha256()
+        # Hash in a helper thread while this one writes: both release the GIL, so a large
+        # tensor costs max(hash, write) rather than their sum.
+        digest = _HASHERS.submit(sha256_of, view) if len(view) >= WRITE_SLICE else None
         for offset in range(0, len(view), WRITE_SLICE):
-            part = view[offset : offset + WRITE_SLICE]
-            digest.update(part)
-            self._write(part)
+            self._write(view[offset : offset + WRITE_SLICE])
         self._next += 1
-        self.sha256[name] = digest.hexdigest()
+        self.sha256[name] = digest.result() if digest is not None else sha256_of(view)
         return self.sha256[name]
 
     def commit(self) -> None:
@@ -347,11 +358,8 @@ def hash_tensors(path: Path, names: Iterable[str] | None = None) -> dict[str, st
         for name in wanted:
             if name not in file.entries:
                 continue
-            digest = hashlib.sha256()
             view = file.raw(name)
-            for offset in range(0, len(view), WRITE_SLICE):
-                digest.update(view[offset : offset + WRITE_SLICE])
-            out[name] = digest.hexdigest()
+            out[name] = sha256_of(view)
             del view
         return out
 

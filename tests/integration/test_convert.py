@@ -403,3 +403,32 @@ def test_path_mode_needs_a_data_root(server_factory: Any) -> None:
         convert_checkpoint_remote(Connection(plain.address, timeout=30), header)
     assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
     assert "data root" in caught.value.details()
+
+
+def test_cancelled_checkpoint_conversion_resumes(
+    paths: dict[str, Any], server: ServerProcess, connection: Connection
+) -> None:
+    spec = SyntheticSpec(num_layers=6, num_experts=8, hidden_size=512, intermediate_size=512)
+    write_synthetic_checkpoint(paths["root"] / "bigger", spec)
+    header = header_for(backend="TRITON", checkpoint=("bigger", "out/cancelled"))
+    with server.channel() as channel:
+        call = pb_grpc.MoeControlServiceStub(channel).ConvertWeights(
+            iter([pb.ConvertWeightsRequest(header=header)]), timeout=60
+        )
+        for response in call:
+            if response.progress.stage == "converted":
+                call.cancel()
+                break
+    out = paths["root"] / "out" / "cancelled"
+
+    def temp_files() -> list[Path]:
+        return [p for p in out.rglob("*") if ".tmp-" in p.name]
+
+    deadline = time.monotonic() + 10
+    while temp_files() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert temp_files() == []
+    summary = convert_checkpoint_remote(connection, header)
+    assert summary.layers_converted + summary.layers_skipped == 6
+    assert summary.layers_skipped >= 1, "the finished layer was not kept"
+    assert (out / MANIFEST_NAME).exists()
