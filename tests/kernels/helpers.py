@@ -14,6 +14,10 @@ import torch
 from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
 from service.kernels.interface import LayerSpec
 
+#: Where the Triton kernels run in these tests: the GPU when there is one, else the CPU
+#: under TRITON_INTERPRET=1 (conftest.py switches it on).
+KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
 
 def random_experts(
     gen: torch.Generator,

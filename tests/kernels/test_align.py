@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from service.kernels.align import align_block_size, max_padded_size
+from service.kernels.align import Alignment, align_block_size, max_padded_size
 from service.kernels.errors import KernelInputError
+from tests.kernels.helpers import KERNEL_DEVICE
 
 
 def _reference(ids: torch.Tensor, bs: int, e: int) -> tuple[list[int], list[int], int]:
@@ -25,6 +26,19 @@ def _reference(ids: torch.Tensor, bs: int, e: int) -> tuple[list[int], list[int]
     size = max_padded_size(n, e, bs)
     blocks = -(-size // bs)
     return sorted_ids + [n] * (size - total), expert_ids + [-1] * (blocks - len(expert_ids)), total
+
+
+def _align(ids: torch.Tensor, bs: int, e: int, impl: str) -> Alignment:
+    """Triton runs where the kernels run (GPU, or CPU interpreted); results come back to CPU."""
+    device = KERNEL_DEVICE if impl == "triton" else torch.device("cpu")
+    got = align_block_size(ids.to(device), bs, e, impl=impl)
+    return Alignment(
+        got.sorted_ids.cpu(),
+        got.expert_ids.cpu(),
+        got.num_tokens_post_padded.cpu(),
+        got.block_size,
+        got.num_routes,
+    )
 
 
 def _routing(m: int, e: int, k: int, seed: int) -> torch.Tensor:
@@ -50,7 +64,7 @@ CASES = [
 @pytest.mark.parametrize(("m", "e", "k", "bs"), CASES)
 def test_matches_reference(impl: str, m: int, e: int, k: int, bs: int) -> None:
     ids = _routing(m, e, k, seed=m + e)
-    got = align_block_size(ids, bs, e, impl=impl)
+    got = _align(ids, bs, e, impl)
     sorted_ids, expert_ids, total = _reference(ids, bs, e)
     assert got.sorted_ids.tolist() == sorted_ids
     assert got.expert_ids.tolist() == expert_ids
@@ -61,7 +75,7 @@ def test_matches_reference(impl: str, m: int, e: int, k: int, bs: int) -> None:
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 def test_vllm_docstring_example(impl: str) -> None:
     ids = torch.tensor([[2, 3, 4], [1, 2, 4], [1, 3, 4], [1, 2, 3]], dtype=torch.int32)
-    got = align_block_size(ids, 4, 5, impl=impl)
+    got = _align(ids, 4, 5, impl)
     want = [3, 6, 9, 12, 0, 4, 10, 12, 1, 7, 11, 12, 2, 5, 8, 12]
     assert got.sorted_ids.tolist()[:16] == want
     assert got.expert_ids.tolist()[:4] == [1, 2, 3, 4]
@@ -71,14 +85,14 @@ def test_vllm_docstring_example(impl: str) -> None:
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 def test_out_of_range_ids_are_skipped(impl: str) -> None:
     ids = torch.tensor([[0, 9], [-1, 1], [1, 0]], dtype=torch.int32)
-    got = align_block_size(ids, 2, 4, impl=impl)
+    got = _align(ids, 2, 4, impl)
     assert got.sorted_ids.tolist()[:4] == [0, 5, 3, 4]
     assert got.num_tokens_post_padded.item() == 4
     # The same on the three-kernel path: out-of-range ids take no slot.
     many = _routing(700, 8, 2, seed=1)
     many[::7, 0] = 8
     many[::5, 1] = -3
-    got = align_block_size(many, 16, 8, impl=impl)
+    got = _align(many, 16, 8, impl)
     valid = many.clone()
     valid[(many < 0) | (many >= 8)] = 99
     sorted_ids, expert_ids, total = _reference(valid, 16, 8)

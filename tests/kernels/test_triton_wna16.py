@@ -24,7 +24,14 @@ from service.kernels.triton_wna16 import (
     choose_config,
     fit_block_k,
 )
-from tests.kernels.helpers import pack_triton, random_layer, random_routing, rel_err, triton_spec
+from tests.kernels.helpers import (
+    KERNEL_DEVICE,
+    pack_triton,
+    random_layer,
+    random_routing,
+    rel_err,
+    triton_spec,
+)
 
 TOL = {torch.bfloat16: 1e-2, torch.float16: 3e-3}
 
@@ -44,9 +51,11 @@ def _check(
     x = (torch.randn(m, h, generator=gen) * 2).to(dtype)
     ids, weights = random_routing(gen, m, layer.w13.num_experts, top_k)
     triton_backend = TritonWNA16Experts(config, poison_workspace=True)
-    triton_backend.prepare(pack_triton(layer), triton_spec(layer))
-    out = torch.full((m, h), float("nan"), dtype=dtype)
-    got = triton_backend.forward(x, ids, weights, activation, out=out)
+    tensors = {name: t.to(KERNEL_DEVICE) for name, t in pack_triton(layer).items()}
+    triton_backend.prepare(tensors, triton_spec(layer))
+    out = torch.full((m, h), float("nan"), dtype=dtype, device=KERNEL_DEVICE)
+    dev = KERNEL_DEVICE
+    got = triton_backend.forward(x.to(dev), ids.to(dev), weights.to(dev), activation, out=out)
     assert got is out
     assert not got.isnan().any(), "an output element was left unwritten"
     reference = EmulationExperts()
@@ -163,7 +172,7 @@ def test_fit_block_k() -> None:
 def test_prepare_rejects_bad_tensors() -> None:
     layer = random_layer(1, 4, 64, 32, bits=4, group_size=32, zero_points=True)
     spec = triton_spec(layer)
-    tensors = pack_triton(layer)
+    tensors = {name: t.to(KERNEL_DEVICE) for name, t in pack_triton(layer).items()}
     with pytest.raises(KernelInputError) as info:
         TritonWNA16Experts().prepare({**tensors, "w2_scales": tensors["w2_scales"][:, :, :0]}, spec)
     assert info.value.field == "w2_scales"
@@ -183,10 +192,15 @@ def test_prepare_rejects_bad_tensors() -> None:
 def test_bad_forward_input_is_rejected_before_launch() -> None:
     layer = random_layer(1, 4, 64, 32, bits=4, group_size=32)
     backend = TritonWNA16Experts()
-    backend.prepare(pack_triton(layer), triton_spec(layer))
+    dev = KERNEL_DEVICE
+    backend.prepare({n: t.to(dev) for n, t in pack_triton(layer).items()}, triton_spec(layer))
     ids, weights = random_routing(torch.Generator().manual_seed(0), 2, 4, 2)
+    ids, weights = ids.to(dev), weights.to(dev)
     with pytest.raises(KernelInputError) as info:
-        backend.forward(torch.randn(2, 32).bfloat16(), ids, weights)
+        backend.forward(torch.randn(2, 32, device=dev).bfloat16(), ids, weights)
     assert info.value.field == "hidden_states"
     with pytest.raises(KernelInputError):
-        backend.forward(torch.randn(2, 64).bfloat16(), ids, weights, "relu2_no_mul")
+        backend.forward(torch.randn(2, 64, device=dev).bfloat16(), ids, weights, "relu2_no_mul")
+    with pytest.raises(KernelInputError) as info:
+        backend.forward(torch.randn(2, 64, device=dev).bfloat16(), ids, weights.double())
+    assert info.value.field == "topk_weights"
