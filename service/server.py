@@ -11,10 +11,13 @@ stops accepting and gives in-flight RPCs `grace_s`, then the workers stop, then 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
+import os
 import signal
 import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +31,8 @@ from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.interceptors import ServerInterceptor
 from service.api.servicer import MoeControlServicer, add_to_server
 from service.logs import configure_logging
-from service.metrics import Metrics
+from service.metrics import Metrics, enable_multiprocess
+from service.replica import ReplicaSet, settings_to_json
 from service.settings import Settings
 from service.worker.supervisor import SupervisorConfig, WorkerHandle, WorkerPool, discover_devices
 
@@ -64,15 +68,24 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
 
 
 class MoeControlServer:
-    """One gRPC server process with its workers and metrics endpoint."""
+    """The primary gRPC server process with its workers, metrics endpoint and replicas.
 
-    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+    `runtime_dir` (private to this server) turns on replicas (replica.py): with it, the
+    server runs `settings.process_count()` processes on its port and listens for their
+    forwarded calls on a Unix socket there; `metrics` must then be in multiprocess mode."""
+
+    def __init__(
+        self, settings: Settings, metrics: Metrics | None = None, *, runtime_dir: str | None = None
+    ) -> None:
         self.settings = settings
         self.metrics = metrics if metrics is not None else Metrics()
         self.health = health.aio.HealthServicer()
         self.pool: WorkerPool | None = None
         self.server: grpc.aio.Server | None = None
         self.servicer: MoeControlServicer | None = None
+        self.replicas: ReplicaSet | None = None
+        self.internal: grpc.aio.Server | None = None
+        self._runtime_dir = runtime_dir
         self._metrics_http: Any = None
         self._stopping = False
         self._health_tasks: set[asyncio.Task[None]] = set()
@@ -86,12 +99,33 @@ class MoeControlServer:
         for _ in range(worker.restarts - counted):
             self.metrics.count_worker_restart(worker.index, worker.device)
         self._restarts_counted[worker.index] = worker.restarts
+        if self.replicas is not None:
+            self.replicas.publish(self._state())
         task = asyncio.create_task(self._publish_readiness())
         self._health_tasks.add(task)
         task.add_done_callback(self._health_tasks.discard)
 
+    def _ready(self) -> bool:
+        return self.pool is not None and self.pool.ready and not self._stopping
+
+    def _state(self) -> dict[str, Any]:
+        """The workers as replicas need them: readiness and each worker's profile."""
+        workers = [] if self.pool is None else self.pool.workers
+        return {
+            "ready": self._ready(),
+            "workers": [
+                {
+                    "device": w.device,
+                    "state": str(w.state),
+                    "ready": w.ready,
+                    "profile": w.profile.to_json() if w.profile is not None else None,
+                }
+                for w in workers
+            ],
+        }
+
     async def _publish_readiness(self) -> None:
-        ready = self.pool is not None and self.pool.ready and not self._stopping
+        ready = self._ready()
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if ready
@@ -128,8 +162,9 @@ class MoeControlServer:
             self.metrics.set_worker_ready(worker.index, worker.device, False)
 
         token = s.token()
+        processes = s.process_count() if self._runtime_dir is not None else 1
         self.server = grpc.aio.server(
-            options=s.grpc_options(),
+            options=s.grpc_options(reuseport=processes > 1),
             maximum_concurrent_rpcs=s.max_concurrent_rpcs or None,
         )
         self.servicer = MoeControlServicer(self.pool, self.metrics, s)
@@ -153,6 +188,8 @@ class MoeControlServer:
             raise OSError(f"cannot listen on {address}")
         await self.server.start()
         self.pool.start()
+        if processes > 1:
+            await self._start_replicas(processes - 1, port, token)
         grpc_address = f"{_host_for_url(s.host)}:{port}"
         log.info(
             "serving",
@@ -164,20 +201,51 @@ class MoeControlServer:
                 "auth": token is not None,
                 "metrics": metrics_url,
                 "devices": devices,
+                "processes": processes,
                 "version": __version__,
             },
         )
         return Endpoints(grpc_address, metrics_url)
 
+    async def _start_replicas(self, count: int, port: int, token: str | None) -> None:
+        """The private endpoint for forwarded calls (counted by the replica that took them,
+        so not here), then the replicas, which listen on `port` too."""
+        assert self._runtime_dir is not None and self.servicer is not None
+        s = self.settings
+        target = f"unix:{os.path.join(self._runtime_dir, 'primary.sock')}"
+        self.internal = grpc.aio.server(options=s.grpc_options())
+        registrar = ServerInterceptor(None, token=token).registrar(self.internal)
+        add_to_server(self.servicer, registrar)
+        registrar.install()
+        if self.internal.add_insecure_port(target) == 0:
+            raise OSError(f"cannot listen on {target}")
+        await self.internal.start()
+        self.replicas = ReplicaSet(
+            count,
+            {"settings": settings_to_json(s), "port": port, "internal": target},
+            env=os.environ,
+            restart_backoff_s=s.worker_restart_backoff_s,
+        )
+        self.replicas.publish(self._state())
+        await self.replicas.start()
+
     async def stop(self) -> None:
-        """Drain and stop, in order: health, gRPC (with grace), workers, /metrics."""
+        """Drain and stop, in order: health, gRPC (with grace; replicas drain at the same
+        time), the replicas' private endpoint, workers, /metrics."""
         if self._stopping:
             return
         self._stopping = True
         log.info("shutting down", extra={"event": "shutdown", "grace_s": self.settings.grace_s})
         await self.health.enter_graceful_shutdown()
+        replicas = None
+        if self.replicas is not None:
+            replicas = asyncio.create_task(self.replicas.stop(self.settings.grace_s))
         if self.server is not None:
             await self.server.stop(self.settings.grace_s)
+        if replicas is not None:
+            await replicas
+        if self.internal is not None:
+            await self.internal.stop(self.settings.grace_s)
         if self.pool is not None:
             await self.pool.stop()
         if self.servicer is not None:
@@ -208,7 +276,19 @@ def _host_for_url(host: str) -> str:
 
 async def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
-    server = MoeControlServer(settings)
+    with contextlib.ExitStack() as stack:
+        runtime_dir = None
+        metrics = None
+        if settings.process_count() > 1:
+            runtime_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="moe-control-"))
+            metrics_dir = os.path.join(runtime_dir, "metrics")
+            os.mkdir(metrics_dir)
+            enable_multiprocess(metrics_dir)
+            metrics = Metrics(multiprocess_dir=metrics_dir)
+        await _serve(MoeControlServer(settings, metrics, runtime_dir=runtime_dir))
+
+
+async def _serve(server: MoeControlServer) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

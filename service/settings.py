@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,13 @@ class Settings:
     max_concurrent_rpcs: int = field(
         default=512,
         metadata=_doc("RPCs served at once; more get RESOURCE_EXHAUSTED (0: no limit)"),
+    )
+    server_processes: int = field(
+        default=0,
+        metadata=_doc(
+            "gRPC server processes sharing the port (SO_REUSEPORT), each with its own event "
+            "loop (0: one per CPU core this process may use)"
+        ),
     )
     select_cache_mib: int = field(
         default=32,
@@ -139,7 +147,7 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive")
-        for name in ("max_concurrent_rpcs", "select_cache_mib"):
+        for name in ("max_concurrent_rpcs", "server_processes", "select_cache_mib"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -174,6 +182,14 @@ class Settings:
     @property
     def tls_enabled(self) -> bool:
         return self.tls_cert is not None
+
+    def process_count(self) -> int:
+        """How many gRPC server processes to run: `server_processes`, or for 0 the CPU
+        cores this process may use (its affinity, bounded by a cgroup CPU quota: a pod
+        limited to 2 CPUs on a 64-core node runs 2)."""
+        if self.server_processes:
+            return self.server_processes
+        return usable_cpus()
 
     def token(self) -> str | None:
         """The bearer token, read from auth_token_file when that is how it was given."""
@@ -262,6 +278,21 @@ class Settings:
                 continue
             values[f.name] = _convert(f, raw, source)
         return cls(**values)
+
+
+def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """CPU cores this process may use: its affinity, bounded by the cgroup v2 quota."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
 
 
 def _kind(f: dataclasses.Field[Any]) -> type:

@@ -20,9 +20,11 @@ from google.protobuf.message import DecodeError
 
 from service.api import codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+from service.api.generated.moe_control.v1 import platform_pb2
 from service.metrics import Metrics
 from service.oracle import (
     DEFAULT_RULESET,
+    PLATFORM_PRESETS,
     InvalidSpecError,
     PlatformProfile,
     SelectionError,
@@ -107,6 +109,12 @@ class Selection:
         self._platforms = platforms
         self._metrics = metrics
         self.cache = AnswerCache(cache_bytes) if cache_bytes > 0 else None
+        self.presets = pb.ListPlatformPresetsResponse(
+            presets=[
+                platform_pb2.PlatformPreset(name=name, profile=codec.platform_to_pb(profile))
+                for name, profile in sorted(PLATFORM_PRESETS.items())
+            ]
+        )
 
     def answer(self, request: pb.SelectBackendRequest) -> pb.SelectBackendResponse:
         """The response to a request, counted in the metrics; domain errors propagate."""
@@ -165,6 +173,19 @@ class Selection:
             cache.put(data, CachedAnswer(generation, payload, counters))
         return payload
 
+    async def list_platform_presets(
+        self, request: pb.ListPlatformPresetsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ListPlatformPresetsResponse:
+        return self.presets
+
     def handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
-        """MoeControlService methods served here, by name (SelectBackend on bytes)."""
-        return {"SelectBackend": grpc.unary_unary_rpc_method_handler(self.select_backend_bytes)}
+        """The MoeControlService methods that need no worker, by name (SelectBackend on
+        bytes): what a replica process serves itself."""
+        return {
+            "SelectBackend": grpc.unary_unary_rpc_method_handler(self.select_backend_bytes),
+            "ListPlatformPresets": grpc.unary_unary_rpc_method_handler(
+                self.list_platform_presets,
+                request_deserializer=pb.ListPlatformPresetsRequest.FromString,
+                response_serializer=pb.ListPlatformPresetsResponse.SerializeToString,
+            ),
+        }

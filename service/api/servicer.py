@@ -20,7 +20,6 @@ from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as
 from service.api.generated.moe_control.v1 import platform_pb2
 from service.api.selection import MIB, Selection
 from service.metrics import Metrics
-from service.oracle import PLATFORM_PRESETS
 from service.settings import Settings
 from service.worker.supervisor import WorkerPool, WorkerSnapshot, WorkerState
 
@@ -71,12 +70,6 @@ class MoeControlServicer(pb_grpc.MoeControlServiceServicer):
         settings = settings or Settings()
         self.selection = Selection(workers, metrics, cache_bytes=settings.select_cache_mib * MIB)
         self.convert = ConvertWeightsHandler(workers, metrics, settings)
-        self._presets = pb.ListPlatformPresetsResponse(
-            presets=[
-                platform_pb2.PlatformPreset(name=name, profile=codec.platform_to_pb(profile))
-                for name, profile in sorted(PLATFORM_PRESETS.items())
-            ]
-        )
 
     async def SelectBackend(
         self, request: pb.SelectBackendRequest, context: Context
@@ -102,7 +95,7 @@ class MoeControlServicer(pb_grpc.MoeControlServiceServicer):
     async def ListPlatformPresets(
         self, request: pb.ListPlatformPresetsRequest, context: Context
     ) -> pb.ListPlatformPresetsResponse:
-        return self._presets
+        return self.selection.presets
 
     async def ListWorkers(
         self, request: pb.ListWorkersRequest, context: Context

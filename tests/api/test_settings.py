@@ -73,3 +73,20 @@ def test_every_setting_is_documented_in_the_readme() -> None:
         if Settings.env_name(f.name) not in readme
     ]
     assert not missing, f"README lacks {missing}"
+
+
+def test_server_processes_default_to_the_usable_cores(tmp_path: Path) -> None:
+    from service.settings import usable_cpus
+
+    assert Settings(server_processes=3).process_count() == 3
+    assert Settings().process_count() == usable_cpus() >= 1
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("150000 100000\n")  # 1.5 CPUs: 2 processes
+    assert usable_cpus(cpu_max) == min(2, usable_cpus(tmp_path / "none"))
+    cpu_max.write_text("max 100000\n")
+    assert usable_cpus(cpu_max) == usable_cpus(tmp_path / "none")
+    with pytest.raises(SettingsError):
+        Settings(server_processes=-1)
+    options = dict(Settings().grpc_options(reuseport=True))
+    assert options["grpc.so_reuseport"] == 1
+    assert dict(Settings().grpc_options())["grpc.so_reuseport"] == 0

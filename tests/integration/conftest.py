@@ -30,8 +30,9 @@ def server_factory() -> Iterator[Callable[..., ServerProcess]]:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    """One plain server shared by a module's tests."""
-    process = launch()
+    """One plain server shared by a module's tests: a primary and a replica, as the default
+    on a 2-core machine is (calls land on either; the answers must not differ)."""
+    process = launch("--server-processes", "2")
     wait_ready(process)
     yield process
     process.stop()

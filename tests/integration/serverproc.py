@@ -61,6 +61,10 @@ def launch(*args: str, env: dict[str, str] | None = None, timeout: float = 30.0)
         "cpu",
         "--grace-s",
         "2",
+        # One process unless a test asks for more (a later flag wins): replicas are tested
+        # where they matter (the shared `server` fixture, test_replicas.py).
+        "--server-processes",
+        "1",
         *args,
     ]
     full_env = {**os.environ, **(env or {})}
