@@ -1,8 +1,8 @@
-"""Test helpers: random quantized layers, a TRITON-layout packer and an fp64 loop reference.
+"""Test helpers: random quantized layers, the TRITON layout, and an fp64 loop reference.
 
-`pack_triton` stands in for `service/formats/writers/triton.py` until that writer lands
-(then the tests switch to it); it is written from the layout description in the fact sheet
-(section 8.3/9), independently of `service.kernels.layouts`, which reads the layout back.
+`pack_triton` is the real TRITON writer (`service/formats/writers/triton.py`);
+`pack_triton_by_hand` is an independent packer written from the fact sheet's layout
+description (section 8.3/9), used before the writer landed and now held against it.
 """
 
 from __future__ import annotations
@@ -91,6 +91,14 @@ def random_layer(
 
 
 def pack_triton(layer: QuantizedMoELayer) -> dict[str, torch.Tensor]:
+    """The TRITON-layout tensors, from the formats package's TRITON writer."""
+    from service.formats.writers import DEFAULT_OPTIONS
+    from service.formats.writers.triton import write_triton
+
+    return write_triton(layer, source="moe_wna16", options=DEFAULT_OPTIONS).tensors
+
+
+def pack_triton_by_hand(layer: QuantizedMoELayer) -> dict[str, torch.Tensor]:
     """The TRITON layout (vLLM MoeWNA16): N-first uint8, int4 low nibble = even k."""
     out: dict[str, torch.Tensor] = {}
     for name, q in (("w13", layer.w13), ("w2", layer.w2)):

@@ -166,6 +166,18 @@ def test_fit_block_k() -> None:
         fit_block_k(64, 40, 40)
 
 
+def test_writer_layout_is_the_documented_one() -> None:
+    """The TRITON writer's bytes equal a packer written from the layout description."""
+    from tests.kernels.helpers import pack_triton_by_hand
+
+    for bits, zp in ((4, True), (8, True), (4, False)):
+        layer = random_layer(bits, 3, 64, 32, bits=bits, group_size=32, zero_points=zp, bias=True)
+        written, by_hand = pack_triton(layer), pack_triton_by_hand(layer)
+        assert written.keys() == by_hand.keys()
+        for name, tensor in written.items():
+            assert torch.equal(tensor, by_hand[name]), name
+
+
 # --- bad layers --------------------------------------------------------------------------------
 
 
