@@ -96,6 +96,8 @@ class ConvertWeightsHandler:
         self._settings = settings
         self._segments: SegmentDir | None = None
         self._calls = itertools.count(1)
+        #: Unloads of layers whose call was gone before the worker answered.
+        self._cleanup: set[asyncio.Future[None]] = set()
 
     # -- life cycle
 
@@ -202,8 +204,26 @@ class ConvertWeightsHandler:
                 "out_prefix": f"{prefix}out-",
                 "deployment": deployment.to_json(),
             }
+
+            def abandoned(late: dict[str, Any] | None) -> None:
+                """The call ended before the worker: clean up after it once it answers."""
+                log.info(
+                    "cleaning up after an abandoned conversion",
+                    extra={
+                        "event": "convert_abandoned",
+                        "kept_layer": bool(late and late.get("layer_id")),
+                    },
+                )
+                segments.remove(prefix)
+                if late and late.get("layer_id"):
+                    task = asyncio.ensure_future(self._drop(str(late["layer_id"])))
+                    self._cleanup.add(task)
+                    task.add_done_callback(self._cleanup.discard)
+
             try:
-                answer = await worker.call("convert_layer", params, cancellable=True)
+                answer = await worker.call(
+                    "convert_layer", params, cancellable=True, on_abandon=abandoned
+                )
             except WorkerCallError as exc:
                 raise domain_error(exc) from None
             layer_id = str(answer.get("layer_id", ""))

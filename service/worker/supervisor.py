@@ -168,12 +168,15 @@ class WorkerHandle:
         timeout: float | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         cancellable: bool = False,
+        on_abandon: Callable[[dict[str, Any] | None], None] | None = None,
     ) -> dict[str, Any]:
         """Send one request and wait for its answer.
 
         `on_event` hears the call's progress lines. A `cancellable` call (a background job
         in the worker) that is cancelled here, or times out, is cancelled in the worker too,
-        so it stops and frees what it holds."""
+        so it stops and frees what it holds; `on_abandon` then still gets the worker's
+        eventual answer (None if it failed or the worker died), for the caller's cleanup of
+        whatever a job that finished anyway made (a layer it kept, say)."""
         process = self.process
         if not self.ready or process is None or process.stdin is None:
             raise WorkerUnavailableError(f"worker {self.index} ({self.device}) is {self.state}")
@@ -183,11 +186,14 @@ class WorkerHandle:
         self._pending[call_id] = future
         if on_event is not None:
             self._listeners[call_id] = on_event
+        abandoned = False
         try:
             async with self._write_lock:
                 process.stdin.write(protocol.request(call_id, method, params))
                 await process.stdin.drain()
-            return await asyncio.wait_for(future, timeout)
+            # Shielded: a cancelled caller must not cancel the answer's future, which still
+            # tells whether the worker finished the job (see on_abandon).
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
         except (BrokenPipeError, ConnectionResetError):
             raise WorkerUnavailableError(
                 f"worker {self.index} ({self.device}) went away during {method}"
@@ -195,10 +201,29 @@ class WorkerHandle:
         except (asyncio.CancelledError, TimeoutError):
             if cancellable and not future.done():
                 self._cancel_in_worker(process, call_id)
+                if on_abandon is not None:
+                    abandoned = True
+                    future.add_done_callback(
+                        lambda done: self._abandoned(call_id, done, on_abandon)
+                    )
             raise
         finally:
-            self._pending.pop(call_id, None)
+            if not abandoned:
+                self._pending.pop(call_id, None)
             self._listeners.pop(call_id, None)
+
+    def _abandoned(
+        self,
+        call_id: int,
+        future: asyncio.Future[dict[str, Any]],
+        on_abandon: Callable[[dict[str, Any] | None], None],
+    ) -> None:
+        self._pending.pop(call_id, None)
+        answer = None if future.cancelled() or future.exception() else future.result()
+        try:
+            on_abandon(answer)
+        except Exception:
+            log.exception("cleanup after an abandoned %s call failed", call_id)
 
     def _cancel_in_worker(self, process: asyncio.subprocess.Process, call_id: int) -> None:
         """Tell the worker to stop a background call (fire and forget: nobody waits)."""
@@ -410,12 +435,8 @@ class WorkerPool:
             WorkerHandle(i, device, config, self._changed) for i, device in enumerate(devices)
         ]
         self._ready_event = asyncio.Event()
-        #: Moves on at every worker change, so answers derived from the workers' profiles
-        #: (cached SelectBackend answers) know when they may be stale.
-        self.generation = 0
 
     def _changed(self, worker: WorkerHandle) -> None:
-        self.generation += 1
         if self.ready:
             self._ready_event.set()
         else:

@@ -432,3 +432,42 @@ def test_cancelled_checkpoint_conversion_resumes(
     assert summary.layers_converted + summary.layers_skipped == 6
     assert summary.layers_skipped >= 1, "the finished layer was not kept"
     assert (out / MANIFEST_NAME).exists()
+
+
+def test_cancel_during_the_worker_conversion_unloads_and_frees(
+    paths: dict[str, Any], server: ServerProcess, stub: Any
+) -> None:
+    """Cancelled while the worker converts (keep_loaded): whatever the worker finishes
+    afterwards (its output segments, the kept layer) is removed once it answers."""
+    spec = SyntheticSpec(num_layers=1, num_experts=8, hidden_size=1024, intermediate_size=1024)
+    write_synthetic_checkpoint(paths["root"] / "cancel-late", spec)
+    tensors: dict[str, tuple[TensorSpec, memoryview]] = {}
+    for shard in sorted((paths["root"] / "cancel-late").glob("*.safetensors")):
+        file = SafetensorsFile(shard)
+        for name, entry in file.entries.items():
+            if ".experts." in name:
+                spec_ = TensorSpec.of(name, FROM_SAFETENSORS[entry.dtype], entry.shape)
+                tensors[name] = (spec_, file.raw(name))
+    config = (paths["root"] / "cancel-late" / "config.json").read_text()
+    head = header_for(model_config_json=config, backend="TRITON", keep_loaded=True)
+    sent = threading.Event()
+
+    def requests() -> Iterator[pb.ConvertWeightsRequest]:
+        yield from tensor_requests(head, tensors)
+        sent.set()
+
+    with server.channel() as channel:
+        call = pb_grpc.MoeControlServiceStub(channel).ConvertWeights(requests(), timeout=60)
+        assert sent.wait(30)
+        time.sleep(0.05)
+        call.cancel()
+        with pytest.raises(grpc.RpcError):
+            list(call)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        layers = stub.ListLayers(pb.ListLayersRequest(), timeout=10).layers
+        if not layers and not leftover_segments(paths, timeout=0):
+            break
+        time.sleep(0.1)
+    assert list(stub.ListLayers(pb.ListLayersRequest(), timeout=10).layers) == []
+    assert leftover_segments(paths) == []
