@@ -435,8 +435,12 @@ class WorkerPool:
             WorkerHandle(i, device, config, self._changed) for i, device in enumerate(devices)
         ]
         self._ready_event = asyncio.Event()
+        #: Moves on at every worker change, so answers derived from the workers' profiles
+        #: (cached SelectBackend answers) know when they may be stale.
+        self.generation = 0
 
     def _changed(self, worker: WorkerHandle) -> None:
+        self.generation += 1
         if self.ready:
             self._ready_event.set()
         else:
