@@ -15,6 +15,8 @@ n = 16j + 8c + r: lane (r, q) of warp j holds the 2x2 fragment (a, b) of columns
 
 from __future__ import annotations
 
+import functools
+import math
 import sys
 from dataclasses import dataclass
 
@@ -114,27 +116,50 @@ def check_tile_shape(n: int, k: int, a8: bool = False) -> None:
         )
 
 
+@functools.cache
+def _tile_order(bits: int, a8: bool) -> torch.Tensor:
+    """Where each byte of one repacked (k tile, n tile) block comes from, when the block's
+    source is stored n-major: [n in tile, bytes of that n's tile row] (nibbles paired)."""
+    layout = _weight_layout(bits, a8)
+    digits = [
+        *layout.n_digits,
+        *(digit for digit in layout.k_digits if digit[0] != layout.nibble),
+    ]
+    names = [name for name, _ in digits]
+    source = torch.arange(math.prod(extent for _, extent in digits))
+    source = source.view([extent for _, extent in digits])
+    return source.permute([names.index(name) for name in layout.order]).reshape(-1)
+
+
 def repack_weights(codes: torch.Tensor, bits: int, a8: bool = False) -> torch.Tensor:
     """uint8 codes [E, N, K] (N-first, one code per byte) -> Marlin int32 [E, K/16, N*16*bits/32].
 
     Equal to vLLM's `gptq_marlin_moe_repack` of the same weights (and to
     `marlin_utils_test.marlin_weights` per expert). `a8` selects the layout for 8-bit
     activations (`VLLM_MARLIN_INPUT_DTYPE`).
+
+    Three whole-tensor steps: pair the codes that share a byte; move every tile row (all of
+    its bytes as 8-byte words) to its tile, a batched transpose of [N, K tiles]; reorder the
+    bytes inside each tile with one gather over a fixed table. Each step reads and writes
+    memory in runs, unlike a single byte-granular permutation of the code tensor.
     """
     _require_little_endian()
     layout = _weight_layout(bits, a8)
     e, n, k = (int(d) for d in codes.shape)
     check_tile_shape(n, k, a8)
-    names = _source_names(layout)
-    digits = codes.view(_source_shape(layout, e, n, k))
+    k_tiles = k // layout.tile_k
+    row_bytes = layout.tile_k * bits // 8
+    words = codes.contiguous().view(torch.int64).view(e, n, k_tiles, -1)
     if layout.nibble is not None:
-        # Pair the two codes that share a byte first: the big permuting copy then moves half
-        # as many bytes.
-        axis = names.index(layout.nibble)
-        digits = digits.select(axis, 0) | (digits.select(axis, 1) << 4)
-        names.pop(axis)
-    target = ["E", "KB", "NB", *layout.order]
-    packed = digits.permute([names.index(name) for name in target]).contiguous()
+        # The nibble digit is the outermost k digit of a tile, so the codes sharing a byte
+        # sit in the two halves of each tile row: low + 16 * high, added as 8-byte words,
+        # cannot carry from byte to byte because every code is below 16.
+        halves = words.view(e, n, k_tiles, 2, -1)
+        words = torch.add(halves[:, :, :, 0], halves[:, :, :, 1], alpha=16)
+    tiles = words.transpose(1, 2).contiguous()  # [E, K tiles, N, row words]
+    blocks = tiles.view(torch.uint8).view(e, k_tiles, n // layout.tile_n, -1)
+    packed = blocks[..., _tile_order(bits, a8).to(codes.device)]
+    assert packed.shape[-1] == layout.tile_n * row_bytes
     return packed.view(e, k // TILE, -1).view(torch.int32)
 
 
