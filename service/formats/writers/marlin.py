@@ -164,7 +164,7 @@ def _split_shards(x: torch.Tensor, shards: int) -> torch.Tensor:
     return x.reshape(x.shape[0], shards, -1, *x.shape[2:])
 
 
-def _act_order_sort(experts: QuantizedExperts, name: str, backend: str) -> torch.Tensor | None:
+def _act_order_sort(experts: QuantizedExperts, name: str) -> torch.Tensor | None:
     """Per-expert stable argsort of g_idx (int64 [E, K]), or None without act-order.
 
     A g_idx equal to k // group_size is no act-order at all. Sorted act-order is only exact in
@@ -258,7 +258,7 @@ def marlin_tensors(
         raise FormatError("w13", f"N={w13.n} must be 1 or 2 times the intermediate size {inter}")
     padded = padded_intermediate(inter, group)
 
-    sorts = [_act_order_sort(e, name, backend) for name, e in (("w13", w13), ("w2", w2))]
+    sorts = [_act_order_sort(e, name) for name, e in (("w13", w13), ("w2", w2))]
     if any(s is not None for s in sorts):
         if not act_order:
             raise ConversionUnsupported(
