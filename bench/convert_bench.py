@@ -268,7 +268,9 @@ def checkpoint_part(args: argparse.Namespace, device: torch.device) -> dict[str,
         evict(shards)
         first = convert_checkpoint(job)
         again = convert_checkpoint(job)
+        # Reads and writes overlapped (max) or, on one disk, one after the other (sum).
         floor = max(first.bytes_in / disk, first.bytes_out / disk_write)
+        serial = first.bytes_in / disk + first.bytes_out / disk_write
         rows.append(
             {
                 "target": target,
@@ -279,6 +281,8 @@ def checkpoint_part(args: argparse.Namespace, device: torch.device) -> dict[str,
                 "conversion_s": round(first.convert_seconds, 2),
                 "disk_floor_s": round(floor, 2),
                 "fraction_of_disk": round(floor / first.seconds, 3),
+                "disk_serial_s": round(serial, 2),
+                "fraction_of_serial": round(serial / first.seconds, 3),
                 "resume_s": round(again.seconds, 2),
                 "resume_skipped": again.layers_skipped,
             }

@@ -516,8 +516,12 @@ def convert_checkpoint(
                 [(layer.unit, sorted(layer.files)) for layer in mine]
                 + [(f"copy-{file}", [file]) for file in copies]
             )
-            for layer in mine:
+            for number, layer in enumerate(mine):
                 check()
+                if number == 0:
+                    run.prefetch(layer)
+                if number + 1 < len(mine):
+                    run.prefetch(mine[number + 1])  # read ahead while this one converts
                 run.moe_layer(layer)
             for file in copies:
                 check()
@@ -659,6 +663,13 @@ class _Run:
     def hash_sources(self, names: list[str]) -> None:
         """Start hashing the source files for the manifest (reusing unchanged hashes)."""
         self._sources = self._helpers.submit(self._source_hashes, names, 1)
+
+    def prefetch(self, layer: MoELayerPlan) -> None:
+        by_file: dict[str, list[str]] = {}
+        for source in layer.tensors.values():
+            by_file.setdefault(source.file, []).append(source.name)
+        for file, names in by_file.items():
+            self.shards[file].prefetch(names)
 
     def drain(self) -> None:
         """Wait for the layer being written (re-raising its error)."""
