@@ -243,7 +243,7 @@ def checkpoint_part(args: argparse.Namespace, device: torch.device) -> dict[str,
     )
     if not (model / "config.json").exists():
         print(f"writing a {args.layers}-layer checkpoint to {model} ...", file=sys.stderr)
-        write_synthetic_checkpoint(model, spec, device=str(device))
+        write_synthetic_checkpoint(model, spec, device=str(device), keep_layers=False)
     shards = sorted(model.glob("*.safetensors"))
     size = sum(p.stat().st_size for p in shards)
     evict(shards)

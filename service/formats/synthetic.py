@@ -215,10 +215,11 @@ def layer_tensors(
 
 
 def write_synthetic_checkpoint(
-    directory: Path, spec: SyntheticSpec, *, device: str = "cpu"
+    directory: Path, spec: SyntheticSpec, *, device: str = "cpu", keep_layers: bool = True
 ) -> dict[int, QuantizedMoELayer]:
     """Write a model directory; returns each decoder layer's canonical MoE layer (what a
-    correct conversion must reproduce)."""
+    correct conversion must reproduce), or nothing without `keep_layers` (at Mixtral size
+    the canonical codes of eight layers take 11 GB)."""
     directory.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(spec.seed)
     shards = max(1, min(spec.shards, spec.num_layers))
@@ -237,8 +238,11 @@ def write_synthetic_checkpoint(
                 spec.vocab_size, spec.hidden_size, generator=generator
             ).to(spec.dtype)
         for index in range(shard * per_shard, min(spec.num_layers, (shard + 1) * per_shard)):
-            layer_dict, layers[index] = layer_tensors(spec, index, generator, device)
+            layer_dict, layer = layer_tensors(spec, index, generator, device)
             tensors |= layer_dict
+            if keep_layers:
+                layers[index] = layer
+            del layer
         if shard == shards - 1:
             tensors["model.norm.weight"] = torch.ones(spec.hidden_size, dtype=spec.dtype)
             tensors["lm_head.weight"] = torch.randn(
