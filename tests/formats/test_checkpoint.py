@@ -258,3 +258,37 @@ def test_symlinked_shard_outside_the_root_is_refused(
     )
     with pytest.raises(PermissionDeniedError, match="symbolic link"):
         convert(job)
+
+
+@pytest.mark.parametrize(
+    ("family", "layout", "symmetric"),
+    [
+        ("qwen3_moe", "awq", False),
+        ("deepseek_v3", "compressed-tensors", True),
+        ("qwen2_moe", "gptq", True),
+    ],
+)
+def test_other_families_and_layouts(
+    tmp_path: Path, family: str, layout: str, symmetric: bool
+) -> None:
+    spec = SyntheticSpec(
+        family=family,
+        layout=layout,
+        symmetric=symmetric,
+        num_layers=2,
+        num_experts=4,
+        hidden_size=128,
+        intermediate_size=128,
+        shards=1,
+    )
+    layers = write_synthetic_checkpoint(tmp_path / "model", spec)
+    job = plan_job(
+        "model", "out", root=DataRoot.at(tmp_path), platform=preset("a100"), backend="TRITON"
+    )
+    assert job.source.layout == layout and job.source.symmetric == symmetric
+    result = convert_checkpoint(job)
+    assert result.layers_converted == 2 and result.manifest_path is not None
+    for index, layer in layers.items():
+        written = load_file(tmp_path / "out" / f"moe-layer-{index:05d}.safetensors")
+        for name, tensor in registry.convert(layer, "TRITON", source=layout).tensors.items():
+            assert torch.equal(written[f"model.layers.{index}.mlp.experts.{name}"], tensor)
