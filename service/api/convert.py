@@ -57,6 +57,8 @@ from service.worker.supervisor import WorkerHandle, WorkerPool
 
 log = logging.getLogger("moe_control.convert")
 
+#: Free space /dev/shm needs for the segments to go there rather than to the temp dir.
+_SHM_MINIMUM = 1 << 30
 #: Room left in a response message for everything but a chunk's data.
 _MESSAGE_OVERHEAD = 64 * 1024
 
@@ -104,9 +106,10 @@ class ConvertWeightsHandler:
     def segments(self) -> SegmentDir:
         if self._segments is None:
             base = self._settings.segment_dir
-            self._segments = SegmentDir.create(
-                base, prefer_shm=2 * self._settings.convert_max_layer_bytes
-            )
+            # /dev/shm when it can hold a typical layer (Docker's default 64 MiB cannot);
+            # space for each tensor is reserved as it is declared, so running out there is
+            # a RESOURCE_EXHAUSTED answer, never a crash.
+            self._segments = SegmentDir.create(base, prefer_shm=_SHM_MINIMUM)
         return self._segments
 
     def close(self) -> None:
