@@ -7,7 +7,8 @@
 # the rest: wheels (humming-kernels, grpcio's companions) installed into /tmp/site, and vLLM's
 # MoE ops library for the Marlin adapter.
 #
-# Steps: install the wheels; `pytest -m gpu tests/gpu` (GPU unit tests, small shapes); then the
+# Steps: install the wheels; `pytest -m gpu` over every GPU-marked test (tests/gpu, the formats
+# exactness checks on the GPU, the kernel tests; small shapes); then the
 # correctness table (bench/gpu_suite.py) at Mixtral-8x7B and Qwen3-30B-A3B layer shapes.
 # Extra arguments go to the suite (e.g. --smoke, --variants ..., --shapes ...).
 # Writes logs and the table under $OUT when set (the device tool brings them back).
@@ -36,7 +37,7 @@ fi
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 status=0
-"$PY" -m pytest -q -m gpu tests/gpu -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log"
+"$PY" -m pytest -q -m gpu tests/gpu tests/formats tests/kernels -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log"
 (( ${PIPESTATUS[0]} == 0 )) || status=1
 "$PY" bench/gpu_suite.py --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu_suite.log"
 (( ${PIPESTATUS[0]} == 0 )) || status=1
