@@ -1,11 +1,24 @@
 """Load benchmark of SelectBackend over real gRPC on loopback.
 
 Starts `moe-control serve` as a subprocess on free loopback ports (or uses `--target`, which
-must be a loopback address), then drives it from an asyncio client with `--concurrency`
-requests in flight, bounded by `--requests` and `--duration`. Reports throughput and the
-client-side latency percentiles; the record is in bench/RESULTS.md.
+must be a loopback address), then drives it from asyncio clients: `--concurrency` calls in
+flight in all, over `--channels` connections (default: one per in-flight call, as that many
+separate callers would), from `--client-processes` processes (the Python client costs about
+as much CPU per call as the server; one process cannot load a multi-process server). Closed
+loop by default; `--rate` sends at a fixed total rate instead and measures latency from each
+call's scheduled send time, so a stalled server cannot hide its queue. Bounded by
+`--requests` and `--duration`; loopback only.
 
-    .venv/bin/python bench/load_bench.py --concurrency 64 --requests 60000 --duration 30
+Besides client-side throughput and latency percentiles it reports the server's CPU time per
+call (every process of the server: primary, replicas, worker), the figure that does not
+depend on how much CPU the client took. `--server-cpus` / `--client-cpus` pin the server
+(its children inherit it) and the clients to CPU lists, so they do not share cores.
+
+    .venv/bin/python bench/load_bench.py --rate 3000 --duration 20
+    .venv/bin/python bench/load_bench.py --server-cpus 0,1 --client-cpus 2-7 \\
+        --client-processes 4 --rate 3000 -- --server-processes 2
+
+Figures and commands are in bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -14,14 +27,15 @@ import argparse
 import asyncio
 import ipaddress
 import json
+import multiprocessing
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -53,7 +67,31 @@ def _loopback(target: str) -> bool:
         return False
 
 
-def start_server(extra: list[str]) -> tuple[subprocess.Popen[str], str]:
+def cpu_list(text: str | None) -> set[int] | None:
+    """'0,1' or '2-7' or '0,4-5' -> CPU numbers."""
+    if not text:
+        return None
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def specs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """`--distinct` different requests (experts count varies), as many models would ask."""
+    out = []
+    for i in range(args.distinct):
+        layer = {**SPEC["layer"], "num_experts": 60 + 4 * i}  # type: ignore[dict-item]
+        out.append({**SPEC, "layer": layer, "platform": args.preset})
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# The server
+
+
+def start_server(extra: list[str], cpus: set[int] | None) -> tuple[subprocess.Popen[str], str]:
     command = [
         sys.executable,
         "-m",
@@ -71,7 +109,13 @@ def start_server(extra: list[str]) -> tuple[subprocess.Popen[str], str]:
         "WARNING",
         *extra,
     ]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+
+    def pin() -> None:
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    # preexec_fn is safe here: no threads exist yet in this process.
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, preexec_fn=pin)  # noqa: PLW1509
     assert process.stdout is not None
     line = process.stdout.readline()
     match = re.search(r"serving gRPC on (\S+?)(;|$)", line)
@@ -81,57 +125,86 @@ def start_server(extra: list[str]) -> tuple[subprocess.Popen[str], str]:
     return process, match.group(1)
 
 
-async def run(args: argparse.Namespace, target: str) -> dict[str, Any]:
-    spec = {**SPEC, "platform": args.preset}
-    payload = pb.SelectBackendRequest(spec_json=json.dumps(spec)).SerializeToString()
-    expected = select(spec).to_json()
-    channels = [grpc.aio.insecure_channel(target) for _ in range(args.channels)]
-    calls = [ch.unary_unary(METHOD) for ch in channels]  # raw bytes in and out
+def tree_cpu_seconds(root: int) -> float:
+    """CPU time (user + system) of a process and all its descendants."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        parents[pid] = int(fields[1])
+        times[pid] = (int(fields[11]) + int(fields[12])) / tick
+    total = 0.0
+    for pid, seconds in times.items():
+        ancestor = pid
+        while ancestor not in (0, 1, root) and ancestor in parents:
+            ancestor = parents[ancestor]
+        if ancestor == root:
+            total += seconds
+    return total
+
+
+# ---------------------------------------------------------------------------------------
+# A client process
+
+
+async def _drive(job: dict[str, Any], start_at: Any, ready: Any) -> dict[str, Any]:
+    payloads = [
+        pb.SelectBackendRequest(spec_json=json.dumps(s)).SerializeToString() for s in job["specs"]
+    ]
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [
+        grpc.aio.insecure_channel(job["target"], options=options) for _ in range(job["channels"])
+    ]
+    calls = [channel.unary_unary(METHOD) for channel in channels]  # raw bytes in and out
     for channel in channels:
         await asyncio.wait_for(channel.channel_ready(), 10)
-    answer = pb.SelectBackendResponse.FromString(await calls[0](payload, timeout=10))
-    if codec.select_response_to_json(answer) != expected:
-        raise SystemExit("the server's answer differs from the library's")
+    for i in range(job["warmup"]):
+        await calls[i % len(calls)](payloads[i % len(payloads)], timeout=30)
+    ready.set()
+    while start_at.value == 0.0:
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(max(0.0, start_at.value - time.time()))
 
     latencies: list[float] = []
     errors: dict[str, int] = {}
-    budget = args.warmup + args.requests
+    budget = job["requests"]
+    deadline = time.perf_counter() + job["duration"]
     issued = 0
-    deadline = 0.0
 
-    async def stream(index: int) -> None:
+    async def one(index: int, scheduled: float) -> None:
+        try:
+            await calls[index % len(calls)](payloads[index % len(payloads)], timeout=30)
+        except grpc.aio.AioRpcError as error:
+            errors[error.code().name] = errors.get(error.code().name, 0) + 1
+            return
+        latencies.append(time.perf_counter() - scheduled)
+
+    async def stream(first: int) -> None:
         nonlocal issued
-        call = calls[index % len(calls)]
+        index = first
         while issued < budget and time.perf_counter() < deadline:
             issued += 1
-            measured = issued > args.warmup
-            start = time.perf_counter()
-            try:
-                await call(payload, timeout=30)
-            except grpc.aio.AioRpcError as error:
-                errors[error.code().name] = errors.get(error.code().name, 0) + 1
-                continue
-            if measured:
-                latencies.append(time.perf_counter() - start)
+            await one(index, time.perf_counter())
+            index += job["concurrency"]
 
     async def open_loop() -> None:
-        """Send at a fixed rate (at most `concurrency` in flight); latency counts from the
-        scheduled send time, so a stalled server cannot hide its queue."""
         nonlocal issued
-        slots = asyncio.Semaphore(args.concurrency)
-        interval = 1.0 / args.rate
+        slots = asyncio.Semaphore(job["concurrency"])
+        interval = 1.0 / job["rate"]
         pending: set[asyncio.Task[None]] = set()
 
-        async def one(scheduled: float, measured: bool) -> None:
+        async def released(index: int, scheduled: float) -> None:
             try:
-                await calls[issued % len(calls)](payload, timeout=30)
-            except grpc.aio.AioRpcError as error:
-                errors[error.code().name] = errors.get(error.code().name, 0) + 1
-                return
+                await one(index, scheduled)
             finally:
                 slots.release()
-            if measured:
-                latencies.append(time.perf_counter() - scheduled)
 
         next_send = time.perf_counter()
         while issued < budget and time.perf_counter() < deadline:
@@ -139,42 +212,110 @@ async def run(args: argparse.Namespace, target: str) -> dict[str, Any]:
             delay = next_send - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            task = asyncio.create_task(released(issued, next_send))
             issued += 1
-            task = asyncio.create_task(one(next_send, issued > args.warmup))
             pending.add(task)
             task.add_done_callback(pending.discard)
             next_send += interval
         await asyncio.gather(*pending)
 
-    deadline = time.perf_counter() + args.duration
+    cpu_before = time.process_time()
     started = time.perf_counter()
-    if args.rate:
+    if job["rate"]:
         await open_loop()
     else:
-        await asyncio.gather(*(stream(i) for i in range(args.concurrency)))
+        await asyncio.gather(*(stream(i) for i in range(job["concurrency"])))
     elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu_before
     for channel in channels:
         await channel.close()
-    latencies.sort()
+    return {"latencies": latencies, "errors": errors, "elapsed": elapsed, "cpu": cpu}
+
+
+def _client(job: dict[str, Any], start_at: Any, ready: Any, results: Any) -> None:
+    if job["cpus"]:
+        os.sched_setaffinity(0, job["cpus"])
+    results.put(asyncio.run(_drive(job, start_at, ready)))
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace, target: str, server_pid: int | None) -> dict[str, Any]:
+    all_specs = specs(args)
+    expected = select(all_specs[0]).to_json()
+    request = pb.SelectBackendRequest(spec_json=json.dumps(all_specs[0]))
+    with grpc.insecure_channel(target) as channel:
+        raw = channel.unary_unary(METHOD)(request.SerializeToString(), timeout=10)
+    if codec.select_response_to_json(pb.SelectBackendResponse.FromString(raw)) != expected:
+        raise SystemExit("the server's answer differs from the library's")
+
+    k = args.client_processes
+    context = multiprocessing.get_context("spawn")
+    start_at = context.Value("d", 0.0)
+    results = context.Queue()
+    channels = args.channels or args.concurrency
+    clients = []
+    for i in range(k):
+        job = {
+            "target": target,
+            "specs": all_specs,
+            "channels": max(1, channels // k + (i < channels % k)),
+            "concurrency": max(1, args.concurrency // k + (i < args.concurrency % k)),
+            "rate": args.rate / k,
+            "requests": args.requests // k,
+            "warmup": args.warmup // k,
+            "duration": args.duration,
+            "cpus": sorted(cpu_list(args.client_cpus) or ()),
+        }
+        ready = context.Event()
+        process = context.Process(target=_client, args=(job, start_at, ready, results))
+        process.start()
+        clients.append((process, ready))
+    for _, ready in clients:
+        if not ready.wait(120):
+            raise SystemExit("a client process did not get ready")
+    start_at.value = time.time() + 0.3
+    time.sleep(0.3)
+    server_before = tree_cpu_seconds(server_pid) if server_pid else 0.0
+    parts = [results.get(timeout=args.duration + 120) for _ in clients]
+    server_cpu = (tree_cpu_seconds(server_pid) - server_before) if server_pid else 0.0
+    for process, _ in clients:
+        process.join(30)
+
+    latencies = sorted(x for part in parts for x in part["latencies"])
+    errors: dict[str, int] = {}
+    for part in parts:
+        for code, count in part["errors"].items():
+            errors[code] = errors.get(code, 0) + count
+    elapsed = max(part["elapsed"] for part in parts)
+    n = len(latencies)
 
     def pct(q: float) -> float:
-        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1e3
+        return round(latencies[min(n - 1, int(q * n))] * 1e3, 3) if n else 0.0
 
-    measured_s = elapsed * len(latencies) / max(1, len(latencies) + args.warmup)
+    client_cpu = sum(part["cpu"] for part in parts)
     return {
         "target": target,
         "mode": f"open loop at {args.rate:g}/s" if args.rate else "closed loop",
         "concurrency": args.concurrency,
-        "channels": args.channels,
-        "requests": len(latencies),
+        "channels": channels,
+        "client_processes": k,
+        "distinct_requests": args.distinct,
+        "requests": n,
         "errors": errors,
         "elapsed_s": round(elapsed, 2),
-        "throughput_rps": round(len(latencies) / measured_s) if latencies else 0,
-        "p50_ms": round(pct(0.50), 3),
-        "p90_ms": round(pct(0.90), 3),
-        "p99_ms": round(pct(0.99), 3),
-        "max_ms": round(latencies[-1] * 1e3, 3) if latencies else 0.0,
-        "mean_ms": round(statistics.fmean(latencies) * 1e3, 3) if latencies else 0.0,
+        "throughput_rps": round(n / elapsed) if n else 0,
+        "p50_ms": pct(0.50),
+        "p90_ms": pct(0.90),
+        "p99_ms": pct(0.99),
+        "max_ms": round(latencies[-1] * 1e3, 3) if n else 0.0,
+        "mean_ms": round(statistics.fmean(latencies) * 1e3, 3) if n else 0.0,
+        "server_cpu_ms_per_request": round(server_cpu / n * 1e3, 4) if n and server_pid else None,
+        "server_cores_busy": round(server_cpu / elapsed, 2) if server_pid else None,
+        "client_cpu_ms_per_request": round(client_cpu / n * 1e3, 4) if n else None,
+        "server_cpus": args.server_cpus or "any",
+        "client_cpus": args.client_cpus or "any",
         "cpus": os.cpu_count(),
     }
 
@@ -182,15 +323,22 @@ async def run(args: argparse.Namespace, target: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", help="HOST:PORT of a running server (loopback only)")
-    parser.add_argument("--concurrency", type=int, default=64, help="requests in flight (cap)")
+    parser.add_argument("--server-pid", type=int, help="with --target: its pid, for CPU time")
+    parser.add_argument("--concurrency", type=int, default=64, help="calls in flight (cap)")
     parser.add_argument(
-        "--rate", type=float, default=0.0, help="open loop: send this many per second (0: closed)"
+        "--rate", type=float, default=0.0, help="open loop: calls per second in all (0: closed)"
     )
-    parser.add_argument("--channels", type=int, default=1, help="client channels (connections)")
-    parser.add_argument("--requests", type=int, default=30000, help="measured requests (cap)")
-    parser.add_argument("--warmup", type=int, default=1000, help="unmeasured requests first")
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds (cap)")
-    parser.add_argument("--preset", default="a100", help="platform preset of the request")
+    parser.add_argument(
+        "--channels", type=int, default=0, help="connections in all (0: one per in-flight call)"
+    )
+    parser.add_argument("--client-processes", type=int, default=1, help="client processes")
+    parser.add_argument("--requests", type=int, default=200000, help="measured calls (cap)")
+    parser.add_argument("--warmup", type=int, default=2000, help="unmeasured calls first")
+    parser.add_argument("--duration", type=float, default=20.0, help="measured seconds (cap)")
+    parser.add_argument("--preset", default="a100", help="platform preset of the requests")
+    parser.add_argument("--distinct", type=int, default=1, help="different requests, in turn")
+    parser.add_argument("--server-cpus", help="pin the server to these CPUs, e.g. 0,1")
+    parser.add_argument("--client-cpus", help="pin the clients to these CPUs, e.g. 2-7")
     parser.add_argument("--json", action="store_true", help="print the result as JSON only")
     parser.add_argument("server_args", nargs="*", help="extra `serve` flags (after --)")
     args = parser.parse_args(argv)
@@ -199,9 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     process = None
     target = args.target
     if target is None:
-        process, target = start_server(args.server_args)
+        process, target = start_server(args.server_args, cpu_list(args.server_cpus))
     try:
-        result = asyncio.run(run(args, target))
+        _wait_ready(target)
+        result = run(args, target, process.pid if process is not None else args.server_pid)
     finally:
         if process is not None:
             process.send_signal(signal.SIGTERM)
@@ -210,10 +359,27 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
     else:
         for key, value in result.items():
-            print(f"{key:>15}: {value}")
+            print(f"{key:>26}: {value}")
     return 0
 
 
+def _wait_ready(target: str, timeout: float = 60.0) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    service = pb.DESCRIPTOR.services_by_name["MoeControlService"].full_name
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(target) as channel:
+        stub: Any = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                answer = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+    raise SystemExit("the server never became ready")
+
+
 if __name__ == "__main__":
-    socket.setdefaulttimeout(30)
     sys.exit(main())

@@ -1,18 +1,18 @@
 """Replica server processes: more gRPC server processes on the same port.
 
-One Python process runs one event loop on one core; SelectBackend at a few thousand calls a
-second is bound by grpc's per-call Python work, not by the oracle (bench/RESULTS.md). So
-`moe-control serve --server-processes N` runs the primary (the process started by hand, which
-owns the workers, /metrics and the life cycle) and N-1 replicas. All N listen on the same
-port with SO_REUSEPORT, and the kernel spreads connections among them.
+One Python process serves SelectBackend on about one core, bound by grpc's per-call Python
+work rather than the oracle (bench/RESULTS.md). So `moe-control serve --server-processes N`
+runs the primary (the process started by hand, which owns the workers, /metrics and the life
+cycle) and N-1 replicas. All N listen on the same port with SO_REUSEPORT, and the kernel
+spreads connections among them.
 
-A replica serves itself what needs no worker: SelectBackend and ListPlatformPresets (the
-oracle runs in every process), health and reflection. It forwards every other
-MoeControlService call, as bytes, to the primary over a private Unix socket (forward.py),
-where the primary's handlers serve it without counting it again. Its view of the workers
-(readiness, profiles) is what the primary writes to its stdin, one JSON object a line, on
-every worker change; readiness is the primary's. Metrics use prometheus_client's
-multiprocess mode (metrics.py), so /metrics counts every process's calls.
+A replica is a front server only (api/front.py, no event loop): it answers SelectBackend,
+ListPlatformPresets, health and reflection itself and forwards every other MoeControlService
+call, as bytes, to the primary's private grpc.aio server on a Unix socket, which serves it
+without counting it again. Its view of the workers (readiness, profiles) is what the primary
+writes to its stdin, one JSON object a line, on every worker change; readiness is the
+primary's. Metrics use prometheus_client's multiprocess mode (metrics.py), so /metrics
+counts every process's calls.
 
 Life cycle: the primary starts the replicas after it listens and prints its one line only
 when they all listen too; restarts one that dies (back-off as for workers); on SIGTERM it
@@ -31,17 +31,15 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 
-from service.api.forward import Forwarder, service_methods
-from service.api.interceptors import ServerInterceptor
+from service.api.front import SERVICE_NAME, build_front
 from service.api.selection import MIB, Selection
 from service.logs import configure_logging
 from service.metrics import MULTIPROC_ENV, Metrics
@@ -54,8 +52,6 @@ log = logging.getLogger("moe_control.replica")
 #: A replica must listen within this.
 START_TIMEOUT_S = 60.0
 MAX_BACKOFF_S = 30.0
-#: Methods a replica answers itself (the rest go to the primary).
-LOCAL_METHODS = ("SelectBackend", "ListPlatformPresets")
 
 
 def settings_to_json(settings: Settings) -> dict[str, Any]:
@@ -246,95 +242,78 @@ class WorkerView:
         return self._profiles[0]
 
 
-async def _serve(config: Mapping[str, Any], reader: asyncio.StreamReader) -> int:
+def _lines(fd: int) -> Iterator[bytes]:
+    """Lines from a file descriptor, read unbuffered: a thread blocked here holds no lock
+    of the interpreter's stdin object, which would stop the process at exit."""
+    pending = b""
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        yield from (line for line in complete if line.strip())
+
+
+def _serve(config: Mapping[str, Any], stdin: Iterator[bytes]) -> int:
     # Here, not at the top: service.server imports this module for ReplicaSet.
-    from service.server import REFLECTED, SERVICE_NAME, server_credentials, settle_heap
+    from service.server import settle_heap
 
     settings = Settings.load(config["settings"], environ={})
     metrics = Metrics(multiprocess_dir=os.environ[MULTIPROC_ENV])
     view = WorkerView()
-    health_servicer = health.aio.HealthServicer()
-    server = grpc.aio.server(
-        options=settings.grpc_options(reuseport=True),
-        maximum_concurrent_rpcs=settings.max_concurrent_rpcs or None,
-    )
-    limits = [
-        ("grpc.max_receive_message_length", settings.max_send_message_bytes),
-        ("grpc.max_send_message_length", settings.max_receive_message_bytes),
-    ]
-    channel = grpc.aio.insecure_channel(config["internal"], options=limits)
-    selection = Selection(view, metrics, cache_bytes=settings.select_cache_mib * MIB)
-    registrar = ServerInterceptor(metrics, token=settings.token()).registrar(server)
-    registrar.add_registered_method_handlers(SERVICE_NAME, selection.handlers())
-    forwarded = service_methods(exclude=LOCAL_METHODS)
-    registrar.add_generic_rpc_handlers((Forwarder(channel, forwarded),))
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registrar)  # type: ignore[arg-type]
-    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(  # type: ignore[no-untyped-call]
-        reflection.aio.ReflectionServicer(REFLECTED), registrar
-    )
-    registrar.install()
-    address = f"{settings.host}:{config['port']}"
-    credentials = server_credentials(settings)
-    if credentials is None:
-        port = server.add_insecure_port(address)
-    else:
-        port = server.add_secure_port(address, credentials)
-    if port == 0:
-        print(json.dumps({"event": "failed", "reason": f"cannot listen on {address}"}), flush=True)
-        return 1
-
+    health_servicer = health.HealthServicer()
     serving = health_pb2.HealthCheckResponse.SERVING
     not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
-    await health_servicer.set(health.OVERALL_HEALTH, serving)
-    await health_servicer.set(SERVICE_NAME, not_serving)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
-    async def follow() -> None:
-        """Apply the primary's state lines; its end (EOF) means the primary is gone."""
-        while True:
-            line = await reader.readline()
-            if not line:
-                stop.set()
-                return
-            message = json.loads(line)
-            state = message.get("state")
-            if isinstance(state, dict) and not stop.is_set():
-                view.update(state)
-                await health_servicer.set(SERVICE_NAME, serving if view.ready else not_serving)
-
-    await server.start()
-    follower = asyncio.create_task(follow())
-    settle_heap()
-    print(json.dumps({"event": "listening", "pid": os.getpid(), "port": port}), flush=True)
-    await stop.wait()
-    await health_servicer.enter_graceful_shutdown()
-    await server.stop(settings.grace_s)
-    follower.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await follower
-    await channel.close()
-    return 0
-
-
-async def _main() -> int:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=1 << 24)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    first = await reader.readline()
-    if not first:
+    health_servicer.set(health.OVERALL_HEALTH, serving)
+    health_servicer.set(SERVICE_NAME, not_serving)
+    selection = Selection(view, metrics, cache_bytes=settings.select_cache_mib * MIB)
+    try:
+        front = build_front(
+            settings,
+            port=int(config["port"]),
+            metrics=metrics,
+            selection=selection,
+            health_servicer=health_servicer,
+            internal_target=config["internal"],
+            reuseport=True,
+        )
+    except OSError as exc:
+        print(json.dumps({"event": "failed", "reason": str(exc)}), flush=True)
         return 1
-    config = json.loads(first)["config"]
-    given = config["settings"]
-    configure_logging(given.get("log_level", "INFO"), given.get("log_format", "json"))
-    return await _serve(config, reader)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def follow() -> None:
+        """Apply the primary's state lines; their end (EOF) means the primary is gone."""
+        for line in stdin:
+            state = json.loads(line).get("state")
+            if isinstance(state, dict):
+                view.update(state)
+                health_servicer.set(SERVICE_NAME, serving if view.ready else not_serving)
+        stop.set()
+
+    threading.Thread(target=follow, name="replica-state", daemon=True).start()
+    settle_heap()
+    print(json.dumps({"event": "listening", "pid": os.getpid(), "port": front.port}), flush=True)
+    stop.wait()
+    health_servicer.enter_graceful_shutdown()
+    front.stop(settings.grace_s).wait()
+    front.close()
+    return 0
 
 
 def main() -> int:
     """`python -m service.replica`: started by the primary, configured on stdin."""
-    return asyncio.run(_main())
+    stdin = _lines(sys.stdin.fileno())
+    first = next(stdin, None)
+    if first is None:
+        return 1
+    config = json.loads(first)["config"]
+    given = config["settings"]
+    configure_logging(given.get("log_level", "INFO"), given.get("log_format", "json"))
+    return _serve(config, stdin)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,22 @@
 """Wiring and life cycle of `moe-control serve`.
 
-Start: metrics HTTP endpoint, worker processes (one per device), the gRPC server (the
-service, standard health, reflection), then one line on stdout saying where it listens.
+Processes: this one, the primary, owns the workers (one per device), /metrics and the life
+cycle; `--server-processes` N adds N-1 replicas (replica.py). Every process listens on the
+public port with a sync front server (api/front.py) that answers SelectBackend, the preset
+list, health and reflection itself and forwards the rest to the primary's grpc.aio server
+on a private Unix socket, where the worker-bound handlers run on the event loop.
+Start: /metrics, workers, the private aio server, the front, the replicas, then one line on
+stdout saying where it listens.
 Health: liveness ("") is SERVING while the process runs; readiness (the service's name) is
-SERVING only while every worker is ready.
-Stop (SIGTERM, SIGINT): health goes NOT_SERVING first so balancers drain, then the server
-stops accepting and gives in-flight RPCs `grace_s`, then the workers stop, then /metrics.
+SERVING only while every worker is ready, in every process.
+Stop (SIGTERM, SIGINT): health goes NOT_SERVING first so balancers drain, then the fronts
+(this one and the replicas', in parallel) stop accepting and give in-flight RPCs `grace_s`,
+then the private server, the workers and /metrics stop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import os
@@ -22,12 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 from prometheus_client import start_http_server
 
 from service import __version__
-from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+from service.api.front import REFLECTED, SERVICE_NAME, Front, build_front
 from service.api.interceptors import ServerInterceptor
 from service.api.servicer import MoeControlServicer, add_to_server
 from service.logs import configure_logging
@@ -38,9 +42,7 @@ from service.worker.supervisor import SupervisorConfig, WorkerHandle, WorkerPool
 
 log = logging.getLogger("moe_control.server")
 
-SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["MoeControlService"].full_name
-#: What server reflection lists.
-REFLECTED = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
+__all__ = ["REFLECTED", "SERVICE_NAME", "Endpoints", "MoeControlServer", "run", "serve"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,44 +53,30 @@ class Endpoints:
     metrics_url: str | None
 
 
-def _read(path: Any) -> bytes:
-    with open(path, "rb") as handle:
-        return handle.read()
-
-
-def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
-    if settings.tls_cert is None or settings.tls_key is None:
-        return None
-    client_ca = _read(settings.tls_client_ca) if settings.tls_client_ca else None
-    return grpc.ssl_server_credentials(
-        [(_read(settings.tls_key), _read(settings.tls_cert))],
-        root_certificates=client_ca,
-        require_client_auth=client_ca is not None,
-    )
-
-
 class MoeControlServer:
-    """The primary gRPC server process with its workers, metrics endpoint and replicas.
+    """The primary server process: workers, /metrics, the private grpc.aio server, the
+    front and the replicas.
 
-    `runtime_dir` (private to this server) turns on replicas (replica.py): with it, the
-    server runs `settings.process_count()` processes on its port and listens for their
-    forwarded calls on a Unix socket there; `metrics` must then be in multiprocess mode."""
+    `runtime_dir` holds the private socket (a fresh temporary directory when not given);
+    with more than one process, `metrics` must be in multiprocess mode (see `serve`)."""
 
     def __init__(
         self, settings: Settings, metrics: Metrics | None = None, *, runtime_dir: str | None = None
     ) -> None:
         self.settings = settings
         self.metrics = metrics if metrics is not None else Metrics()
-        self.health = health.aio.HealthServicer()
+        self.health = health.HealthServicer()
         self.pool: WorkerPool | None = None
-        self.server: grpc.aio.Server | None = None
+        self.internal: grpc.aio.Server | None = None
+        self.front: Front | None = None
         self.servicer: MoeControlServicer | None = None
         self.replicas: ReplicaSet | None = None
-        self.internal: grpc.aio.Server | None = None
-        self._runtime_dir = runtime_dir
+        self._own_dir = (
+            None if runtime_dir is not None else tempfile.TemporaryDirectory(prefix="moe-control-")
+        )
+        self._runtime_dir = runtime_dir if runtime_dir is not None else self._own_dir.name  # type: ignore[union-attr]
         self._metrics_http: Any = None
         self._stopping = False
-        self._health_tasks: set[asyncio.Task[None]] = set()
         self._restarts_counted: dict[int, int] = {}
 
     # -- readiness
@@ -101,9 +89,12 @@ class MoeControlServer:
         self._restarts_counted[worker.index] = worker.restarts
         if self.replicas is not None:
             self.replicas.publish(self._state())
-        task = asyncio.create_task(self._publish_readiness())
-        self._health_tasks.add(task)
-        task.add_done_callback(self._health_tasks.discard)
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if self._ready()
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        self.health.set(SERVICE_NAME, status)
 
     def _ready(self) -> bool:
         return self.pool is not None and self.pool.ready and not self._stopping
@@ -123,15 +114,6 @@ class MoeControlServer:
                 for w in workers
             ],
         }
-
-    async def _publish_readiness(self) -> None:
-        ready = self._ready()
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if ready
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        await self.health.set(SERVICE_NAME, status)
 
     # -- life cycle
 
@@ -160,43 +142,49 @@ class MoeControlServer:
         )
         for worker in self.pool.workers:
             self.metrics.set_worker_ready(worker.index, worker.device, False)
+        self.health.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)
+        self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
 
+        # The private server: worker-bound calls forwarded by the fronts, which counted
+        # them already (so this one counts nothing) and checked the token (checked again).
         token = s.token()
-        processes = s.process_count() if self._runtime_dir is not None else 1
-        self.server = grpc.aio.server(
-            options=s.grpc_options(reuseport=processes > 1),
-            maximum_concurrent_rpcs=s.max_concurrent_rpcs or None,
-        )
         self.servicer = MoeControlServicer(self.pool, self.metrics, s)
-        registrar = ServerInterceptor(self.metrics, token=token).registrar(self.server)
+        target = f"unix:{os.path.join(self._runtime_dir, 'primary.sock')}"
+        self.internal = grpc.aio.server(options=s.grpc_options())
+        registrar = ServerInterceptor(None, token=token).registrar(self.internal)
         add_to_server(self.servicer, registrar)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, registrar)  # type: ignore[arg-type]
-        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(  # type: ignore[no-untyped-call]
-            reflection.aio.ReflectionServicer(REFLECTED), registrar
-        )
         registrar.install()
-        await self.health.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)
-        await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.internal.add_insecure_port(target) == 0:
+            raise OSError(f"cannot listen on {target}")
+        await self.internal.start()
 
-        address = f"{s.host}:{s.port}"
-        credentials = server_credentials(s)
-        if credentials is None:
-            port = self.server.add_insecure_port(address)
-        else:
-            port = self.server.add_secure_port(address, credentials)
-        if port == 0:
-            raise OSError(f"cannot listen on {address}")
-        await self.server.start()
+        processes = s.process_count()
+        self.front = build_front(
+            s,
+            port=s.port,
+            metrics=self.metrics,
+            selection=self.servicer.selection,
+            health_servicer=self.health,
+            internal_target=target,
+            reuseport=processes > 1,
+        )
         self.pool.start()
         if processes > 1:
-            await self._start_replicas(processes - 1, port, token)
-        grpc_address = f"{_host_for_url(s.host)}:{port}"
+            self.replicas = ReplicaSet(
+                processes - 1,
+                {"settings": settings_to_json(s), "port": self.front.port, "internal": target},
+                env=os.environ,
+                restart_backoff_s=s.worker_restart_backoff_s,
+            )
+            self.replicas.publish(self._state())
+            await self.replicas.start()
+        grpc_address = f"{_host_for_url(s.host)}:{self.front.port}"
         log.info(
             "serving",
             extra={
                 "event": "serving",
                 "grpc": grpc_address,
-                "tls": credentials is not None,
+                "tls": self.front.tls,
                 "mtls": s.tls_client_ca is not None,
                 "auth": token is not None,
                 "metrics": metrics_url,
@@ -207,45 +195,26 @@ class MoeControlServer:
         )
         return Endpoints(grpc_address, metrics_url)
 
-    async def _start_replicas(self, count: int, port: int, token: str | None) -> None:
-        """The private endpoint for forwarded calls (counted by the replica that took them,
-        so not here), then the replicas, which listen on `port` too."""
-        assert self._runtime_dir is not None and self.servicer is not None
-        s = self.settings
-        target = f"unix:{os.path.join(self._runtime_dir, 'primary.sock')}"
-        self.internal = grpc.aio.server(options=s.grpc_options())
-        registrar = ServerInterceptor(None, token=token).registrar(self.internal)
-        add_to_server(self.servicer, registrar)
-        registrar.install()
-        if self.internal.add_insecure_port(target) == 0:
-            raise OSError(f"cannot listen on {target}")
-        await self.internal.start()
-        self.replicas = ReplicaSet(
-            count,
-            {"settings": settings_to_json(s), "port": port, "internal": target},
-            env=os.environ,
-            restart_backoff_s=s.worker_restart_backoff_s,
-        )
-        self.replicas.publish(self._state())
-        await self.replicas.start()
-
     async def stop(self) -> None:
-        """Drain and stop, in order: health, gRPC (with grace; replicas drain at the same
-        time), the replicas' private endpoint, workers, /metrics."""
+        """Drain and stop, in order: health, the fronts (with grace; the replicas drain at
+        the same time), the private server, workers, /metrics."""
         if self._stopping:
             return
         self._stopping = True
-        log.info("shutting down", extra={"event": "shutdown", "grace_s": self.settings.grace_s})
-        await self.health.enter_graceful_shutdown()
+        grace = self.settings.grace_s
+        log.info("shutting down", extra={"event": "shutdown", "grace_s": grace})
+        self.health.enter_graceful_shutdown()
         replicas = None
         if self.replicas is not None:
-            replicas = asyncio.create_task(self.replicas.stop(self.settings.grace_s))
-        if self.server is not None:
-            await self.server.stop(self.settings.grace_s)
+            replicas = asyncio.create_task(self.replicas.stop(grace))
+        if self.front is not None:
+            await asyncio.to_thread(self.front.stop(grace).wait)
         if replicas is not None:
             await replicas
         if self.internal is not None:
-            await self.internal.stop(self.settings.grace_s)
+            await self.internal.stop(grace)
+        if self.front is not None:
+            self.front.close()
         if self.pool is not None:
             await self.pool.stop()
         if self.servicer is not None:
@@ -253,6 +222,8 @@ class MoeControlServer:
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
+        if self._own_dir is not None:
+            self._own_dir.cleanup()
         log.info("stopped", extra={"event": "stopped"})
 
 
@@ -276,11 +247,9 @@ def _host_for_url(host: str) -> str:
 
 async def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
-    with contextlib.ExitStack() as stack:
-        runtime_dir = None
+    with tempfile.TemporaryDirectory(prefix="moe-control-") as runtime_dir:
         metrics = None
         if settings.process_count() > 1:
-            runtime_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="moe-control-"))
             metrics_dir = os.path.join(runtime_dir, "metrics")
             os.mkdir(metrics_dir)
             enable_multiprocess(metrics_dir)

@@ -1,6 +1,7 @@
 """The server's one interceptor: bearer-token auth, domain error -> status mapping, metrics.
 
-All three wrap every RPC the same way, so they are one wrapper around each method handler.
+All three wrap every RPC the same way, so they are one wrapper around each method handler,
+for the handlers of a grpc.aio server (coroutines) and of a sync grpc server alike.
 It is applied when the handlers are registered (`ServerInterceptor.registrar`), not as a
 `grpc.aio.ServerInterceptor`: grpc.aio awaits an interceptor's `intercept_service` coroutine
 on every call, even one that only returns a cached handler, and that alone measured about
@@ -16,7 +17,7 @@ import hmac
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeAlias
 
 import grpc
@@ -31,6 +32,7 @@ HEALTH_SERVICE = "grpc.health.v1.Health"
 #: Services callable without a token.
 AUTH_EXEMPT_SERVICES = frozenset({HEALTH_SERVICE})
 
+DENY = "missing or wrong bearer token (metadata 'authorization: Bearer <token>')"
 _OK = grpc.StatusCode.OK.name
 _CANCELLED = grpc.StatusCode.CANCELLED.name
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
@@ -108,7 +110,7 @@ class ServerInterceptor:
         self._token_digest = _digest(token) if token else None
         self._wrapped: dict[str, tuple[Handler, Handler]] = {}
 
-    def registrar(self, server: grpc.aio.Server) -> HandlerRegistrar:
+    def registrar(self, server: grpc.aio.Server | grpc.Server) -> HandlerRegistrar:
         """A stand-in for `server` in `add_*Servicer_to_server` calls; see HandlerRegistrar."""
         return HandlerRegistrar(server, self)
 
@@ -158,7 +160,15 @@ class ServerInterceptor:
             else _UncountedMethod()
         )
         check_auth = self._token_digest is not None and service not in AUTH_EXEMPT_SERVICES
-        deny = "missing or wrong bearer token (metadata 'authorization: Bearer <token>')"
+        behaviour = (
+            handler.unary_unary
+            or handler.unary_stream
+            or handler.stream_unary
+            or handler.stream_stream
+        )
+        is_async = inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour)
+        if not is_async:
+            return self._wrap_sync(handler, stats, check_auth)
 
         if not handler.request_streaming and not handler.response_streaming:
             inner: Any = handler.unary_unary
@@ -168,7 +178,7 @@ class ServerInterceptor:
                 stats.started.inc()
                 try:
                     if check_auth and not self._authorized(context):
-                        raise UnauthenticatedError(deny)
+                        raise UnauthenticatedError(DENY)
                     response = await inner(request, context)
                 except asyncio.CancelledError:
                     stats.handled(_CANCELLED, time.perf_counter() - start)
@@ -199,7 +209,7 @@ class ServerInterceptor:
         ) -> AsyncIterator[Any]:
             """Run the handler as an async iterator of responses, whatever its style."""
             if check_auth and not self._authorized(context):
-                raise UnauthenticatedError(deny)
+                raise UnauthenticatedError(DENY)
             if handler.request_streaming:
                 request = counted(request)
             else:
@@ -257,6 +267,114 @@ class ServerInterceptor:
             response_serializer=handler.response_serializer,
         )
 
+    # -- handlers of a sync grpc.Server (run in its thread pool)
+
+    def _wrap_sync(
+        self, handler: Handler, stats: _MethodMetrics | _UncountedMethod, check_auth: bool
+    ) -> Handler:
+        """The same wrapper for a sync handler: errors end the call through the sync
+        context's abort (which raises), Passthrough ends it with the status it carries."""
+        request_streaming = handler.request_streaming
+        response_streaming = handler.response_streaming
+        original: Any = (
+            handler.unary_unary
+            or handler.unary_stream
+            or handler.stream_unary
+            or handler.stream_stream
+        )
+        authorized = self._authorized
+
+        def fail(exc: Exception, context: Any, start: float) -> None:
+            """Count and end the call for `exc`; always raises."""
+            if isinstance(exc, Passthrough):
+                stats.handled(exc.code.name, time.perf_counter() - start)
+                context.set_trailing_metadata(exc.trailing)
+                context.abort(exc.code, exc.details)
+            code = context.code()
+            if type(exc) is Exception and isinstance(code, grpc.StatusCode):
+                stats.handled(code.name, time.perf_counter() - start)  # the handler aborted
+                raise exc
+            status = status_for(exc)
+            name = _CODE_NAMES.get(status.code, "UNKNOWN")
+            if name == "INTERNAL":
+                log.error("unhandled error in an RPC", exc_info=exc)
+            stats.handled(name, time.perf_counter() - start)
+            context.abort_with_status(rpc_status.to_status(status))
+
+        def counted(requests: Iterator[Any]) -> Iterator[Any]:
+            for item in requests:
+                stats.received.inc()
+                yield item
+
+        def begin(request: Any, context: Any) -> Any:
+            stats.started.inc()
+            if check_auth and not authorized(context):
+                raise UnauthenticatedError(DENY)
+            if request_streaming:
+                return counted(request)
+            stats.received.inc()
+            return request
+
+        if not response_streaming:
+
+            def unary_response(request: Any, context: Any) -> Any:
+                start = time.perf_counter()
+                try:
+                    response = original(begin(request, context), context)
+                except Exception as exc:
+                    fail(exc, context, start)
+                stats.sent.inc()
+                stats.handled(_OK, time.perf_counter() - start)
+                return response
+
+            factory = (
+                grpc.stream_unary_rpc_method_handler
+                if request_streaming
+                else grpc.unary_unary_rpc_method_handler
+            )
+            return factory(
+                unary_response,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+
+        def stream_response(request: Any, context: Any) -> Iterator[Any]:
+            start = time.perf_counter()
+            try:
+                for item in original(begin(request, context), context):
+                    stats.sent.inc()
+                    yield item
+            except GeneratorExit:  # the caller went away
+                stats.handled(_CANCELLED, time.perf_counter() - start)
+                raise
+            except Exception as exc:
+                fail(exc, context, start)
+            stats.handled(_OK, time.perf_counter() - start)
+
+        factory = (
+            grpc.stream_stream_rpc_method_handler
+            if request_streaming
+            else grpc.unary_stream_rpc_method_handler
+        )
+        return factory(
+            stream_response,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+class Passthrough(Exception):  # noqa: N818 - a status to pass on, not an error of ours
+    """End the call with exactly this status (what forward.py raises with the status the
+    target answered): no mapping, counted under its own code."""
+
+    def __init__(
+        self, code: grpc.StatusCode, details: str, trailing: tuple[tuple[str, Any], ...] = ()
+    ) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+        self.trailing = trailing
+
 
 class _WrappedGenericHandler(grpc.GenericRpcHandler):
     """A generic handler whose answers come wrapped (only found methods are remembered, so
@@ -281,7 +399,9 @@ class HandlerRegistrar:
     servicer's bytes-level SelectBackend replaces the generated one) instead of registering
     the method with the core twice."""
 
-    def __init__(self, server: grpc.aio.Server, interceptor: ServerInterceptor) -> None:
+    def __init__(
+        self, server: grpc.aio.Server | grpc.Server, interceptor: ServerInterceptor
+    ) -> None:
         self._server = server
         self._interceptor = interceptor
         self._registered: dict[str, dict[str, Handler]] = {}

@@ -11,6 +11,7 @@ no oracle, no serialisation. This is why SelectBackend is registered at the byte
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -109,6 +110,7 @@ class Selection:
         self._platforms = platforms
         self._metrics = metrics
         self.cache = AnswerCache(cache_bytes) if cache_bytes > 0 else None
+        self._lock = threading.Lock()
         self.presets = pb.ListPlatformPresetsResponse(
             presets=[
                 platform_pb2.PlatformPreset(name=name, profile=codec.platform_to_pb(profile))
@@ -143,20 +145,15 @@ class Selection:
             counter.inc()
         return codec.select_response(decision, deployment.platform, default), counters
 
-    async def select_backend(
-        self, request: pb.SelectBackendRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.SelectBackendResponse:
-        return self.answer(request)
-
-    async def select_backend_bytes(
-        self, data: bytes, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> bytes:
+    def select_backend_bytes(self, data: bytes, context: Any) -> bytes:
         """SelectBackend on the wire form: a kept answer when there is one, else decide and
-        keep it. Only answers are kept; errors are decided again each time."""
+        keep it. Only answers are kept; errors are decided again each time. Runs in the
+        front server's threads (front.py), hence the lock around the cache."""
         generation = self._platforms.generation
         cache = self.cache
         if cache is not None:
-            kept = cache.get(data, generation)
+            with self._lock:
+                kept = cache.get(data, generation)
             if kept is not None:
                 for counter in kept.counters:
                     counter.inc()
@@ -170,17 +167,18 @@ class Selection:
         response, counters = self._decide(request)
         payload: bytes = response.SerializeToString()
         if cache is not None:
-            cache.put(data, CachedAnswer(generation, payload, counters))
+            with self._lock:
+                cache.put(data, CachedAnswer(generation, payload, counters))
         return payload
 
-    async def list_platform_presets(
-        self, request: pb.ListPlatformPresetsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    def list_platform_presets(
+        self, request: pb.ListPlatformPresetsRequest, context: Any
     ) -> pb.ListPlatformPresetsResponse:
         return self.presets
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
         """The MoeControlService methods that need no worker, by name (SelectBackend on
-        bytes): what a replica process serves itself."""
+        bytes), as sync handlers: what the front server of every process serves itself."""
         return {
             "SelectBackend": grpc.unary_unary_rpc_method_handler(self.select_backend_bytes),
             "ListPlatformPresets": grpc.unary_unary_rpc_method_handler(

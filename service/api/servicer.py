@@ -120,8 +120,7 @@ class MoeControlServicer(pb_grpc.MoeControlServiceServicer):
 
 
 def add_to_server(servicer: MoeControlServicer, server: Any) -> None:
-    """Register the service on `server`, a HandlerRegistrar (interceptors.py): the generated
-    handlers, then SelectBackend at the byte level in place of the generated one (see
-    selection.py), which the registrar's merge makes a replacement."""
+    """Register the service on `server` (a grpc.aio server, or a HandlerRegistrar in front
+    of one). This is the primary's private server; the public fronts serve SelectBackend
+    and the preset list themselves (front.py)."""
     pb_grpc.add_MoeControlServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
-    server.add_registered_method_handlers(SERVICE_NAME, servicer.selection.handlers())

@@ -57,6 +57,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--server", help="ask a moe-control server at HOST:PORT instead")
     parser.add_argument("--token", help="bearer token for --server")
     parser.add_argument("--tls-ca", type=Path, help="CA bundle to verify --server over TLS")
+    parser.add_argument(
+        "--tls-cert", type=Path, help="client certificate chain for --server with mTLS"
+    )
+    parser.add_argument("--tls-key", type=Path, help="private key of --tls-cert")
     parser.set_defaults(handler=run)
 
 
@@ -207,7 +211,18 @@ def run(args: argparse.Namespace) -> int:
 def _remote(args: argparse.Namespace, spec: dict[str, Any]) -> tuple[dict[str, Any], int]:
     from service.api.client import RemoteSelectionError, remote_select
 
+    if (args.tls_cert is None) != (args.tls_key is None):
+        problem = "give --tls-cert and --tls-key together (the client certificate for mTLS)"
+        return {"invalid": [{"field": "--tls-cert", "description": problem}]}, EXIT_BAD_INPUT
     try:
-        return remote_select(args.server, spec, token=args.token, tls_ca=args.tls_ca), EXIT_OK
+        result = remote_select(
+            args.server,
+            spec,
+            token=args.token,
+            tls_ca=args.tls_ca,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+        )
     except RemoteSelectionError as exc:
         return exc.result, exc.exit_code
+    return result, EXIT_OK

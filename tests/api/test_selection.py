@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -53,8 +52,7 @@ def request_bytes(**spec: Any) -> bytes:
 
 
 def ask(selection: Selection, data: bytes) -> pb.SelectBackendResponse:
-    payload = asyncio.run(selection.select_backend_bytes(data, None))  # type: ignore[arg-type]
-    return pb.SelectBackendResponse.FromString(payload)
+    return pb.SelectBackendResponse.FromString(selection.select_backend_bytes(data, None))
 
 
 def selections(metrics: Metrics) -> dict[tuple[str, str], float]:

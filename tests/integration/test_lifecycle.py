@@ -21,6 +21,7 @@ from integration.serverproc import SERVICE, ServerProcess, health_status, wait_f
 from service.api.client import RemoteSelectionError, remote_select
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
+from service.cli import main as cli_main
 
 SPEC = {
     "hf_quantization_config": {
@@ -185,7 +186,9 @@ def test_tls_accepts_verified_clients_and_refuses_plaintext(
     assert remote_select(target, SPEC, tls_ca=pki / "ca.pem")["backend"] == "MARLIN"
 
 
-def test_mtls_requires_a_client_certificate(server_factory: Factory, pki: Path) -> None:
+def test_mtls_requires_a_client_certificate(
+    server_factory: Factory, pki: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     server = server_factory(
         "--tls-cert", str(pki / "server.pem"),
         "--tls-key", str(pki / "server.key"),
@@ -205,6 +208,21 @@ def test_mtls_requires_a_client_certificate(server_factory: Factory, pki: Path) 
         tls_key=pki / "client.key",
     )
     assert result["backend"] == "MARLIN"
+    # The CLI: `select --server` with the client certificate, without it, with half of it.
+    deployment = tmp_path / "deployment.json"
+    deployment.write_text(json.dumps(SPEC))
+    base = ["select", "--deployment", str(deployment), "--json"]
+    base += ["--server", f"localhost:{server.port}", "--tls-ca", str(pki / "ca.pem")]
+    capsys.readouterr()
+    client = ["--tls-cert", str(pki / "client.pem"), "--tls-key", str(pki / "client.key")]
+    assert cli_main([*base, *client]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["backend"] == "MARLIN"
+    assert answer["server_platform"]["device"] == "cpu"
+    assert cli_main(base) == 3  # the handshake fails: a transport error
+    assert json.loads(capsys.readouterr().out)["error"]["type"] == "UNAVAILABLE"
+    assert cli_main([*base, "--tls-cert", str(pki / "client.pem")]) == 2
+    assert "--tls-key" in capsys.readouterr().out
 
 
 def test_bad_settings_fail_fast(tmp_path: Path) -> None:
