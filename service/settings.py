@@ -123,6 +123,20 @@ class Settings:
     convert_chunk_bytes: int = field(
         default=1 * MIB, metadata=_doc("default size of the tensor chunks ConvertWeights sends")
     )
+    layer_budget_mib: int = field(
+        default=8192,
+        metadata=_doc(
+            "device memory each worker may hold in kept layers; the least recently used "
+            "are evicted to make room (0: no limit)"
+        ),
+    )
+    run_max_tokens: int = field(
+        default=16384, metadata=_doc("most tokens (hidden_states rows) one RunMoE may carry")
+    )
+    run_max_inline_bytes: int = field(
+        default=64 * MIB,
+        metadata=_doc("most bytes of inline weights one RunMoE may carry (larger: keep_loaded)"),
+    )
     segment_dir: Path | None = field(
         default=None,
         metadata=_doc(

@@ -50,7 +50,7 @@ from service.oracle import (
     parse_deployment,
     preset,
 )
-from service.settings import Settings
+from service.settings import MIB, Settings
 from service.worker.errors import WorkerCallError
 from service.worker.segments import Segment, SegmentDir, SegmentError
 from service.worker.supervisor import WorkerHandle, WorkerPool
@@ -206,6 +206,7 @@ class ConvertWeightsHandler:
                 "return_tensors": return_tensors,
                 "out_prefix": f"{prefix}out-",
                 "deployment": deployment.to_json(),
+                "layer_budget_bytes": self._settings.layer_budget_mib * MIB,
             }
 
             def abandoned(late: dict[str, Any] | None) -> None:

@@ -127,9 +127,12 @@ def _keep(worker: Worker, params: dict[str, Any], result: inline.InlineResult) -
         "intermediate_size": int(shape["intermediate_size"]),
         "byte_size": size,
         "load_time": now_rfc3339(),
+        "device": worker.device,
     }
+    budget = params.get("layer_budget_bytes")
     worker.layers.add(
-        LoadedLayer(layer_id, info, dict(result.tensors), dict(params.get("deployment") or {}))
+        LoadedLayer(layer_id, info, dict(result.tensors), dict(params.get("deployment") or {})),
+        budget_bytes=None if budget is None else int(budget),
     )
     return layer_id
 
