@@ -195,7 +195,7 @@ class ConvertSummary(_message.Message):
     def __init__(self, target_format: _Optional[_Union[KernelFormat, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.TensorHeader, _Mapping]]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., layer_id: _Optional[str] = ..., manifest_path: _Optional[str] = ..., device_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., layers_converted: _Optional[int] = ..., layers_skipped: _Optional[int] = ..., backend_chosen_by: _Optional[str] = ...) -> None: ...
 
 class RunMoERequest(_message.Message):
-    __slots__ = ("layer_id", "inline_layer", "hidden_states", "router_logits", "topk", "backend", "worker_index", "warmup_iterations", "timed_iterations", "compare_with_reference")
+    __slots__ = ("layer_id", "inline_layer", "hidden_states", "router_logits", "topk", "backend", "worker_index", "warmup_iterations", "timed_iterations", "compare_with_reference", "validate_inputs")
     LAYER_ID_FIELD_NUMBER: _ClassVar[int]
     INLINE_LAYER_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +206,7 @@ class RunMoERequest(_message.Message):
     WARMUP_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
     TIMED_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
     COMPARE_WITH_REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_INPUTS_FIELD_NUMBER: _ClassVar[int]
     layer_id: str
     inline_layer: InlineLayer
     hidden_states: _tensor_pb2.Tensor
@@ -216,7 +217,8 @@ class RunMoERequest(_message.Message):
     warmup_iterations: int
     timed_iterations: int
     compare_with_reference: bool
-    def __init__(self, layer_id: _Optional[str] = ..., inline_layer: _Optional[_Union[InlineLayer, _Mapping]] = ..., hidden_states: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., router_logits: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., topk: _Optional[_Union[TopKRouting, _Mapping]] = ..., backend: _Optional[str] = ..., worker_index: _Optional[int] = ..., warmup_iterations: _Optional[int] = ..., timed_iterations: _Optional[int] = ..., compare_with_reference: _Optional[bool] = ...) -> None: ...
+    validate_inputs: bool
+    def __init__(self, layer_id: _Optional[str] = ..., inline_layer: _Optional[_Union[InlineLayer, _Mapping]] = ..., hidden_states: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., router_logits: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., topk: _Optional[_Union[TopKRouting, _Mapping]] = ..., backend: _Optional[str] = ..., worker_index: _Optional[int] = ..., warmup_iterations: _Optional[int] = ..., timed_iterations: _Optional[int] = ..., compare_with_reference: _Optional[bool] = ..., validate_inputs: _Optional[bool] = ...) -> None: ...
 
 class TopKRouting(_message.Message):
     __slots__ = ("topk_ids", "topk_weights")
@@ -285,7 +287,7 @@ class ListWorkersResponse(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[_platform_pb2.WorkerInfo, _Mapping]]] = ..., ready: _Optional[bool] = ...) -> None: ...
 
 class LayerInfo(_message.Message):
-    __slots__ = ("layer_id", "worker_index", "format", "num_experts", "hidden_size", "intermediate_size", "byte_size", "load_time")
+    __slots__ = ("layer_id", "worker_index", "format", "num_experts", "hidden_size", "intermediate_size", "byte_size", "load_time", "last_used_time", "device")
     LAYER_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_INDEX_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
@@ -294,6 +296,8 @@ class LayerInfo(_message.Message):
     INTERMEDIATE_SIZE_FIELD_NUMBER: _ClassVar[int]
     BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
     LOAD_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_USED_TIME_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     layer_id: str
     worker_index: int
     format: KernelFormat
@@ -302,7 +306,9 @@ class LayerInfo(_message.Message):
     intermediate_size: int
     byte_size: int
     load_time: _timestamp_pb2.Timestamp
-    def __init__(self, layer_id: _Optional[str] = ..., worker_index: _Optional[int] = ..., format: _Optional[_Union[KernelFormat, _Mapping]] = ..., num_experts: _Optional[int] = ..., hidden_size: _Optional[int] = ..., intermediate_size: _Optional[int] = ..., byte_size: _Optional[int] = ..., load_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    last_used_time: _timestamp_pb2.Timestamp
+    device: str
+    def __init__(self, layer_id: _Optional[str] = ..., worker_index: _Optional[int] = ..., format: _Optional[_Union[KernelFormat, _Mapping]] = ..., num_experts: _Optional[int] = ..., hidden_size: _Optional[int] = ..., intermediate_size: _Optional[int] = ..., byte_size: _Optional[int] = ..., load_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_used_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., device: _Optional[str] = ...) -> None: ...
 
 class ListLayersRequest(_message.Message):
     __slots__ = ("worker_index",)
