@@ -12,7 +12,7 @@ HOST ?= 127.0.0.1
 PORT ?= 50151
 METRICS_PORT ?= 9464
 
-.PHONY: run test lint typecheck unit parity install install-vllm clean help bench protos proto-lint load-bench gpu-test
+.PHONY: fuzz-long run test lint typecheck unit parity install install-vllm clean help bench protos proto-lint load-bench gpu-test
 
 help:
 	@echo "make run   - install on first use and serve on $(HOST):$(PORT) (metrics on :$(METRICS_PORT))"
@@ -88,6 +88,14 @@ load-bench: $(VENV)/.stamp
 gpu-test: $(VENV)/.stamp
 	PYTHON=$(BIN)/python scripts/prepare_gpu_deps.sh
 	@echo "Now run on the H200 (device run, carry [\".gpu\"]): bash scripts/gpu_test.sh"
+
+# The nightly-size hostile-input run: every property of tests/reliability 10,000 times
+# the answers counted per method and status in build/fuzz-report.json.
+FUZZ_EXAMPLES ?= 10000
+fuzz-long: $(VENV)/.stamp
+	mkdir -p build
+	MOE_CONTROL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) MOE_CONTROL_FUZZ_REPORT=build/fuzz-report.json \
+		$(BIN)/pytest -q -p no:cacheprovider tests/reliability
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) node_modules .mypy_cache .ruff_cache .pytest_cache

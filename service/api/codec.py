@@ -76,6 +76,10 @@ def parse_json_object(text: str, field: str) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidSpecError.single(field, f"not valid JSON: {exc}") from None
+    except RecursionError:
+        # Hostile nesting ("[[[[..." a few thousand deep) overflows the decoder's recursion;
+        # without this it surfaced as INTERNAL (tests/reliability).
+        raise InvalidSpecError.single(field, "nested too deeply") from None
     if not isinstance(value, dict):
         raise InvalidSpecError.single(field, "must be a JSON object")
     return value

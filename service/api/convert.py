@@ -25,6 +25,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
 from service.api import codec, convert_codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import tensor_pb2
@@ -123,7 +125,7 @@ class ConvertWeightsHandler:
         self, requests: AsyncIterator[pb.ConvertWeightsRequest], context: Any
     ) -> AsyncIterator[pb.ConvertWeightsResponse]:
         started = time.perf_counter()
-        stream = aiter(requests)
+        stream = _decoded(requests)
         first = await anext(stream, None)
         if first is None or first.WhichOneof("message") != "header":
             raise ConvertInputError(
@@ -448,3 +450,21 @@ async def _until_done(
                 await getter
     while not events.empty():
         yield events.get_nowait()
+
+
+async def _decoded(
+    requests: AsyncIterator[pb.ConvertWeightsRequest],
+) -> AsyncIterator[pb.ConvertWeightsRequest]:
+    """The request stream, a message grpc cannot parse as INVALID_ARGUMENT: grpc raises the
+    DecodeError while reading, and unmapped it answered INTERNAL (tests/reliability)."""
+    stream = aiter(requests)
+    while True:
+        try:
+            message = await anext(stream)
+        except StopAsyncIteration:
+            return
+        except DecodeError:
+            raise ConvertInputError(
+                "request", "a stream message is not a moe_control.v1.ConvertWeightsRequest"
+            ) from None
+        yield message

@@ -37,7 +37,10 @@ def tensor_spec(header: tensor_pb2.TensorHeader) -> TensorSpec:
     dtype = dtype_name(header.dtype) or f"<enum {header.dtype}>"
     packing = None
     if header.HasField("packing") and header.packing.order != tensor_pb2.PACK_ORDER_UNSPECIFIED:
-        order = tensor_pb2.PackOrder.Name(header.packing.order).removeprefix(_ORDER_PREFIX)
+        try:
+            order = tensor_pb2.PackOrder.Name(header.packing.order).removeprefix(_ORDER_PREFIX)
+        except ValueError:  # an unknown (open-enum) value: validation names the field
+            order = f"<enum {header.packing.order}>"
         packing = Packing(header.packing.packed_dim, order.lower())
     derived = TensorSpec.of(header.name, dtype, list(header.shape))
     return TensorSpec(
