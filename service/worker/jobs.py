@@ -34,6 +34,10 @@ CATEGORIES: dict[str, str] = {
     "ConvertInputError": "invalid_argument",
     "FormatError": "invalid_argument",
     "SegmentError": "resource_exhausted",
+    "KernelInputError": "invalid_argument",
+    "LayerMissingError": "not_found",
+    "LayerBudgetError": "resource_exhausted",
+    "KernelUnavailableError": "backend_unavailable",
 }
 
 

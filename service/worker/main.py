@@ -28,6 +28,7 @@ log = logging.getLogger("moe_control.worker")
 BACKGROUND: dict[str, str] = {
     "convert_layer": "service.worker.convert:convert_layer",
     "convert_checkpoint": "service.worker.convert:convert_checkpoint",
+    "run_moe": "service.worker.run:run_moe",
 }
 
 

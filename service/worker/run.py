@@ -1,0 +1,316 @@
+"""The worker's RunMoE job: one fused MoE forward on a kept layer or on inline weights.
+
+Inputs arrive as segments the server filled (hidden states, router logits or top-k ids and
+weights, inline weights); they are viewed as tensors without a copy, moved to the worker's
+device, routed (vLLM's default top-k: softmax or sigmoid, top-k, optional renormalize),
+run through the layer's prepared backend, and the output is written into a new segment
+for the server. Nothing crosses the pipe but names and numbers.
+
+A backend is never substituted: the layer runs with the backend it was converted for, or
+the one the request names if that backend reads the layer's layout; anything else is an
+input error naming `backend`, and a backend that cannot run on this device is
+`KernelUnavailableError`. Every input error is raised before a kernel is launched, so the
+worker stays healthy.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from service.formats import inline
+from service.formats.plan import SourceSpec
+from service.formats.streaming import DTYPES, FROM_TORCH, TensorSpec
+from service.kernels.activation import resolve
+from service.kernels.errors import KernelInputError, KernelUnavailableError
+from service.kernels.interface import ExpertsBackend, LayerSpec
+from service.kernels.routing import given_route, topk_route
+from service.worker.jobs import JobContext
+from service.worker.layers import LoadedLayer
+from service.worker.segments import Segment, SegmentDir
+
+if TYPE_CHECKING:
+    from service.worker.main import Worker
+
+#: (backend asked for, layout the layer is in) -> the class that runs it, "module:Class".
+#: A backend absent for a layout cannot read that layout: no silent substitution.
+BACKENDS: dict[tuple[str, str], str] = {
+    ("EMULATION", "EMULATION"): "service.kernels.dense:DenseEmulationExperts",
+    ("EMULATION", "TRITON"): "service.kernels.emulation:EmulationExperts",
+    ("TRITON", "TRITON"): "service.kernels.triton_wna16:TritonWNA16Experts",
+    ("MARLIN", "MARLIN"): "service.kernels.marlin:MarlinExperts",
+    ("HUMMING", "HUMMING"): "service.kernels.humming:HummingExperts",
+}
+
+#: Most timed or warm-up iterations one call may ask for (each is a whole forward).
+MAX_ITERATIONS = 1000
+
+
+def backend_class(backend: str, layout: str) -> type[ExpertsBackend]:
+    path = BACKENDS.get((backend, layout))
+    if path is None:
+        readers = sorted(b for b, lay in BACKENDS if lay == layout)
+        raise KernelInputError(
+            "backend",
+            f"{backend or '(none)'} cannot run a layer in the {layout} layout; "
+            f"backends that read it: {readers}",
+        )
+    module, _, name = path.partition(":")
+    cls: type[ExpertsBackend] = getattr(importlib.import_module(module), name)
+    return cls
+
+
+def kernel_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Tensors under the kernels' names (``w13_qweight``), without a checkpoint prefix."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        short = name.rsplit(".", 1)[-1]
+        out[short] = tensor
+    return out
+
+
+def layer_spec(info: dict[str, Any], tensors: dict[str, torch.Tensor], gated: bool) -> LayerSpec:
+    """The kernels' descriptor of a kept layer, from its LayerInfo and tensor names."""
+    fmt = info.get("format") or {}
+    return LayerSpec(
+        num_experts=int(info["num_experts"]),
+        hidden_size=int(info["hidden_size"]),
+        intermediate_size=int(info["intermediate_size"]),
+        bits=int(fmt.get("bits", 4)),
+        group_size=int(fmt.get("group_size", -1)),
+        has_zero_points=bool(fmt.get("has_zero_points", False)),
+        has_bias=any(name.endswith("_bias") for name in tensors),
+        gated=gated,
+        act_order=any("g_idx" in name for name in tensors),
+        layout=str(fmt.get("backend", "")),
+    )
+
+
+def prepared(layer: LoadedLayer, backend: str, device: torch.device) -> ExpertsBackend:
+    """The layer's backend, prepared once (a different backend asked for is prepared on
+    the spot and not kept: the layer's own one is what repeated calls use)."""
+    layout = str(layer.info.get("format", {}).get("backend", ""))
+    wanted = backend or layout
+    cls = backend_class(wanted, layout)
+    reason = cls.unavailable_reason(device)
+    if reason is not None:
+        raise KernelUnavailableError(wanted, reason)
+    activation = resolve(str((layer.deployment.get("layer") or {}).get("activation", "silu")))
+
+    def make(item: LoadedLayer) -> ExpertsBackend:
+        tensors = kernel_names(item.tensors)
+        runner = cls()
+        runner.prepare(tensors, layer_spec(item.info, tensors, activation.gated))
+        return runner
+
+    if wanted == layout:
+        runner: ExpertsBackend = layer.backend_for(make)
+        return runner
+    return make(layer)
+
+
+def _tensor(segment: Segment, spec: TensorSpec) -> torch.Tensor:
+    dtype = getattr(torch, DTYPES[spec.dtype].torch_name)
+    if spec.byte_size == 0:
+        return torch.empty(spec.shape, dtype=dtype)
+    return torch.frombuffer(segment.view, dtype=torch.uint8).view(dtype).reshape(spec.shape)
+
+
+class _Timer:
+    """Device time of a region: CUDA events on a GPU, the wall clock elsewhere."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def time(self, run: Callable[[], Any], iterations: int) -> float:
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start.record()
+            for _ in range(iterations):
+                run()
+            end.record()
+            end.synchronize()
+            return float(start.elapsed_time(end)) / 1e3 / iterations
+        began = time.perf_counter()
+        for _ in range(iterations):
+            run()
+        return (time.perf_counter() - began) / iterations
+
+
+def _inline_layer(worker: Worker, spec: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
+    """Convert inline weights on the fly into a LoadedLayer that is never stored."""
+    shape = spec["shape"]
+    backend = str(spec["backend"])
+    result = inline.convert_layer(
+        tensors,
+        source=SourceSpec.from_json(spec["source"]),
+        backend=backend,
+        shape=inline.LayerShape(
+            int(shape["num_experts"]),
+            int(shape["hidden_size"]),
+            int(shape["intermediate_size"]),
+            bool(shape.get("gated", True)),
+        ),
+        device=worker.device,
+        keep_device=True,
+        vllm_quantization=spec.get("quantization"),
+    )
+    descriptor = result.descriptor
+    info = {
+        "layer_id": "",
+        "format": {
+            "backend": backend,
+            "bits": int(descriptor.get("bits", 0)),
+            "group_size": int(descriptor.get("group_size", 0)),
+            "has_zero_points": bool(descriptor.get("has_zero_points", False)),
+        },
+        "num_experts": int(shape["num_experts"]),
+        "hidden_size": int(shape["hidden_size"]),
+        "intermediate_size": int(shape["intermediate_size"]),
+    }
+    return LoadedLayer("", info, dict(result.tensors), dict(spec.get("deployment") or {}))
+
+
+def _route(
+    inputs: dict[str, torch.Tensor], layer: LoadedLayer, tokens: int, validate: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_weights float32, topk_ids int32), from router logits or given top-k."""
+    num_experts = int(layer.info["num_experts"])
+    conf = layer.deployment.get("layer") or {}
+    routing = conf.get("routing") or {}
+    logits = inputs.get("router_logits")
+    if logits is not None:
+        if logits.dim() != 2 or tuple(logits.shape) != (tokens, num_experts):
+            raise KernelInputError(
+                "router_logits",
+                f"must be [{tokens}, {num_experts}] (tokens, experts), got {list(logits.shape)}",
+            )
+        if validate and logits.dtype.is_floating_point and not bool(logits.isfinite().all()):
+            raise KernelInputError("router_logits", "contains NaN or Inf")
+        return topk_route(
+            logits,
+            int(conf.get("top_k", 2)),
+            renormalize=bool(routing.get("renormalize", True)),
+            scoring_func=str(routing.get("scoring_func", "softmax")),
+        )
+    ids, weights = inputs.get("topk.topk_ids"), inputs.get("topk.topk_weights")
+    if ids is None or weights is None:
+        raise KernelInputError("routing", "required: router_logits or topk (ids and weights)")
+    if ids.dim() != 2 or ids.shape[0] != tokens:
+        raise KernelInputError("topk.topk_ids", f"must be [{tokens}, k], got {list(ids.shape)}")
+    if validate and weights.dtype.is_floating_point and not bool(weights.isfinite().all()):
+        raise KernelInputError("topk.topk_weights", "contains NaN or Inf")
+    try:
+        return given_route(ids, weights, num_experts)
+    except KernelInputError as exc:
+        raise KernelInputError(f"topk.{exc.field}", exc.description) from None
+
+
+def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict[str, Any]:
+    segments = SegmentDir(Path(params["segments_dir"]))
+    opened: list[Segment] = []
+    device = torch.device(worker.device)
+    try:
+
+        def load(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+            out: dict[str, torch.Tensor] = {}
+            for item in items:
+                spec = TensorSpec.from_json(item["spec"])
+                segment = segments.open(item["segment"], spec.byte_size)
+                opened.append(segment)
+                out[spec.name] = _tensor(segment, spec)
+            return out
+
+        inputs = load(params["inputs"])
+        if "layer_id" in params:
+            layer = worker.layers.use(str(params["layer_id"]))
+            if layer is None:
+                raise LayerMissingError(str(params["layer_id"]))
+        else:
+            layer = _inline_layer(worker, params["inline"], load(params["inline"]["tensors"]))
+        context.check()
+        validate = bool(params.get("validate"))
+        hidden = inputs["hidden_states"]
+        if hidden.dim() != 2:
+            raise KernelInputError(
+                "hidden_states", f"must be 2-D [tokens, hidden], got {list(hidden.shape)}"
+            )
+        if validate and hidden.dtype.is_floating_point and not bool(hidden.isfinite().all()):
+            raise KernelInputError("hidden_states", "contains NaN or Inf")
+        runner = prepared(layer, str(params.get("backend", "")), device)
+        on_device = {k: v.to(device) for k, v in inputs.items()}
+        hidden = on_device["hidden_states"]
+        weights, ids = _route(on_device, layer, hidden.shape[0], validate)
+        activation = str((layer.deployment.get("layer") or {}).get("activation", "silu"))
+        warmup = min(int(params.get("warmup", 0)), MAX_ITERATIONS)
+        timed = max(1, min(int(params.get("timed", 1)), MAX_ITERATIONS))
+        for _ in range(warmup):
+            runner.forward(hidden, ids, weights, activation, validate=validate)
+        context.check()
+        results: list[torch.Tensor] = []
+
+        def once() -> None:
+            results[:] = [runner.forward(hidden, ids, weights, activation, validate=validate)]
+
+        # The output is the last timed iteration's: no extra untimed forward (under the
+        # Triton interpreter on CPU each one costs seconds).
+        seconds = _Timer(device).time(once, timed)
+        out = results[0]
+        answer: dict[str, Any] = {
+            "backend": runner.name,
+            "device_seconds": seconds,
+            "tokens": int(hidden.shape[0]),
+        }
+        if params.get("compare"):
+            reference = _reference(layer, hidden, ids, weights, activation)
+            diff = (out.to(torch.float32) - reference).abs()
+            answer["max_abs_error"] = float(diff.max()) if diff.numel() else 0.0
+        host = out.detach().to("cpu").contiguous()
+        data = host.view(torch.uint8).reshape(-1).numpy().tobytes() if host.numel() else b""
+        name = str(params["out_segment"])
+        with segments.new(name, len(data)) as segment:
+            segment.view[:] = data
+        answer["output"] = {
+            "segment": name,
+            "spec": TensorSpec.of(
+                "output", FROM_TORCH[str(host.dtype).removeprefix("torch.")], tuple(host.shape)
+            ).to_json(),
+        }
+        return answer
+    finally:
+        for segment in opened:
+            segment.close()
+
+
+def _reference(
+    layer: LoadedLayer,
+    hidden: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    activation: str,
+) -> torch.Tensor:
+    """The float32 EMULATION forward on the same layer (its own layout's reader)."""
+    layout = str(layer.info.get("format", {}).get("backend", ""))
+    runner = prepared(layer, "EMULATION", hidden.device)
+    if layout == "EMULATION":
+        dense: torch.Tensor = runner.forward_fp32_checked(  # type: ignore[attr-defined]
+            hidden, ids, weights, resolve(activation)
+        )
+        return dense
+    result: torch.Tensor = runner.forward_fp32(hidden, ids, weights, activation)  # type: ignore[attr-defined]
+    return result
+
+
+class LayerMissingError(LookupError):
+    """No layer with this id on this worker (evicted, unloaded, or never made)."""
+
+    def __init__(self, layer_id: str) -> None:
+        self.field = "layer_id"
+        self.description = f"this worker holds no layer {layer_id!r} (unloaded or evicted)"
+        super().__init__(self.description)

@@ -1,0 +1,199 @@
+"""The worker side of RunMoE, in process: a kept layer run by id through segments (TRITON
+under the interpreter and EMULATION), routing from logits and given top-k, the reference
+comparison, and every input error with its category and field, the worker unharmed."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    os.environ["TRITON_INTERPRET"] = "1"
+    for _name in ("service.kernels.align", "service.kernels.triton_wna16"):
+        if _name in sys.modules:
+            importlib.reload(sys.modules[_name])
+
+from service.formats.quantize import random_layer
+from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
+from service.formats.streaming import TensorSpec
+from service.kernels.activation import resolve
+from service.kernels.emulation import reference_forward
+from service.kernels.routing import topk_route
+from service.worker.main import Worker
+from service.worker.segments import SegmentDir
+from worker.test_convert_job import Lines, params, put_inputs, request
+
+DEPLOYMENT = {
+    "layer": {
+        "top_k": 2,
+        "activation": "silu",
+        "routing": {"renormalize": True, "scoring_func": "softmax"},
+    }
+}
+
+
+@pytest.fixture(scope="module")
+def layer() -> Any:
+    return random_layer(
+        4, 64, 64, bits=4, group_size=32, symmetric=True, generator=torch.Generator().manual_seed(3)
+    )
+
+
+class Rig:
+    def __init__(self, layer: Any, tmp: Path) -> None:
+        self.lines = Lines()
+        self.worker = Worker("cpu", self.lines)
+        self.segments = SegmentDir.create(tmp)
+        self.calls = 0
+        self.layer = layer
+
+    def call(self, method: str, values: dict[str, Any]) -> dict[str, Any]:
+        self.calls += 1
+        answer = self.worker.handle(request(self.calls, method, values))
+        if answer is not None:
+            from service.worker import protocol
+
+            return protocol.decode(answer)
+        return self.lines.answer(self.calls)
+
+    def keep(self, backend: str) -> str:
+        tensors = write_checkpoint(GPTQ, self.layer, SourceQuantization(4, 32), naming="mixtral")
+        values = params(
+            self.segments,
+            put_inputs(self.segments, tensors),
+            backend=backend,
+            keep_loaded=True,
+            return_tensors=False,
+            deployment=DEPLOYMENT,
+        )
+        values["shape"]["num_experts"] = 4
+        return str(self.call("convert_layer", values)["result"]["layer_id"])
+
+    def run(self, inputs: dict[str, torch.Tensor], **extra: Any) -> dict[str, Any]:
+        self.segments.remove("t-in-")
+        values = {
+            "segments_dir": str(self.segments.path),
+            "inputs": put_inputs(self.segments, inputs),
+            "out_segment": f"t-out-{self.calls}",
+            **extra,
+        }
+        return self.call("run_moe", values)
+
+    def output(self, answer: dict[str, Any]) -> torch.Tensor:
+        spec = TensorSpec.from_json(answer["output"]["spec"])
+        with self.segments.open(answer["output"]["segment"], spec.byte_size) as segment:
+            data = bytearray(segment.view)
+        return torch.frombuffer(data, dtype=torch.bfloat16).reshape(spec.shape).clone()
+
+
+def inputs(tokens: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        "hidden_states": torch.randn(tokens, 64, generator=gen).to(torch.bfloat16),
+        "router_logits": torch.randn(tokens, 4, generator=gen),
+    }
+
+
+def reference(layer: Any, given: dict[str, torch.Tensor]) -> torch.Tensor:
+    weights, ids = topk_route(given["router_logits"], 2)
+    return reference_forward(layer, given["hidden_states"], ids, weights, resolve("silu"))
+
+
+@pytest.mark.parametrize("backend", ["TRITON", "EMULATION"])
+def test_run_by_id_matches_the_fp32_reference(layer: Any, tmp_path: Path, backend: str) -> None:
+    rig = Rig(layer, tmp_path)
+    layer_id = rig.keep(backend)
+    given = inputs(5)
+    answer = rig.run(given, layer_id=layer_id, compare=True)["result"]
+    assert answer["backend"] == backend and answer["tokens"] == 5
+    out = rig.output(answer).to(torch.float32)
+    want = reference(layer, given)
+    relative = float((out - want).norm() / want.norm())
+    assert relative < 1e-2, relative
+    assert answer["max_abs_error"] < 0.05 and answer["device_seconds"] > 0
+    stored = rig.worker.layers.get(layer_id)
+    assert stored is not None and stored.backend is not None  # prepared once, kept
+    prepared = stored.backend
+    rig.run(given, layer_id=layer_id)
+    assert stored.backend is prepared
+
+
+def test_given_topk_and_emulation_on_a_triton_layer(layer: Any, tmp_path: Path) -> None:
+    rig = Rig(layer, tmp_path)
+    layer_id = rig.keep("TRITON")
+    given = inputs(3)
+    weights, ids = topk_route(given["router_logits"], 2)
+    answer = rig.run(
+        {
+            "hidden_states": given["hidden_states"],
+            "topk.topk_ids": ids.to(torch.int64),
+            "topk.topk_weights": weights,
+        },
+        layer_id=layer_id,
+        backend="EMULATION",
+    )["result"]
+    assert answer["backend"] == "EMULATION"
+    want = reference(layer, given)
+    assert float((rig.output(answer).float() - want).norm() / want.norm()) < 1e-2
+
+
+def _bad(given: dict[str, torch.Tensor], **change: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {**given, **change}
+
+
+@pytest.mark.parametrize(
+    ("case", "category", "field"),
+    [
+        ("hidden_size", "invalid_argument", "hidden_states"),
+        ("dtype", "invalid_argument", "hidden_states"),
+        ("nan", "invalid_argument", "hidden_states"),
+        ("inf_logits", "invalid_argument", "router_logits"),
+        ("logits_shape", "invalid_argument", "router_logits"),
+        ("ids_range", "invalid_argument", "topk.topk_ids"),
+        ("unknown_layer", "not_found", "layer_id"),
+        ("backend", "invalid_argument", "backend"),
+    ],
+)
+def test_input_errors_name_the_field_and_leave_the_worker_healthy(
+    layer: Any, tmp_path: Path, case: str, category: str, field: str
+) -> None:
+    rig = Rig(layer, tmp_path)
+    layer_id = rig.keep("EMULATION")
+    given = inputs(2)
+    extra: dict[str, Any] = {"layer_id": layer_id, "validate": True}
+    hidden = given["hidden_states"]
+    if case == "hidden_size":
+        given = _bad(given, hidden_states=torch.zeros(2, 32, dtype=torch.bfloat16))
+    elif case == "dtype":
+        given = _bad(given, hidden_states=hidden.float())
+    elif case == "nan":
+        bad = hidden.clone()
+        bad[1, 3] = float("nan")
+        given = _bad(given, hidden_states=bad)
+    elif case == "inf_logits":
+        bad = given["router_logits"].clone()
+        bad[0, 0] = float("inf")
+        given = _bad(given, router_logits=bad)
+    elif case == "logits_shape":
+        given = _bad(given, router_logits=torch.zeros(2, 5))
+    elif case == "ids_range":
+        given = {
+            "hidden_states": hidden,
+            "topk.topk_ids": torch.tensor([[0, 4], [1, 2]], dtype=torch.int32),
+            "topk.topk_weights": torch.full((2, 2), 0.5),
+        }
+    elif case == "unknown_layer":
+        extra["layer_id"] = "layer-nope"
+    elif case == "backend":
+        extra["backend"] = "TRITON"  # a dense EMULATION layer has no TRITON layout
+    error = rig.run(given, **extra)["error"]
+    assert error["details"]["category"] == category, error
+    assert error["details"].get("field", "") == field, error
+    ok = rig.run(inputs(2), layer_id=layer_id)
+    assert "result" in ok
