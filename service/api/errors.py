@@ -12,6 +12,9 @@
 |   and path errors)             |                     | `tensors[w13_qweight].sha256`), ErrorInfo|
 | PermissionDeniedError (paths)  | PERMISSION_DENIED   | BadRequest (the field), ErrorInfo        |
 | ConvertResourceError           | RESOURCE_EXHAUSTED  | none                                     |
+| RunInputError (RunMoE)         | INVALID_ARGUMENT    | BadRequest (the field), ErrorInfo        |
+| RunResourceError (RunMoE)      | RESOURCE_EXHAUSTED  | BadRequest (the field), ErrorInfo        |
+| BackendUnavailableError        | FAILED_PRECONDITION | PreconditionFailure (type=backend)       |
 | WorkerNotFoundError            | NOT_FOUND           | ResourceInfo (worker)                    |
 | LayerNotFoundError             | NOT_FOUND           | ResourceInfo (layer)                     |
 | WorkerUnavailableError         | UNAVAILABLE         | RetryInfo (1 s)                          |
@@ -31,7 +34,10 @@ from service.formats.input_errors import ConvertInputError, ConvertResourceError
 from service.formats.paths import PermissionDeniedError
 from service.oracle import InvalidSpecError, OracleError, SelectionError
 from service.worker.errors import (
+    BackendUnavailableError,
     LayerNotFoundError,
+    RunInputError,
+    RunResourceError,
     WorkerNotFoundError,
     WorkerUnavailableError,
 )
@@ -119,6 +125,32 @@ def status_for(exc: BaseException) -> status_pb2.Status:
             str(exc),
             _bad_request(exc.field, exc.reason),
             _error_info("PATH_NOT_ALLOWED", field=exc.field),
+        )
+    if isinstance(exc, RunInputError):
+        return _status(
+            code_pb2.INVALID_ARGUMENT,
+            str(exc),
+            _bad_request(exc.field, exc.description),
+            _error_info("INVALID_RUN_MOE_INPUT", field=exc.field),
+        )
+    if isinstance(exc, RunResourceError):
+        return _status(
+            code_pb2.RESOURCE_EXHAUSTED,
+            str(exc),
+            _bad_request(exc.field, exc.description),
+            _error_info("RUN_MOE_LIMIT", field=exc.field),
+        )
+    if isinstance(exc, BackendUnavailableError):
+        return _status(
+            code_pb2.FAILED_PRECONDITION,
+            str(exc),
+            error_details_pb2.PreconditionFailure(
+                violations=[
+                    error_details_pb2.PreconditionFailure.Violation(
+                        type="backend", subject=exc.backend, description=exc.description
+                    )
+                ]
+            ),
         )
     if isinstance(exc, ConvertResourceError):
         return _status(code_pb2.RESOURCE_EXHAUSTED, str(exc))

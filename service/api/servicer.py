@@ -18,6 +18,7 @@ from service.api.convert import ConvertWeightsHandler
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.api.generated.moe_control.v1 import platform_pb2
+from service.api.run_moe import RunMoEHandler
 from service.api.selection import MIB, Selection
 from service.metrics import Metrics
 from service.settings import Settings
@@ -32,14 +33,6 @@ _STATES = {
     WorkerState.RESTARTING: platform_pb2.WORKER_STATE_RESTARTING,
     WorkerState.STOPPED: platform_pb2.WORKER_STATE_STOPPED,
 }
-
-
-def _not_yet(rpc: str, what: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"{rpc} is part of the moe_control.v1 contract, but this server version does not "
-        f"implement it yet ({what} lands in a later release); SelectBackend, ConvertWeights, "
-        "GetPlatform, ListPlatformPresets, ListWorkers, ListLayers and UnloadLayer are served"
-    )
 
 
 def worker_to_pb(worker: WorkerSnapshot) -> platform_pb2.WorkerInfo:
@@ -70,6 +63,7 @@ class MoeControlServicer(pb_grpc.MoeControlServiceServicer):
         settings = settings or Settings()
         self.selection = Selection(workers, metrics, cache_bytes=settings.select_cache_mib * MIB)
         self.convert = ConvertWeightsHandler(workers, metrics, settings)
+        self.run_moe = RunMoEHandler(workers, metrics, settings, self.convert.segments)
 
     async def SelectBackend(
         self, request: pb.SelectBackendRequest, context: Context
@@ -83,7 +77,7 @@ class MoeControlServicer(pb_grpc.MoeControlServiceServicer):
             yield response
 
     async def RunMoE(self, request: pb.RunMoERequest, context: Context) -> pb.RunMoEResponse:
-        raise _not_yet("RunMoE", "the fused MoE forward")
+        return await self.run_moe(request)
 
     async def GetPlatform(
         self, request: pb.GetPlatformRequest, context: Context

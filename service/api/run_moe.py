@@ -1,0 +1,261 @@
+"""RunMoE, the server side: check the request, hand its tensors to a worker through
+segments, turn the worker's answer into the response.
+
+Everything that can be judged without the layer is judged here, before a byte is copied:
+the hidden states' dtype and rank, the token count against `run_max_tokens`
+(RESOURCE_EXHAUSTED naming `hidden_states`), inline weights against `run_max_inline_bytes`,
+every tensor's data length against its dtype and shape. What needs the layer (hidden size,
+expert count, routing shapes, NaN/Inf with `validate_inputs`) is judged by the worker before
+it launches anything; its error answers come back as the same domain errors. Tensors cross
+to the worker as files in the server's private segment directory (/dev/shm when it has
+room), never through the pipe; the call's segments are deleted however it ends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from service.api import codec, convert_codec
+from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+from service.api.generated.moe_control.v1 import tensor_pb2
+from service.formats.input_errors import ConvertResourceError
+from service.formats.plan import resolve_target, source_spec
+from service.formats.streaming import DTYPES, TensorSpec
+from service.metrics import Metrics
+from service.oracle import parse_deployment
+from service.settings import MIB, Settings
+from service.worker.errors import (
+    BackendUnavailableError,
+    LayerNotFoundError,
+    RunInputError,
+    RunResourceError,
+    WorkerCallError,
+)
+from service.worker.segments import SegmentDir, SegmentError
+from service.worker.supervisor import WorkerHandle, WorkerPool
+
+HIDDEN_DTYPES = ("bfloat16", "float16")
+#: Most warm-up or timed iterations one call may ask for.
+MAX_ITERATIONS = 1000
+
+
+def wire_tensor(message: tensor_pb2.Tensor, field: str, name: str = "") -> TensorSpec:
+    """The declaration of a whole-tensor message, checked against its data length; named
+    `name`, else by its request field (what the worker looks inputs up by)."""
+    dtype = convert_codec.dtype_name(message.dtype)
+    if dtype not in DTYPES:
+        raise RunInputError(f"{field}.dtype", f"unknown or unspecified dtype ({message.dtype})")
+    if any(d < 0 for d in message.shape):
+        raise RunInputError(f"{field}.shape", f"negative dimension in {list(message.shape)}")
+    spec = TensorSpec.of(name or field, dtype, list(message.shape))
+    if spec.byte_size != len(message.data):
+        raise RunInputError(
+            f"{field}.data",
+            f"{len(message.data)} bytes, but {dtype} {list(message.shape)} holds {spec.byte_size}",
+        )
+    return spec
+
+
+def from_worker(exc: WorkerCallError, layer_id: str = "") -> Exception:
+    """The domain error a worker's error answer stands for."""
+    details = exc.details
+    category = details.get("category")
+    field = str(details.get("field", ""))
+    description = str(details.get("description") or exc.message)
+    if category == "invalid_argument":
+        return RunInputError(field or "request", description)
+    if category == "not_found":
+        return LayerNotFoundError(layer_id)
+    if category == "resource_exhausted":
+        return RunResourceError(field or "request", description)
+    if category == "backend_unavailable":
+        return BackendUnavailableError(exc.message.split(":", 1)[0], description)
+    if category == "unimplemented":
+        return NotImplementedError(exc.message)
+    return exc
+
+
+class RunMoEHandler:
+    """One per server; `__call__` serves one RunMoE call."""
+
+    def __init__(
+        self,
+        workers: WorkerPool,
+        metrics: Metrics,
+        settings: Settings,
+        segments: Callable[[], SegmentDir],
+    ) -> None:
+        self._workers = workers
+        self._metrics = metrics
+        self._settings = settings
+        self._segments = segments
+        self._calls = itertools.count(1)
+
+    async def __call__(self, request: pb.RunMoERequest) -> pb.RunMoEResponse:
+        hidden = self._check_hidden(request)
+        which = request.WhichOneof("weights")
+        if which is None:
+            raise RunInputError("weights", "required: layer_id or inline_layer")
+        named: list[tuple[str, tensor_pb2.Tensor]] = [("hidden_states", request.hidden_states)]
+        routing = request.WhichOneof("routing")
+        if routing == "router_logits":
+            named.append(("router_logits", request.router_logits))
+        elif routing == "topk":
+            named.append(("topk.topk_ids", request.topk.topk_ids))
+            named.append(("topk.topk_weights", request.topk.topk_weights))
+        else:
+            raise RunInputError("routing", "required: router_logits or topk")
+        for field in ("warmup_iterations", "timed_iterations"):
+            if getattr(request, field) > MAX_ITERATIONS:
+                raise RunInputError(field, f"at most {MAX_ITERATIONS} (each is a whole forward)")
+        specs = [(field, wire_tensor(message, field), message.data) for field, message in named]
+        params: dict[str, Any] = {
+            "backend": request.backend.strip().upper(),
+            "validate": request.validate_inputs,
+            "warmup": request.warmup_iterations,
+            "timed": request.timed_iterations or 1,
+            "compare": request.compare_with_reference,
+        }
+        if which == "layer_id":
+            if not request.layer_id:
+                raise RunInputError("layer_id", "required: the id ConvertWeights returned")
+            worker = await self._holder(request)
+            params["layer_id"] = request.layer_id
+            inline_tensors: list[tuple[str, TensorSpec, bytes]] = []
+        else:
+            index = request.worker_index if request.HasField("worker_index") else 0
+            worker = self._workers.worker(index)
+            params["inline"], inline_tensors = self._inline(
+                request.inline_layer, index, params["backend"]
+            )
+        segments = self._segments()
+        prefix = f"r{next(self._calls)}-{secrets.token_hex(3)}-"
+        try:
+            params["segments_dir"] = str(segments.path)
+            params["out_segment"] = f"{prefix}out"
+            params["inputs"] = [self._put(segments, prefix, s, d) for _, s, d in specs]
+            if inline_tensors:
+                params["inline"]["tensors"] = [
+                    self._put(segments, prefix, s, d) for _, s, d in inline_tensors
+                ]
+            try:
+                answer = await worker.call(
+                    "run_moe",
+                    params,
+                    cancellable=True,
+                    on_abandon=lambda late: _discard(segments.remove(prefix)),
+                )
+            except WorkerCallError as exc:
+                raise from_worker(exc, request.layer_id) from None
+            out = TensorSpec.from_json(answer["output"]["spec"])
+            with segments.open(answer["output"]["segment"], out.byte_size) as segment:
+                data = bytes(segment.view)
+        finally:
+            segments.remove(prefix)
+        backend = str(answer["backend"])
+        seconds = float(answer["device_seconds"])
+        self._metrics.run_moe_seconds.labels(backend).observe(seconds)
+        self._metrics.run_moe_tokens.labels(backend).inc(int(answer.get("tokens", hidden[0])))
+        response = pb.RunMoEResponse(
+            output=tensor_pb2.Tensor(
+                name="output",
+                dtype=request.hidden_states.dtype,
+                shape=list(out.shape),
+                data=data,
+            ),
+            backend=backend,
+            worker_index=worker.index,
+        )
+        response.device_time.FromNanoseconds(int(seconds * 1e9))
+        if "max_abs_error" in answer:
+            response.max_abs_error = float(answer["max_abs_error"])
+        return response
+
+    def _check_hidden(self, request: pb.RunMoERequest) -> tuple[int, int]:
+        if not request.HasField("hidden_states"):
+            raise RunInputError("hidden_states", "required: [tokens, hidden_size] bf16 or fp16")
+        message = request.hidden_states
+        dtype = convert_codec.dtype_name(message.dtype)
+        if dtype not in HIDDEN_DTYPES:
+            raise RunInputError(
+                "hidden_states.dtype", f"must be bfloat16 or float16, got {dtype or 'unspecified'}"
+            )
+        if len(message.shape) != 2:
+            raise RunInputError(
+                "hidden_states.shape", f"must be [tokens, hidden_size], got {list(message.shape)}"
+            )
+        tokens = int(message.shape[0])
+        limit = self._settings.run_max_tokens
+        if tokens > limit:
+            raise RunResourceError(
+                "hidden_states.shape[0]",
+                f"{tokens} tokens exceed this server's limit of {limit} (setting run_max_tokens)",
+            )
+        return tokens, int(message.shape[1])
+
+    async def _holder(self, request: pb.RunMoERequest) -> WorkerHandle:
+        """The worker that holds the layer (the named one, else whichever lists it)."""
+        if request.HasField("worker_index"):
+            return self._workers.worker(request.worker_index)
+        for layer in await self._workers.list_layers():
+            if layer.get("layer_id") == request.layer_id:
+                return self._workers.worker(int(layer["worker_index"]))
+        raise LayerNotFoundError(request.layer_id)
+
+    def _inline(
+        self, layer: pb.InlineLayer, index: int, backend: str
+    ) -> tuple[dict[str, Any], list[tuple[str, TensorSpec, bytes]]]:
+        """What the worker needs to convert inline weights on the fly, and their tensors."""
+        if not layer.tensors:
+            raise RunInputError("inline_layer.tensors", "required: the layer's checkpoint tensors")
+        total = sum(len(t.data) for t in layer.tensors)
+        limit = self._settings.run_max_inline_bytes
+        if total > limit:
+            raise RunResourceError(
+                "inline_layer.tensors",
+                f"{total} bytes of inline weights exceed {limit} ({limit // MIB} MiB, setting "
+                "run_max_inline_bytes); convert with keep_loaded and run by layer_id",
+            )
+        spec = codec.spec_to_json(layer.spec)
+        spec["platform"] = None
+        deployment = parse_deployment(spec, default_platform=self._workers.profile(index))
+        source = source_spec(
+            deployment.hf_quantization_config, quantization=deployment.quantization
+        )
+        target = resolve_target(deployment, backend, field="backend")
+        tensors = []
+        for number, message in enumerate(layer.tensors):
+            field = f"inline_layer.tensors[{message.name or number}]"
+            tensors.append((field, wire_tensor(message, field, message.name), message.data))
+        shape = deployment.layer
+        return {
+            "source": source.to_json(),
+            "backend": target.backend,
+            "shape": {
+                "num_experts": shape.num_experts,
+                "hidden_size": shape.hidden_size,
+                "intermediate_size": shape.intermediate_size,
+                "gated": shape.is_gated,
+            },
+            "quantization": deployment.quantization,
+            "deployment": deployment.to_json(),
+        }, tensors
+
+    def _put(
+        self, segments: SegmentDir, prefix: str, spec: TensorSpec, data: bytes
+    ) -> dict[str, Any]:
+        name = f"{prefix}{secrets.token_hex(4)}"
+        try:
+            with segments.new(name, len(data)) as segment:
+                if data:
+                    segment.view[:] = data
+        except SegmentError as exc:
+            raise ConvertResourceError(str(exc)) from None
+        return {"spec": spec.to_json(), "segment": name}
+
+
+def _discard(value: object) -> None:
+    """For callbacks that must return None."""
