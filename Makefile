@@ -89,7 +89,7 @@ gpu-test: $(VENV)/.stamp
 	PYTHON=$(BIN)/python scripts/prepare_gpu_deps.sh
 	@echo "Now run on the H200 (device run, carry [\".gpu\"]): bash scripts/gpu_test.sh"
 
-# The nightly-size hostile-input run: every property of tests/reliability 10,000 times
+# The nightly-size hostile-input run: every property of tests/reliability 10,000 times,
 # the answers counted per method and status in build/fuzz-report.json.
 FUZZ_EXAMPLES ?= 10000
 fuzz-long: $(VENV)/.stamp

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from hypothesis.configuration import set_hypothesis_home_dir
 from integration.serverproc import ServerProcess, health_status, launch, wait_ready
 
 from reliability import wire
+
+# Hypothesis keeps caches under its home directory (default: ./.hypothesis in the repo).
+set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "moe-control-hypothesis")
 
 
 @pytest.fixture(scope="module")

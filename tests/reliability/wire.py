@@ -71,12 +71,19 @@ def _answer(error: grpc.RpcError) -> Answer:
 TALLY: Counter[str] = Counter()
 
 
+Metadata = tuple[tuple[str, str], ...]
+
+
 def unary(channel: grpc.Channel, method: str, data: bytes) -> Answer:
+    return unary_with(channel, method, data, ())
+
+
+def unary_with(channel: grpc.Channel, method: str, data: bytes, metadata: Metadata) -> Answer:
     call = channel.unary_unary(
         f"/{SERVICE}/{method}", request_serializer=_identity, response_deserializer=_identity
     )
     try:
-        call(data, timeout=DEADLINE_S)
+        call(data, metadata=metadata, timeout=DEADLINE_S)
         answer = Answer(grpc.StatusCode.OK)
     except grpc.RpcError as error:
         answer = _answer(error)
@@ -85,13 +92,17 @@ def unary(channel: grpc.Channel, method: str, data: bytes) -> Answer:
 
 
 def stream(channel: grpc.Channel, messages: Iterable[bytes]) -> Answer:
+    return stream_with(channel, messages, ())
+
+
+def stream_with(channel: grpc.Channel, messages: Iterable[bytes], metadata: Metadata) -> Answer:
     call = channel.stream_stream(
         f"/{SERVICE}/ConvertWeights",
         request_serializer=_identity,
         response_deserializer=_identity,
     )
     try:
-        for _ in call(iter(list(messages)), timeout=DEADLINE_S):
+        for _ in call(iter(list(messages)), metadata=metadata, timeout=DEADLINE_S):
             pass
         answer = Answer(grpc.StatusCode.OK)
     except grpc.RpcError as error:
