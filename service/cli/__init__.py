@@ -19,6 +19,7 @@ from service import __version__
 COMMANDS: tuple[str, ...] = (
     "service.cli.select",
     "service.cli.convert",
+    "service.cli.run",
     "service.cli.serve",
     "service.cli.health",
 )

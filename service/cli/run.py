@@ -1,0 +1,361 @@
+"""`moe-control run` and `moe-control demo`: a fused MoE forward, and the walkthrough.
+
+`run` makes a small random GPTQ layer (quantized with our quantizer), converts it to
+--backend and runs one forward on random hidden states and router logits, then prints the
+backend, the device time and the error against the fp32 dequantized reference. Locally it
+all happens in this process, with the worker's own code (conversion, routing, the prepared
+backend); with --server it calls RunMoE, by --layer-id or with the layer inline.
+
+`demo` is the first thing a newcomer runs: it starts nothing external. It quantizes a small
+random layer, asks the oracle what vLLM would pick (on an H100 and on this machine),
+converts to EMULATION and TRITON, runs both (TRITON under Triton's interpreter when there
+is no GPU), compares with the fp32 reference and prints each step and a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+#: The demo's layer: small enough for Triton's CPU interpreter in a few seconds.
+DEMO_SHAPE = {"experts": 8, "top_k": 2, "hidden": 128, "intermediate": 128, "tokens": 16}
+#: Relative error (Frobenius, against the fp32 reference) a backend must stay under.
+TOLERANCE = 1e-2
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run_parser = subparsers.add_parser(
+        "run",
+        help="one fused MoE forward (locally, or RunMoE on a server)",
+        description="Run a fused MoE forward on random inputs and compare it with the fp32 "
+        "dequantized reference. Locally on a random GPTQ layer; with --server through RunMoE "
+        "(--layer-id: a layer the server holds; otherwise a random layer sent inline).",
+    )
+    _shape_arguments(run_parser, DEMO_SHAPE)
+    run_parser.add_argument(
+        "--backend", default="EMULATION", help="EMULATION, TRITON, MARLIN or HUMMING"
+    )
+    run_parser.add_argument("--device", default="cpu", help="local: cpu or cuda:N")
+    run_parser.add_argument("--server", help="call RunMoE on HOST:PORT")
+    run_parser.add_argument("--token", help="bearer token for --server")
+    run_parser.add_argument("--tls-ca", help="CA bundle to verify --server over TLS")
+    run_parser.add_argument("--layer-id", default="", help="--server: a kept layer's id")
+    run_parser.add_argument("--validate", action="store_true", help="check inputs for NaN/Inf")
+    run_parser.add_argument("--warmup", type=int, default=0, help="untimed iterations")
+    run_parser.add_argument("--iterations", type=int, default=1, help="timed iterations")
+    run_parser.set_defaults(handler=run)
+
+    demo = subparsers.add_parser(
+        "demo",
+        help="the walkthrough: quantize, ask the oracle, convert, run, compare (no server)",
+        description="Quantize a small random MoE layer, ask the oracle which backend vLLM "
+        "would pick, convert to EMULATION and TRITON, run both and compare with the fp32 "
+        "reference. Starts nothing external; on a CPU-only machine TRITON runs under "
+        "Triton's interpreter (TRITON_INTERPRET=1).",
+    )
+    _shape_arguments(demo, DEMO_SHAPE)
+    demo.set_defaults(handler=run_demo)
+
+
+def _shape_arguments(parser: argparse.ArgumentParser, shape: dict[str, int]) -> None:
+    for name, value in shape.items():
+        parser.add_argument(f"--{name}", type=int, default=value, help=f"default {value}")
+    parser.add_argument("--bits", type=int, default=4, choices=(4, 8))
+    parser.add_argument("--group-size", type=int, default=32, help="-1: channelwise")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _interpret_triton_on_cpu() -> None:
+    """Triton reads TRITON_INTERPRET when a kernel is decorated: set it before our kernel
+    modules are imported, on a machine without a GPU only."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@dataclass
+class Example:
+    """A random quantized layer, its GPTQ checkpoint tensors and random inputs."""
+
+    layer: Any
+    checkpoint: dict[str, Any]
+    quant_config: dict[str, Any]
+    hidden: Any
+    logits: Any
+    reference: Any
+
+
+def make_example(args: argparse.Namespace) -> Example:
+    import torch
+
+    from service.formats.quantize import random_layer
+    from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
+    from service.kernels.activation import resolve
+    from service.kernels.emulation import reference_forward
+    from service.kernels.routing import topk_route
+
+    gen = torch.Generator().manual_seed(args.seed)
+    layer = random_layer(
+        args.experts,
+        args.hidden,
+        args.intermediate,
+        bits=args.bits,
+        group_size=args.group_size,
+        symmetric=True,
+        generator=gen,
+    )
+    checkpoint = write_checkpoint(
+        GPTQ, layer, SourceQuantization(args.bits, args.group_size), naming="mixtral"
+    )
+    hidden = torch.randn(args.tokens, args.hidden, generator=gen).to(torch.bfloat16)
+    logits = torch.randn(args.tokens, args.experts, generator=gen)
+    weights, ids = topk_route(logits, args.top_k)
+    reference = reference_forward(layer, hidden, ids, weights, resolve("silu"))
+    quant = {
+        "quant_method": "gptq",
+        "bits": args.bits,
+        "group_size": args.group_size,
+        "desc_act": False,
+        "sym": True,
+    }
+    return Example(layer, checkpoint, quant, hidden, logits, reference)
+
+
+def deployment_json(args: argparse.Namespace, quant: dict[str, Any], platform: str) -> Any:
+    return {
+        "hf_quantization_config": quant,
+        "layer": {
+            "num_experts": args.experts,
+            "top_k": args.top_k,
+            "hidden_size": args.hidden,
+            "intermediate_size": args.intermediate,
+        },
+        "platform": platform,
+    }
+
+
+@dataclass
+class Row:
+    backend: str
+    layout_bytes: int
+    convert_s: float
+    forward_s: float
+    max_abs: float
+    relative: float
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.relative < TOLERANCE
+
+
+def run_local(example: Example, args: argparse.Namespace, backend: str, device: str) -> Row:
+    """Convert and run in this process with the worker's own code (no server)."""
+    import torch
+
+    from service.formats import inline
+    from service.formats.plan import SourceSpec
+    from service.kernels.routing import topk_route
+    from service.worker.layers import LoadedLayer
+    from service.worker.run import prepared
+
+    began = time.perf_counter()
+    result = inline.convert_layer(
+        example.checkpoint,
+        source=SourceSpec("gptq", args.bits, args.group_size),
+        backend=backend,
+        shape=inline.LayerShape(args.experts, args.hidden, args.intermediate),
+        device=device,
+        keep_device=True,
+    )
+    convert_s = time.perf_counter() - began
+    descriptor = result.descriptor
+    info = {
+        "format": {
+            "backend": backend,
+            "bits": int(descriptor.get("bits", args.bits)),
+            "group_size": int(descriptor.get("group_size", args.group_size)),
+            "has_zero_points": bool(descriptor.get("has_zero_points", False)),
+        },
+        "num_experts": args.experts,
+        "hidden_size": args.hidden,
+        "intermediate_size": args.intermediate,
+    }
+    size = sum(t.numel() * t.element_size() for t in result.tensors.values())
+    loaded = LoadedLayer("local", info, dict(result.tensors))
+    target = torch.device(device)
+    runner = prepared(loaded, backend, target)
+    hidden = example.hidden.to(target)
+    weights, ids = topk_route(example.logits.to(target), args.top_k)
+    began = time.perf_counter()
+    out = runner.forward(hidden, ids, weights, "silu")
+    if target.type == "cuda":
+        torch.cuda.synchronize(target)
+    forward_s = time.perf_counter() - began
+    return _row(
+        backend,
+        size,
+        convert_s=convert_s,
+        forward_s=forward_s,
+        out=out,
+        reference=example.reference,
+    )
+
+
+def _row(
+    backend: str,
+    size: int,
+    *,
+    convert_s: float,
+    forward_s: float,
+    out: Any,
+    reference: Any,
+) -> Row:
+    import torch
+
+    diff = out.to("cpu", torch.float32) - reference
+    return Row(
+        backend,
+        size,
+        convert_s,
+        forward_s,
+        float(diff.abs().max()),
+        float(diff.norm() / reference.norm()),
+    )
+
+
+def render(rows: list[Row]) -> str:
+    header = (
+        f"{'backend':<10} {'layout bytes':>12} {'convert':>9} {'forward':>9} "
+        f"{'max |err|':>10} {'rel err':>9}  result"
+    )
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        verdict = "ok" if row.ok else f"FAIL (> {TOLERANCE:g})"
+        if row.note:
+            verdict = row.note
+        lines.append(
+            f"{row.backend:<10} {row.layout_bytes:>12,} {_ms(row.convert_s):>9} "
+            f"{_ms(row.forward_s):>9} {row.max_abs:>10.2e} {row.relative:>9.2e}  {verdict}"
+        )
+    return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def run(args: argparse.Namespace) -> int:
+    _interpret_triton_on_cpu()
+    backend = args.backend.strip().upper()
+    try:
+        if args.server:
+            return _run_remote(args, backend)
+        example = make_example(args)
+        row = run_local(example, args, backend, args.device)
+    except Exception as exc:  # a CLI reports, it does not trace back
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(render([row]))
+    return 0 if row.ok else 1
+
+
+def _run_remote(args: argparse.Namespace, backend: str) -> int:
+    import grpc
+
+    from service.api.convert_client import Connection
+    from service.api.run_client import deployment_pb, run_remote, run_request, tensor_from_pb
+
+    example = make_example(args)
+    inline = None
+    if not args.layer_id:
+        spec = deployment_pb(
+            example.quant_config,
+            num_experts=args.experts,
+            top_k=args.top_k,
+            hidden_size=args.hidden,
+            intermediate_size=args.intermediate,
+        )
+        inline = (spec, example.checkpoint)
+    request = run_request(
+        example.hidden,
+        layer_id=args.layer_id,
+        inline=inline,
+        router_logits=example.logits,
+        backend=backend if inline is not None or args.backend != "EMULATION" else "",
+        validate=args.validate,
+        compare=True,
+        warmup=args.warmup,
+        iterations=args.iterations,
+    )
+    connection = Connection(args.server, token=args.token, tls_ca=args.tls_ca, timeout=600)
+    try:
+        response = run_remote(connection, request)
+    except grpc.RpcError as error:
+        call: Any = error
+        print(f"{call.code().name}: {call.details()}", file=sys.stderr)
+        return 1
+    out = tensor_from_pb(response.output)
+    seconds = response.device_time.ToNanoseconds() / 1e9
+    row = _row(
+        response.backend, 0, convert_s=0.0, forward_s=seconds, out=out, reference=example.reference
+    )
+    if args.layer_id:
+        row.note = f"max |err| vs the server's reference: {response.max_abs_error:.2e}"
+    print(f"worker {response.worker_index}, device time {_ms(seconds)}")
+    print(render([row]))
+    return 0 if row.ok or args.layer_id else 1
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    _interpret_triton_on_cpu()
+    import torch
+
+    from service.oracle import SelectionError, select
+    from service.worker.probe import probe
+
+    began = time.perf_counter()
+    print(
+        f"1. Quantize a random MoE layer with our quantizer: {args.experts} experts, "
+        f"hidden {args.hidden}, intermediate {args.intermediate}, int{args.bits} GPTQ, "
+        f"group {args.group_size}, top-{args.top_k}; {args.tokens} tokens of bf16 input."
+    )
+    example = make_example(args)
+    print(
+        f"   checkpoint tensors: {len(example.checkpoint)} (per expert: w1, w3, w2 x qweight, "
+        "qzeros, scales, g_idx)"
+    )
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    local = probe(device).get("platform")
+    platforms: list[tuple[str, Any]] = [("h100", "h100"), ("this machine", local or "cpu")]
+    print("2. Ask the oracle which WNA16 MoE backend vLLM 0.33 would pick:")
+    for label, platform in platforms:
+        spec = deployment_json(args, example.quant_config, platform)
+        try:
+            decision = select(spec)
+            print(f"   {label:<13} -> {decision.backend} ({decision.experts_class})")
+        except SelectionError as exc:
+            print(f"   {label:<13} -> none: {exc.error.type}: {exc.error.message}")
+    print(
+        "   (the demo runs EMULATION and TRITON whatever the pick: they run everywhere; "
+        "MARLIN and HUMMING need an NVIDIA GPU)"
+    )
+    print(
+        "3. Convert to EMULATION (dense bf16) and TRITON (vLLM's Triton WNA16 layout) and run "
+        f"each forward on {device}"
+        + (" (Triton under TRITON_INTERPRET=1)" if device == "cpu" else "")
+        + ":"
+    )
+    rows = [run_local(example, args, backend, device) for backend in ("EMULATION", "TRITON")]
+    print(
+        "4. Compare with the fp32 dequantized reference (relative Frobenius error, "
+        f"tolerance {TOLERANCE:g} for bf16 activations):\n"
+    )
+    print(render(rows))
+    print(f"\ndone in {time.perf_counter() - began:.1f} s")
+    return 0 if all(row.ok for row in rows) else 1
