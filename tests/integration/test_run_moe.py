@@ -256,3 +256,38 @@ def test_bad_input_names_its_field_and_leaves_the_worker_unharmed(
     workers = stub.ListWorkers(pb.ListWorkersRequest(), timeout=10).workers
     assert [w.restarts for w in workers] == [0]
     assert leftover(segments_dir) == []
+
+
+def test_metrics_count_duration_and_tokens_by_backend(
+    server: ServerProcess, stub: Any, layer_ids: dict[str, str]
+) -> None:
+    import urllib.request
+
+    hidden, logits = inputs(5, seed=4)
+    stub.RunMoE(
+        run_request(hidden, layer_id=layer_ids["TRITON"], router_logits=logits), timeout=120
+    )
+    assert server.metrics_url is not None
+    with urllib.request.urlopen(server.metrics_url, timeout=5) as response:
+        text = response.read().decode()
+    lines = text.splitlines()
+    tokens = [
+        x for x in lines if x.startswith('moe_control_run_moe_tokens_total{backend="TRITON"}')
+    ]
+    assert tokens and float(tokens[0].split()[-1]) >= 5
+    count = 'moe_control_run_moe_duration_seconds_count{backend="TRITON"}'
+    assert any(x.startswith(count) for x in lines)
+
+
+def test_cli_run_against_the_server(
+    server: ServerProcess, layer_ids: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service.cli import main
+
+    shape = ["--experts", str(E), "--hidden", str(H), "--intermediate", str(I), "--tokens", "3"]
+    assert main(["run", "--server", server.address, "--backend", "emulation", *shape]) == 0
+    out = capsys.readouterr().out
+    assert "device time" in out and out.rstrip().endswith("ok")
+    by_id = ["run", "--server", server.address, "--layer-id", layer_ids["TRITON"], *shape]
+    assert main(by_id) == 0
+    assert "TRITON" in capsys.readouterr().out
