@@ -275,12 +275,13 @@ def test_layers_workers_and_presets(stub: Any) -> None:
     assert {p.name for p in presets} == set(PLATFORM_PRESETS)
 
 
-def test_later_rpcs_are_unimplemented_with_a_clear_message(stub: Any) -> None:
+def test_empty_run_and_convert_requests_are_bad_input(stub: Any) -> None:
+    # Every RPC of the contract is served (RunMoE: tests/integration/test_run_moe.py): an
+    # empty RunMoE request is bad input naming its first missing field.
     with pytest.raises(grpc.RpcError) as caught:
         stub.RunMoE(pb.RunMoERequest(), timeout=5)
-    assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
-    assert "RunMoE" in caught.value.details()
-    assert "later release" in caught.value.details()
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "hidden_states" in caught.value.details()
     # ConvertWeights is served (tests/integration/test_convert*.py): a header without a
     # deployment is bad input, not an unimplemented call.
     header = pb.ConvertWeightsRequest(header=pb.ConvertWeightsHeader())
