@@ -11,6 +11,7 @@ TORCH_CPU_VERSION := 2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 50151
 METRICS_PORT ?= 9464
+LOG_LEVEL ?= WARNING
 
 .PHONY: fuzz-long run test lint typecheck unit parity install install-vllm clean help bench protos proto-lint load-bench gpu-test
 
@@ -74,8 +75,11 @@ proto-lint: $(BUF)
 test: $(VENV)/.stamp $(VLLM_VENV)/.stamp lint typecheck proto-lint
 	MOE_CONTROL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/pytest -q -m "not gpu"
 
+# One line on the terminal: where it listens and where the metrics are (LOG_LEVEL=INFO shows
+# the JSON life-cycle logs on stderr as well).
 run: $(VENV)/.stamp
-	$(BIN)/moe-control serve --host $(HOST) --port $(PORT) --metrics-port $(METRICS_PORT)
+	@$(BIN)/moe-control serve --host $(HOST) --port $(PORT) --metrics-port $(METRICS_PORT) \
+		--log-level $(LOG_LEVEL)
 
 bench: $(VENV)/.stamp
 	$(BIN)/python bench/select_bench.py

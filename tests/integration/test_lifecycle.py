@@ -15,7 +15,9 @@ from typing import Any
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_status import rpc_status
 
 from integration.serverproc import SERVICE, ServerProcess, health_status, wait_for
 from service.api.client import RemoteSelectionError, remote_select
@@ -85,6 +87,10 @@ def test_killed_worker_is_restarted_and_readiness_follows(server_factory: Factor
         with pytest.raises(grpc.RpcError) as caught:
             stub.SelectBackend(request, timeout=5)
         assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+        status = rpc_status.from_call(caught.value)  # type: ignore[arg-type]
+        assert status is not None
+        retry = error_details_pb2.RetryInfo()
+        assert status.details[0].Unpack(retry) and retry.retry_delay.seconds == 1
         # A what-if answer needs no worker.
         what_if = pb.SelectBackendRequest(spec_json=json.dumps(SPEC))
         assert stub.SelectBackend(what_if, timeout=5).backend
@@ -223,6 +229,25 @@ def test_mtls_requires_a_client_certificate(
     assert json.loads(capsys.readouterr().out)["error"]["type"] == "UNAVAILABLE"
     assert cli_main([*base, "--tls-cert", str(pki / "client.pem")]) == 2
     assert "--tls-key" in capsys.readouterr().out
+
+
+def test_calls_beyond_max_concurrent_rpcs_are_resource_exhausted(server_factory: Factory) -> None:
+    server = server_factory("--max-concurrent-rpcs", "1")
+    with server.channel() as holder, server.channel() as other:
+        updates, watch = watch_readiness(holder)  # a long call holds the one slot
+        assert next_status(updates) == "SERVING"
+        with pytest.raises(grpc.RpcError) as caught:
+            health_status(other, "", timeout=5)
+        assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        watch.cancel()
+        assert wait_for(lambda: _serving_or_none(other), 10)
+
+
+def _serving_or_none(channel: grpc.Channel) -> bool:
+    try:
+        return health_status(channel, "", timeout=2) == "SERVING"
+    except grpc.RpcError:
+        return False
 
 
 def test_bad_settings_fail_fast(tmp_path: Path) -> None:

@@ -245,6 +245,34 @@ def test_incompatible_forced_backend_is_failed_precondition(stub: Any) -> None:
     assert local.value.error.message in caught.value.details()
 
 
+def test_no_eligible_backend_is_failed_precondition_listing_every_backend(stub: Any) -> None:
+    """The CPU worker's own platform (no platform in the request) has no WNA16 backend."""
+    own = stub.GetPlatform(pb.GetPlatformRequest(), timeout=5).worker.platform
+    with pytest.raises(SelectionError) as local:
+        select(spec(GPTQ, codec.platform_to_json(own)))
+    with pytest.raises(grpc.RpcError) as caught:
+        request = pb.SelectBackendRequest(spec_json=json.dumps(spec(GPTQ, None)))
+        stub.SelectBackend(request, timeout=5)
+    code, details = rich_error(caught.value)
+    assert code is grpc.StatusCode.FAILED_PRECONDITION
+    precondition = unpack(details, error_details_pb2.PreconditionFailure)
+    expected = [(c.backend, c.reason_code, c.reason) for c in local.value.candidates]
+    assert [(v.type, v.subject, v.description) for v in precondition.violations] == expected
+    assert expected and all(code and reason for _, code, reason in expected)  # CPU: 2 backends
+    assert unpack(details, error_details_pb2.ErrorInfo).reason == "BACKEND_SELECTION_FAILED"
+
+
+def test_bytes_that_are_no_request_are_invalid_argument(server: ServerProcess) -> None:
+    with server.channel() as channel:
+        raw = channel.unary_unary(f"/{SERVICE}/SelectBackend")  # bytes in, bytes out
+        with pytest.raises(grpc.RpcError) as caught:
+            raw(b"\xff\xff\xff not protobuf", timeout=5)
+    code, details = rich_error(caught.value)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT
+    violations = unpack(details, error_details_pb2.BadRequest).field_violations
+    assert "SelectBackendRequest" in violations[0].description
+
+
 def test_unknown_worker_is_not_found(stub: Any) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         stub.GetPlatform(pb.GetPlatformRequest(worker_index=7), timeout=5)
