@@ -197,3 +197,18 @@ def test_input_errors_name_the_field_and_leave_the_worker_healthy(
     assert error["details"].get("field", "") == field, error
     ok = rig.run(inputs(2), layer_id=layer_id)
     assert "result" in ok
+
+
+def test_zero_tokens_and_sigmoid_routing(layer: Any, tmp_path: Path) -> None:
+    rig = Rig(layer, tmp_path)
+    layer_id = rig.keep("EMULATION")
+    empty = rig.run(inputs(0), layer_id=layer_id)["result"]
+    assert empty["output"]["spec"]["shape"] == [0, 64] and empty["tokens"] == 0
+    stored = rig.worker.layers.get(layer_id)
+    assert stored is not None
+    stored.deployment = {"layer": {"top_k": 1, "routing": {"scoring_func": "sigmoid"}}}
+    given = inputs(3, seed=5)
+    answer = rig.run(given, layer_id=layer_id)["result"]
+    weights, ids = topk_route(given["router_logits"], 1, scoring_func="sigmoid")
+    want = reference_forward(layer, given["hidden_states"], ids, weights, resolve("silu"))
+    assert float((rig.output(answer).float() - want).norm() / want.norm()) < 1e-2
