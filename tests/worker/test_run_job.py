@@ -62,7 +62,8 @@ class Rig:
             return protocol.decode(answer)
         return self.lines.answer(self.calls)
 
-    def keep(self, backend: str) -> str:
+    def keep_answer(self, backend: str, **extra: Any) -> dict[str, Any]:
+        self.segments.remove("t-in-")
         tensors = write_checkpoint(GPTQ, self.layer, SourceQuantization(4, 32), naming="mixtral")
         values = params(
             self.segments,
@@ -71,9 +72,13 @@ class Rig:
             keep_loaded=True,
             return_tensors=False,
             deployment=DEPLOYMENT,
+            **extra,
         )
         values["shape"]["num_experts"] = 4
-        return str(self.call("convert_layer", values)["result"]["layer_id"])
+        return self.call("convert_layer", values)
+
+    def keep(self, backend: str, **extra: Any) -> str:
+        return str(self.keep_answer(backend, **extra)["result"]["layer_id"])
 
     def run(self, inputs: dict[str, torch.Tensor], **extra: Any) -> dict[str, Any]:
         self.segments.remove("t-in-")
@@ -212,3 +217,18 @@ def test_zero_tokens_and_sigmoid_routing(layer: Any, tmp_path: Path) -> None:
     weights, ids = topk_route(given["router_logits"], 1, scoring_func="sigmoid")
     want = reference_forward(layer, given["hidden_states"], ids, weights, resolve("silu"))
     assert float((rig.output(answer).float() - want).norm() / want.norm()) < 1e-2
+
+
+def test_keeping_past_the_budget_evicts_the_least_recently_used(layer: Any, tmp_path: Path) -> None:
+    rig = Rig(layer, tmp_path)
+    first = rig.keep("TRITON")
+    size = rig.worker.layers.used_bytes
+    second = rig.keep("TRITON", layer_budget_bytes=2 * size)
+    assert rig.run(inputs(1), layer_id=first)["result"]  # first is now the most recent
+    third = rig.keep("TRITON", layer_budget_bytes=2 * size)
+    assert [i["layer_id"] for i in rig.worker.layers.infos()] == [first, third]
+    error = rig.run(inputs(1), layer_id=second)["error"]
+    assert error["details"]["category"] == "not_found"
+    too_big = rig.keep_answer("TRITON", layer_budget_bytes=size - 1)
+    assert too_big["error"]["details"]["category"] == "resource_exhausted"
+    assert len(rig.worker.layers) == 2
