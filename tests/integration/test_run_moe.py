@@ -78,12 +78,19 @@ def checkpoint(layer: Any) -> dict[str, torch.Tensor]:
     return write_checkpoint(GPTQ, layer, SourceQuantization(4, 32), naming="mixtral")
 
 
-def spec_json() -> str:
-    layer = {"num_experts": E, "top_k": TOP_K, "hidden_size": H, "intermediate_size": I}
+def spec_json(hidden: int = H, intermediate: int = I) -> str:
+    layer = {
+        "num_experts": E,
+        "top_k": TOP_K,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+    }
     return json.dumps({"hf_quantization_config": QUANT, "layer": layer})
 
 
-def keep(server: ServerProcess, tensors: dict[str, torch.Tensor], backend: str) -> str:
+def keep(
+    server: ServerProcess, tensors: dict[str, torch.Tensor], backend: str, spec: str = ""
+) -> str:
     wire = {
         name: (
             TensorSpec.of(name, FROM_TORCH[str(t.dtype).removeprefix("torch.")], t.shape),
@@ -92,7 +99,10 @@ def keep(server: ServerProcess, tensors: dict[str, torch.Tensor], backend: str) 
         for name, t in tensors.items()
     }
     header = header_for(
-        deployment_json=spec_json(), backend=backend, keep_loaded=True, return_tensors=False
+        deployment_json=spec or spec_json(),
+        backend=backend,
+        keep_loaded=True,
+        return_tensors=False,
     )
     result = convert_layer_remote(Connection(server.address, timeout=60), header, wire)
     assert result.summary is not None and result.summary.layer_id
@@ -291,3 +301,25 @@ def test_cli_run_against_the_server(
     by_id = ["run", "--server", server.address, "--layer-id", layer_ids["TRITON"], *shape]
     assert main(by_id) == 0
     assert "TRITON" in capsys.readouterr().out
+
+
+def test_a_backend_the_worker_cannot_run_is_failed_precondition(
+    server: ServerProcess, stub: Any
+) -> None:
+    """A MARLIN layer on a CPU worker: reported, never run with another backend."""
+    gen = torch.Generator().manual_seed(12)
+    wide = random_layer(E, 128, 128, bits=4, group_size=32, symmetric=True, generator=gen)
+    tensors = write_checkpoint(GPTQ, wide, SourceQuantization(4, 32), naming="mixtral")
+    layer_id = keep(server, tensors, "MARLIN", spec_json(128, 128))
+    hidden = torch.randn(2, 128, generator=gen).to(torch.bfloat16)
+    logits = torch.randn(2, E, generator=gen)
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.RunMoE(run_request(hidden, layer_id=layer_id, router_logits=logits), timeout=60)
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    status = rpc_status.from_call(caught.value)
+    assert status is not None
+    failure = error_details_pb2.PreconditionFailure()
+    assert any(d.Unpack(failure) for d in status.details)
+    assert failure.violations[0].subject == "MARLIN"
+    assert "CUDA" in failure.violations[0].description
+    stub.UnloadLayer(pb.UnloadLayerRequest(layer_id=layer_id), timeout=10)
