@@ -20,10 +20,12 @@ import asyncio
 import gc
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -71,10 +73,8 @@ class MoeControlServer:
         self.front: Front | None = None
         self.servicer: MoeControlServicer | None = None
         self.replicas: ReplicaSet | None = None
-        self._own_dir = (
-            None if runtime_dir is not None else tempfile.TemporaryDirectory(prefix="moe-control-")
-        )
-        self._runtime_dir = runtime_dir if runtime_dir is not None else self._own_dir.name  # type: ignore[union-attr]
+        self._own_dir = None if runtime_dir is not None else make_runtime_dir()
+        self._runtime_dir: str = runtime_dir or self._own_dir or ""
         self._metrics_http: Any = None
         self._stopping = False
         self._restarts_counted: dict[int, int] = {}
@@ -223,8 +223,43 @@ class MoeControlServer:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
         if self._own_dir is not None:
-            self._own_dir.cleanup()
+            shutil.rmtree(self._own_dir, ignore_errors=True)
         log.info("stopped", extra={"event": "stopped"})
+
+
+#: The private runtime directories (Unix socket, multiprocess metrics) are named
+#: moe-control-run-<pid of the primary>-<random>.
+RUNTIME_PREFIX = "moe-control-run-"
+
+
+def make_runtime_dir(base: str | None = None) -> str:
+    """A private (0700) directory for this server's socket and metrics files. A server that
+    was killed (SIGKILL, OOM) could not remove its own, so those of dead servers are swept
+    first."""
+    sweep_runtime_dirs(base)
+    return tempfile.mkdtemp(prefix=f"{RUNTIME_PREFIX}{os.getpid()}-", dir=base)
+
+
+def sweep_runtime_dirs(base: str | None = None) -> list[str]:
+    """Remove the runtime directories whose server process is gone; returns them."""
+    removed = []
+    for path in Path(base or tempfile.gettempdir()).glob(RUNTIME_PREFIX + "*"):
+        pid = path.name[len(RUNTIME_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)) or path.stat().st_uid != os.getuid():
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(str(path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def settle_heap() -> None:
@@ -247,7 +282,8 @@ def _host_for_url(host: str) -> str:
 
 async def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
-    with tempfile.TemporaryDirectory(prefix="moe-control-") as runtime_dir:
+    runtime_dir = make_runtime_dir()
+    try:
         metrics = None
         if settings.process_count() > 1:
             metrics_dir = os.path.join(runtime_dir, "metrics")
@@ -255,6 +291,8 @@ async def serve(settings: Settings) -> None:
             enable_multiprocess(metrics_dir)
             metrics = Metrics(multiprocess_dir=metrics_dir)
         await _serve(MoeControlServer(settings, metrics, runtime_dir=runtime_dir))
+    finally:
+        shutil.rmtree(runtime_dir, ignore_errors=True)
 
 
 async def _serve(server: MoeControlServer) -> None:
