@@ -1,18 +1,18 @@
 """Replica server processes: more gRPC server processes on the same port.
 
-One Python process serves SelectBackend on about one core, bound by grpc's per-call Python
-work rather than the oracle (bench/RESULTS.md). So `moe-control serve --server-processes N`
+One Python process serves SelectBackend on one core at most, bound by grpc's per-call work
+rather than the oracle (bench/RESULTS.md). So `moe-control serve --server-processes N`
 runs the primary (the process started by hand, which owns the workers, /metrics and the life
 cycle) and N-1 replicas. All N listen on the same port with SO_REUSEPORT, and the kernel
 spreads connections among them.
 
-A replica is a front server only (api/front.py, no event loop): it answers SelectBackend,
-ListPlatformPresets, health and reflection itself and forwards every other MoeControlService
-call, as bytes, to the primary's private grpc.aio server on a Unix socket, which serves it
-without counting it again. Its view of the workers (readiness, profiles) is what the primary
-writes to its stdin, one JSON object a line, on every worker change; readiness is the
-primary's. Metrics use prometheus_client's multiprocess mode (metrics.py), so /metrics
-counts every process's calls.
+A replica runs the same public server as the primary (api/front.py): it answers
+SelectBackend, ListPlatformPresets, health and reflection itself and forwards every other
+MoeControlService call, as bytes (api/forward.py), to the primary's private server on a
+Unix socket, which serves it without counting it again. Its view of the workers
+(readiness, profiles) is what the primary writes to its stdin, one JSON object a line, on
+every worker change; readiness is the primary's. Metrics use prometheus_client's
+multiprocess mode (metrics.py), so /metrics counts every process's calls.
 
 Life cycle: the primary starts the replicas after it listens and prints its one line only
 when they all listen too; restarts one that dies (back-off as for workers); on SIGTERM it
@@ -31,15 +31,16 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import grpc
 from grpc_health.v1 import health, health_pb2
 
-from service.api.front import SERVICE_NAME, build_front
+from service.api.forward import Forwarder, service_methods
+from service.api.front import LOCAL_METHODS, SERVICE_NAME, start_front
 from service.api.selection import MIB, Selection
 from service.logs import configure_logging
 from service.metrics import MULTIPROC_ENV, Metrics
@@ -242,78 +243,83 @@ class WorkerView:
         return self._profiles[0]
 
 
-def _lines(fd: int) -> Iterator[bytes]:
-    """Lines from a file descriptor, read unbuffered: a thread blocked here holds no lock
-    of the interpreter's stdin object, which would stop the process at exit."""
-    pending = b""
-    while True:
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return
-        pending += chunk
-        *complete, pending = pending.split(b"\n")
-        yield from (line for line in complete if line.strip())
-
-
-def _serve(config: Mapping[str, Any], stdin: Iterator[bytes]) -> int:
+async def _serve(config: Mapping[str, Any], reader: asyncio.StreamReader) -> int:
     # Here, not at the top: service.server imports this module for ReplicaSet.
     from service.server import settle_heap
 
     settings = Settings.load(config["settings"], environ={})
     metrics = Metrics(multiprocess_dir=os.environ[MULTIPROC_ENV])
     view = WorkerView()
-    health_servicer = health.HealthServicer()
+    health_servicer = health.aio.HealthServicer()
     serving = health_pb2.HealthCheckResponse.SERVING
     not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
-    health_servicer.set(health.OVERALL_HEALTH, serving)
-    health_servicer.set(SERVICE_NAME, not_serving)
-    selection = Selection(view, metrics, cache_bytes=settings.select_cache_mib * MIB)
+    await health_servicer.set(health.OVERALL_HEALTH, serving)
+    await health_servicer.set(SERVICE_NAME, not_serving)
+    limits = [
+        ("grpc.max_receive_message_length", settings.max_send_message_bytes),
+        ("grpc.max_send_message_length", settings.max_receive_message_bytes),
+    ]
+    channel = grpc.aio.insecure_channel(config["internal"], options=limits)
+    forwarder = Forwarder(channel, service_methods(exclude=LOCAL_METHODS))
     try:
-        front = build_front(
+        front = await start_front(
             settings,
             port=int(config["port"]),
             metrics=metrics,
-            selection=selection,
+            selection=Selection(view, metrics, cache_bytes=settings.select_cache_mib * MIB),
             health_servicer=health_servicer,
-            internal_target=config["internal"],
+            worker_methods=lambda registrar: registrar.add_generic_rpc_handlers((forwarder,)),
             reuseport=True,
         )
     except OSError as exc:
         print(json.dumps({"event": "failed", "reason": str(exc)}), flush=True)
         return 1
-    stop = threading.Event()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        loop.add_signal_handler(sig, stop.set)
 
-    def follow() -> None:
+    async def follow() -> None:
         """Apply the primary's state lines; their end (EOF) means the primary is gone."""
-        for line in stdin:
+        while True:
+            line = await reader.readline()
+            if not line:
+                stop.set()
+                return
             state = json.loads(line).get("state")
-            if isinstance(state, dict):
+            if isinstance(state, dict) and not stop.is_set():
                 view.update(state)
-                health_servicer.set(SERVICE_NAME, serving if view.ready else not_serving)
-        stop.set()
+                await health_servicer.set(SERVICE_NAME, serving if view.ready else not_serving)
 
-    threading.Thread(target=follow, name="replica-state", daemon=True).start()
+    follower = asyncio.create_task(follow())
     settle_heap()
     print(json.dumps({"event": "listening", "pid": os.getpid(), "port": front.port}), flush=True)
-    stop.wait()
-    health_servicer.enter_graceful_shutdown()
-    front.stop(settings.grace_s).wait()
-    front.close()
+    await stop.wait()
+    await health_servicer.enter_graceful_shutdown()
+    await front.server.stop(settings.grace_s)
+    follower.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await follower
+    await channel.close()
     return 0
 
 
-def main() -> int:
-    """`python -m service.replica`: started by the primary, configured on stdin."""
-    stdin = _lines(sys.stdin.fileno())
-    first = next(stdin, None)
-    if first is None:
+async def _main() -> int:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 24)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    first = await reader.readline()
+    if not first:
         return 1
     config = json.loads(first)["config"]
     given = config["settings"]
     configure_logging(given.get("log_level", "INFO"), given.get("log_format", "json"))
-    return _serve(config, stdin)
+    return await _serve(config, reader)
+
+
+def main() -> int:
+    """`python -m service.replica`: started by the primary, configured on stdin."""
+    return asyncio.run(_main())
 
 
 if __name__ == "__main__":

@@ -2,16 +2,15 @@
 
 Processes: this one, the primary, owns the workers (one per device), /metrics and the life
 cycle; `--server-processes` N adds N-1 replicas (replica.py). Every process listens on the
-public port with a sync front server (api/front.py) that answers SelectBackend, the preset
-list, health and reflection itself and forwards the rest to the primary's grpc.aio server
-on a private Unix socket, where the worker-bound handlers run on the event loop.
-Start: /metrics, workers, the private aio server, the front, the replicas, then one line on
-stdout saying where it listens.
+public port (api/front.py); the replicas forward what needs a worker to the primary's
+private server on a Unix socket.
+Start: /metrics, workers, the public server, the private one and the replicas (with more
+than one process), then one line on stdout saying where it listens.
 Health: liveness ("") is SERVING while the process runs; readiness (the service's name) is
 SERVING only while every worker is ready, in every process.
-Stop (SIGTERM, SIGINT): health goes NOT_SERVING first so balancers drain, then the fronts
-(this one and the replicas', in parallel) stop accepting and give in-flight RPCs `grace_s`,
-then the private server, the workers and /metrics stop.
+Stop (SIGTERM, SIGINT): health goes NOT_SERVING first so balancers drain, then the public
+servers (this one and the replicas', in parallel) stop accepting and give in-flight RPCs
+`grace_s`, then the private server, the workers and /metrics stop.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from grpc_health.v1 import health, health_pb2
 from prometheus_client import start_http_server
 
 from service import __version__
-from service.api.front import REFLECTED, SERVICE_NAME, Front, build_front
+from service.api.front import REFLECTED, SERVICE_NAME, Front, start_front
 from service.api.interceptors import ServerInterceptor
 from service.api.servicer import MoeControlServicer, add_to_server
 from service.logs import configure_logging
@@ -56,8 +55,8 @@ class Endpoints:
 
 
 class MoeControlServer:
-    """The primary server process: workers, /metrics, the private grpc.aio server, the
-    front and the replicas.
+    """The primary server process: workers, /metrics, the public server, and with replicas
+    the private server they forward to.
 
     `runtime_dir` holds the private socket (a fresh temporary directory when not given);
     with more than one process, `metrics` must be in multiprocess mode (see `serve`)."""
@@ -67,7 +66,7 @@ class MoeControlServer:
     ) -> None:
         self.settings = settings
         self.metrics = metrics if metrics is not None else Metrics()
-        self.health = health.HealthServicer()
+        self.health = health.aio.HealthServicer()
         self.pool: WorkerPool | None = None
         self.internal: grpc.aio.Server | None = None
         self.front: Front | None = None
@@ -78,6 +77,7 @@ class MoeControlServer:
         self._metrics_http: Any = None
         self._stopping = False
         self._restarts_counted: dict[int, int] = {}
+        self._health_tasks: set[asyncio.Task[None]] = set()
 
     # -- readiness
 
@@ -94,7 +94,9 @@ class MoeControlServer:
             if self._ready()
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
-        self.health.set(SERVICE_NAME, status)
+        task = asyncio.create_task(self.health.set(SERVICE_NAME, status))
+        self._health_tasks.add(task)
+        task.add_done_callback(self._health_tasks.discard)
 
     def _ready(self) -> bool:
         return self.pool is not None and self.pool.ready and not self._stopping
@@ -142,34 +144,34 @@ class MoeControlServer:
         )
         for worker in self.pool.workers:
             self.metrics.set_worker_ready(worker.index, worker.device, False)
-        self.health.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)
-        self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.health.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
 
-        # The private server: worker-bound calls forwarded by the fronts, which counted
-        # them already (so this one counts nothing) and checked the token (checked again).
         token = s.token()
-        self.servicer = MoeControlServicer(self.pool, self.metrics, s)
-        target = f"unix:{os.path.join(self._runtime_dir, 'primary.sock')}"
-        self.internal = grpc.aio.server(options=s.grpc_options())
-        registrar = ServerInterceptor(None, token=token).registrar(self.internal)
-        add_to_server(self.servicer, registrar)
-        registrar.install()
-        if self.internal.add_insecure_port(target) == 0:
-            raise OSError(f"cannot listen on {target}")
-        await self.internal.start()
-
         processes = s.process_count()
-        self.front = build_front(
+        servicer = self.servicer = MoeControlServicer(self.pool, self.metrics, s)
+        self.front = await start_front(
             s,
             port=s.port,
             metrics=self.metrics,
-            selection=self.servicer.selection,
+            selection=servicer.selection,
             health_servicer=self.health,
-            internal_target=target,
+            worker_methods=lambda registrar: add_to_server(servicer, registrar),
             reuseport=processes > 1,
         )
         self.pool.start()
         if processes > 1:
+            # The private server for the replicas' forwarded calls, which the replica that
+            # took a call counted already (so this one counts nothing; the token is checked
+            # again).
+            target = f"unix:{os.path.join(self._runtime_dir, 'primary.sock')}"
+            self.internal = grpc.aio.server(options=s.grpc_options())
+            registrar = ServerInterceptor(None, token=token).registrar(self.internal)
+            add_to_server(servicer, registrar)
+            registrar.install()
+            if self.internal.add_insecure_port(target) == 0:
+                raise OSError(f"cannot listen on {target}")
+            await self.internal.start()
             self.replicas = ReplicaSet(
                 processes - 1,
                 {"settings": settings_to_json(s), "port": self.front.port, "internal": target},
@@ -196,25 +198,23 @@ class MoeControlServer:
         return Endpoints(grpc_address, metrics_url)
 
     async def stop(self) -> None:
-        """Drain and stop, in order: health, the fronts (with grace; the replicas drain at
-        the same time), the private server, workers, /metrics."""
+        """Drain and stop, in order: health, the public servers (with grace; the replicas
+        drain at the same time), the private server, workers, /metrics."""
         if self._stopping:
             return
         self._stopping = True
         grace = self.settings.grace_s
         log.info("shutting down", extra={"event": "shutdown", "grace_s": grace})
-        self.health.enter_graceful_shutdown()
+        await self.health.enter_graceful_shutdown()
         replicas = None
         if self.replicas is not None:
             replicas = asyncio.create_task(self.replicas.stop(grace))
         if self.front is not None:
-            await asyncio.to_thread(self.front.stop(grace).wait)
+            await self.front.server.stop(grace)
         if replicas is not None:
             await replicas
         if self.internal is not None:
             await self.internal.stop(grace)
-        if self.front is not None:
-            self.front.close()
         if self.pool is not None:
             await self.pool.stop()
         if self.servicer is not None:

@@ -1,31 +1,31 @@
-"""Forward calls to another server at the byte level: how the front server of each process
-(front.py) serves the methods that need the workers, which only the primary process's
-grpc.aio server owns (on a private Unix socket).
+"""Forward calls to another server at the byte level: how a replica server process
+(replica.py) serves the methods that need the workers, which only the primary process owns.
 
-Messages pass through as bytes (no parsing on the way), in all four call shapes, with the
-caller's metadata (the bearer token included) and remaining deadline; the target's status,
-message and trailing metadata (the `google.rpc.Status` details) come back as they were
-(`Passthrough`), so a client cannot tell which process it reached. Handlers run in the
-front's threads with the sync client: unlike grpc.aio's client, it reports the target's
-status when the target ends a client stream early while a write is in flight (grpc.aio
-reports INTERNAL "Internal error from Core" for a third of those; tests/api/test_forward.py).
+Messages are passed through as bytes (no parsing on the way), in all four call shapes, with
+the caller's metadata (the bearer token included) and remaining deadline; the target's
+status, message and trailing metadata (the `google.rpc.Status` details) come back as they
+were, so a client cannot tell which process it reached. grpc.aio's client can lose the
+target's status of a client stream that the target ends early (`_FirstStatus`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import grpc
 
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-from service.api.interceptors import Passthrough
 
 #: Metadata the transport sets by itself (forwarding it is refused or wrong).
 _TRANSPORT_KEYS = frozenset({"user-agent", "te", "content-type", "host"})
 
+Context = grpc.aio.ServicerContext[Any, Any]
 
-def caller_metadata(context: Any) -> tuple[tuple[str, str | bytes], ...]:
+
+def caller_metadata(context: Context) -> tuple[tuple[str, str | bytes], ...]:
     """The invocation metadata a forwarded call carries on: the caller's own keys."""
     return tuple(
         (key, value)
@@ -58,15 +58,82 @@ def service_methods(
     }
 
 
-def _passthrough(error: grpc.RpcError) -> Passthrough:
-    call: Any = error  # a grpc.Call as well
-    return Passthrough(call.code(), call.details() or "", tuple(call.trailing_metadata() or ()))
+#: What grpc.aio reports when a client write loses the race with the target ending the call.
+_LOST_RACE = "Internal error from Core"
+#: How long to wait for the target's status to replace that report.
+_RACE_WAIT_S = 1.0
+
+
+class _FirstStatus:
+    """The first status an outgoing call got: the target's.
+
+    A client-streaming call that the target ends early (a bad chunk: INVALID_ARGUMENT) can
+    still have a write of ours in flight; grpc.aio fails that write and then overwrites the
+    call's status with INTERNAL "Internal error from Core" (a third of such calls, measured;
+    tests/api/test_forward.py). Which comes first varies: when the target's status came
+    first, a done callback (run once, at the first status) has kept it; when the failed
+    write came first, the target's status replaces it on arrival, and `_abort_like` waits
+    for that. The status accessors are coroutines that finish at once when the status is
+    there; the callback runs them to completion on the spot."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+        self.value: tuple[grpc.StatusCode, str, tuple[Any, ...]] | None = None
+        call.add_done_callback(self._done)
+
+    def _done(self, call: Any) -> None:
+        with contextlib.suppress(_NotReadyError):
+            code = _finish(call.code())
+            details = _finish(call.details())
+            trailing = _finish(call.trailing_metadata())
+            self.value = (code, details or "", tuple(trailing or ()))
+
+
+class _NotReadyError(Exception):
+    pass
+
+
+def _finish(coroutine: Any) -> Any:
+    """The result of a coroutine that completes without waiting (else _NotReadyError)."""
+    try:
+        coroutine.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coroutine.close()
+    raise _NotReadyError
+
+
+async def _abort_like(
+    error: grpc.aio.AioRpcError, context: Context, first: _FirstStatus | None = None
+) -> None:
+    """End the call with the target's status, message and trailing metadata."""
+    code, details = error.code(), error.details() or ""
+    trailing = tuple(error.trailing_metadata() or ())
+    if first is not None:
+        if first.value is not None and first.value[1] != _LOST_RACE:
+            code, details, trailing = first.value
+        elif code is grpc.StatusCode.INTERNAL and details == _LOST_RACE:
+            # The write failed first; the target's status replaces that report on arrival.
+            code, details, trailing = await _replacement(first.call, code, details, trailing)
+    await context.abort(code, details, trailing)
+
+
+async def _replacement(
+    call: Any, code: grpc.StatusCode, details: str, trailing: tuple[Any, ...]
+) -> tuple[grpc.StatusCode, str, tuple[Any, ...]]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _RACE_WAIT_S
+    while loop.time() < deadline:
+        await asyncio.sleep(0.002)
+        if await call.details() != _LOST_RACE:
+            return await call.code(), await call.details(), tuple(await call.trailing_metadata())
+    return code, details, trailing
 
 
 class Forwarder(grpc.GenericRpcHandler):
     """A generic handler answering `methods` by calling the same method on `channel`."""
 
-    def __init__(self, channel: grpc.Channel, methods: dict[str, tuple[bool, bool]]) -> None:
+    def __init__(self, channel: grpc.aio.Channel, methods: dict[str, tuple[bool, bool]]) -> None:
         self._channel = channel
         self._handlers = {
             method: self._handler(method, *shape) for method, shape in methods.items()
@@ -81,44 +148,72 @@ class Forwarder(grpc.GenericRpcHandler):
         self, method: str, request_streaming: bool, response_streaming: bool
     ) -> grpc.RpcMethodHandler[Any, Any]:
         channel = self._channel
-        if not response_streaming:
-            unary: Any = (
-                channel.stream_unary(method) if request_streaming else channel.unary_unary(method)
-            )
+        if not request_streaming and not response_streaming:
+            unary: Any = channel.unary_unary(method)
 
-            def unary_response(request: Any, context: Any) -> bytes:
-                future = unary.future(
-                    request, metadata=caller_metadata(context), timeout=remaining(context)
-                )
-                context.add_callback(future.cancel)  # the caller went away: so does the call
+            async def unary_unary(request: bytes, context: Context) -> bytes:
                 try:
-                    response: bytes = future.result()
-                except grpc.RpcError as error:
-                    raise _passthrough(error) from None
+                    response: bytes = await unary(
+                        request,
+                        metadata=caller_metadata(context),
+                        timeout=remaining(context),
+                    )
+                except grpc.aio.AioRpcError as error:
+                    await _abort_like(error, context)
+                    raise  # abort raised already; this keeps the type checker informed
                 return response
 
-            factory = (
-                grpc.stream_unary_rpc_method_handler
-                if request_streaming
-                else grpc.unary_unary_rpc_method_handler
-            )
-            return factory(unary_response)
+            return grpc.unary_unary_rpc_method_handler(unary_unary)
 
-        streaming: Any = (
-            channel.stream_stream(method) if request_streaming else channel.unary_stream(method)
-        )
+        if not request_streaming:
+            server_stream: Any = channel.unary_stream(method)
 
-        def stream_response(request: Any, context: Any) -> Iterator[bytes]:
-            call = streaming(request, metadata=caller_metadata(context), timeout=remaining(context))
-            context.add_callback(call.cancel)
+            async def unary_stream(request: bytes, context: Context) -> AsyncIterator[bytes]:
+                call = server_stream(
+                    request, metadata=caller_metadata(context), timeout=remaining(context)
+                )
+                try:
+                    async for item in call:
+                        yield item
+                except grpc.aio.AioRpcError as error:
+                    await _abort_like(error, context)
+                finally:
+                    call.cancel()
+
+            return grpc.unary_stream_rpc_method_handler(unary_stream)
+
+        if not response_streaming:
+            client_stream: Any = channel.stream_unary(method)
+
+            async def stream_unary(requests: AsyncIterator[bytes], context: Context) -> bytes:
+                call = client_stream(
+                    requests, metadata=caller_metadata(context), timeout=remaining(context)
+                )
+                first = _FirstStatus(call)
+                try:
+                    response: bytes = await call
+                except grpc.aio.AioRpcError as error:
+                    await _abort_like(error, context, first)
+                    raise
+                finally:
+                    call.cancel()
+                return response
+
+            return grpc.stream_unary_rpc_method_handler(stream_unary)
+
+        bidi: Any = channel.stream_stream(method)
+
+        async def stream_stream(
+            requests: AsyncIterator[bytes], context: Context
+        ) -> AsyncIterator[bytes]:
+            call = bidi(requests, metadata=caller_metadata(context), timeout=remaining(context))
+            first = _FirstStatus(call)
             try:
-                yield from call
-            except grpc.RpcError as error:
-                raise _passthrough(error) from None
+                async for item in call:
+                    yield item
+            except grpc.aio.AioRpcError as error:
+                await _abort_like(error, context, first)
+            finally:
+                call.cancel()
 
-        factory = (
-            grpc.stream_stream_rpc_method_handler
-            if request_streaming
-            else grpc.unary_stream_rpc_method_handler
-        )
-        return factory(stream_response)
+        return grpc.stream_stream_rpc_method_handler(stream_stream)

@@ -11,7 +11,6 @@ no oracle, no serialisation. This is why SelectBackend is registered at the byte
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -110,7 +109,6 @@ class Selection:
         self._platforms = platforms
         self._metrics = metrics
         self.cache = AnswerCache(cache_bytes) if cache_bytes > 0 else None
-        self._lock = threading.Lock()
         self.presets = pb.ListPlatformPresetsResponse(
             presets=[
                 platform_pb2.PlatformPreset(name=name, profile=codec.platform_to_pb(profile))
@@ -145,15 +143,13 @@ class Selection:
             counter.inc()
         return codec.select_response(decision, deployment.platform, default), counters
 
-    def select_backend_bytes(self, data: bytes, context: Any) -> bytes:
+    async def select_backend_bytes(self, data: bytes, context: Any) -> bytes:
         """SelectBackend on the wire form: a kept answer when there is one, else decide and
-        keep it. Only answers are kept; errors are decided again each time. Runs in the
-        front server's threads (front.py), hence the lock around the cache."""
+        keep it. Only answers are kept; errors are decided again each time."""
         generation = self._platforms.generation
         cache = self.cache
         if cache is not None:
-            with self._lock:
-                kept = cache.get(data, generation)
+            kept = cache.get(data, generation)
             if kept is not None:
                 for counter in kept.counters:
                     counter.inc()
@@ -167,18 +163,17 @@ class Selection:
         response, counters = self._decide(request)
         payload: bytes = response.SerializeToString()
         if cache is not None:
-            with self._lock:
-                cache.put(data, CachedAnswer(generation, payload, counters))
+            cache.put(data, CachedAnswer(generation, payload, counters))
         return payload
 
-    def list_platform_presets(
+    async def list_platform_presets(
         self, request: pb.ListPlatformPresetsRequest, context: Any
     ) -> pb.ListPlatformPresetsResponse:
         return self.presets
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
         """The MoeControlService methods that need no worker, by name (SelectBackend on
-        bytes), as sync handlers: what the front server of every process serves itself."""
+        bytes): what the public server of every process serves itself (front.py)."""
         return {
             "SelectBackend": grpc.unary_unary_rpc_method_handler(self.select_backend_bytes),
             "ListPlatformPresets": grpc.unary_unary_rpc_method_handler(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -52,7 +53,8 @@ def request_bytes(**spec: Any) -> bytes:
 
 
 def ask(selection: Selection, data: bytes) -> pb.SelectBackendResponse:
-    return pb.SelectBackendResponse.FromString(selection.select_backend_bytes(data, None))
+    payload = asyncio.run(selection.select_backend_bytes(data, None))
+    return pb.SelectBackendResponse.FromString(payload)
 
 
 def selections(metrics: Metrics) -> dict[tuple[str, str], float]:
