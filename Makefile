@@ -13,7 +13,7 @@ PORT ?= 50151
 METRICS_PORT ?= 9464
 LOG_LEVEL ?= WARNING
 
-.PHONY: fuzz-long run test lint typecheck unit parity install install-vllm clean help bench protos proto-lint load-bench gpu-test
+.PHONY: fuzz-long run test lint typecheck unit parity install install-vllm clean help bench protos proto-lint load-bench gpu-test bench-gpu
 
 help:
 	@echo "make run   - install on first use and serve on $(HOST):$(PORT) (metrics on :$(METRICS_PORT))"
@@ -92,6 +92,14 @@ load-bench: $(VENV)/.stamp
 gpu-test: $(VENV)/.stamp
 	PYTHON=$(BIN)/python scripts/prepare_gpu_deps.sh
 	@echo "Now run on the H200 (device run, carry [\".gpu\"]): bash scripts/gpu_test.sh"
+
+# The MoE forward benchmark (H200, one device call): prepare .gpu/ as for gpu-test, then run
+# the printed command there; `bench/moe_bench.py --dry-run` shows the plan and floors here.
+bench-gpu: $(VENV)/.stamp
+	PYTHON=$(BIN)/python scripts/prepare_gpu_deps.sh
+	$(BIN)/python bench/moe_bench.py --dry-run --out build/bench-plan > /dev/null
+	@echo "Plan and floors (peer ceilings): build/bench-plan/moe_bench_plan.md"
+	@echo "Now run on the H200 (device run, carry [\".gpu\"]): bash scripts/bench_gpu.sh [--quick]"
 
 # The nightly-size hostile-input run: every property of tests/reliability 10,000 times,
 # the answers counted per method and status in build/fuzz-report.json.

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The MoE forward benchmark, executed ON the H200 from the repository root (`make bench-gpu`
+# prepares `.gpu/` here and prints the device command that runs this; carry [".gpu"]).
+#
+# Same setup as scripts/gpu_test.sh (humming and grpc wheels into /tmp/site, vLLM's Marlin
+# MoE library, humming's JIT cache), then bench/moe_bench.py: the ceilings, then every
+# backend against the floor at four layer shapes and seven token counts, in one process.
+# Extra arguments go to the bench (e.g. --quick, --shapes qwen3, --budget-s 300).
+# The table and its JSON land under $OUT (moe_bench.md starts with the command).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-/tmp/moe-control-bench}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+
+if [[ ! -d .gpu/wheels || ! -f .gpu/lib/_moe_C_stable_libtorch.abi3.so ]]; then
+    echo "error: .gpu/ is missing; run scripts/prepare_gpu_deps.sh on the CPU machine and carry .gpu" >&2
+    exit 2
+fi
+"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .gpu/wheels/*.whl || exit 2
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export MOE_CONTROL_MARLIN_LIBRARY="$PWD/.gpu/lib/_moe_C_stable_libtorch.abi3.so"
+export HUMMING_CACHE_DIR=${HUMMING_CACHE_DIR:-/tmp/humming-cache}
+if [[ -d .gpu/humming-cache ]]; then
+    mkdir -p "$HUMMING_CACHE_DIR" && cp -r .gpu/humming-cache/. "$HUMMING_CACHE_DIR/"
+fi
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader || true
+"$PY" bench/moe_bench.py --out "$OUT" "$@" 2>&1 | tee "$OUT/moe_bench.log"
+status=${PIPESTATUS[0]}
+# humming's compiled kernels, so the next run can carry them (.gpu/humming-cache) and skip the JIT
+if [[ -d "$HUMMING_CACHE_DIR" ]]; then
+    tar -C "$HUMMING_CACHE_DIR" -czf "$OUT/humming-cache.tgz" . 2>/dev/null || true
+fi
+echo "bench-gpu: exit $status"
+exit "$status"
