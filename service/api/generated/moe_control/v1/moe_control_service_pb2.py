@@ -24,12 +24,13 @@ _sym_db = _symbol_database.Default()
 
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from service.api.generated.moe_control.v1 import measured_pb2 as moe__control_dot_v1_dot_measured__pb2
 from service.api.generated.moe_control.v1 import platform_pb2 as moe__control_dot_v1_dot_platform__pb2
 from service.api.generated.moe_control.v1 import selection_pb2 as moe__control_dot_v1_dot_selection__pb2
 from service.api.generated.moe_control.v1 import tensor_pb2 as moe__control_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(moe_control/v1/moe_control_service.proto\x12\x0emoe_control.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dmoe_control/v1/platform.proto\x1a\x1emoe_control/v1/selection.proto\x1a\x1bmoe_control/v1/tensor.proto\"\xe3\x01\n\x14SelectBackendRequest\x12.\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.moe_control.v1.DeploymentSpecH\x00\x12\x13\n\tspec_json\x18\x02 \x01(\tH\x00\x12\x33\n\x0cmodel_config\x18\x03 \x01(\x0b\x32\x1b.moe_control.v1.ModelConfigH\x00\x12\x32\n\x08platform\x18\x04 \x01(\x0b\x32 .moe_control.v1.PlatformSelector\x12\x0f\n\x07ruleset\x18\x05 \x01(\tB\x0c\n\ndeployment\"\xad\x04\n\x15SelectBackendResponse\x12\x0f\n\x07ruleset\x18\x01 \x01(\t\x12\x14\n\x0cquantization\x18\x02 \x01(\t\x12\x12\n\nmoe_method\x18\x03 \x01(\t\x12\x14\n\x07\x62\x61\x63kend\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\rexperts_class\x18\x05 \x01(\tH\x01\x88\x01\x01\x12-\n\nweight_key\x18\x06 \x01(\x0b\x32\x19.moe_control.v1.WeightKey\x12\x18\n\x0bmay_have_zp\x18\x07 \x01(\x08H\x02\x88\x01\x01\x12\x1a\n\rmay_have_bias\x18\x08 \x01(\x08H\x03\x88\x01\x01\x12\x1f\n\x12\x61llow_tile_padding\x18\t \x01(\x08H\x04\x88\x01\x01\x12\x34\n\ncandidates\x18\n \x03(\x0b\x32 .moe_control.v1.BackendCandidate\x12\'\n\x07hazards\x18\x0b \x03(\x0b\x32\x16.moe_control.v1.Hazard\x12\x31\n\x08platform\x18\x0c \x01(\x0b\x32\x1f.moe_control.v1.PlatformProfile\x12\x38\n\x0fserver_platform\x18\r \x01(\x0b\x32\x1f.moe_control.v1.PlatformProfileB\n\n\x08_backendB\x10\n\x0e_experts_classB\x0e\n\x0c_may_have_zpB\x10\n\x0e_may_have_biasB\x15\n\x13_allow_tile_padding\"\xb8\x01\n\x15\x43onvertWeightsRequest\x12\x36\n\x06header\x18\x01 \x01(\x0b\x32$.moe_control.v1.ConvertWeightsHeaderH\x00\x12.\n\x06tensor\x18\x02 \x01(\x0b\x32\x1c.moe_control.v1.TensorHeaderH\x00\x12,\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x1b.moe_control.v1.TensorChunkH\x00\x42\t\n\x07message\"\xcd\x03\n\x14\x43onvertWeightsHeader\x12.\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.moe_control.v1.DeploymentSpecH\x00\x12\x13\n\tspec_json\x18\x02 \x01(\tH\x00\x12\x33\n\x0cmodel_config\x18\x03 \x01(\x0b\x32\x1b.moe_control.v1.ModelConfigH\x00\x12\x16\n\x0etarget_backend\x18\x04 \x01(\t\x12\x19\n\x0cworker_index\x18\x05 \x01(\rH\x02\x88\x01\x01\x12\x32\n\x06inline\x18\x06 \x01(\x0b\x32 .moe_control.v1.InlineConversionH\x01\x12:\n\ncheckpoint\x18\x07 \x01(\x0b\x32$.moe_control.v1.CheckpointConversionH\x01\x12\x13\n\x0bkeep_loaded\x18\x08 \x01(\x08\x12\x17\n\x0fmax_chunk_bytes\x18\t \x01(\r\x12\x32\n\x08platform\x18\n \x01(\x0b\x32 .moe_control.v1.PlatformSelector\x12\x0f\n\x07ruleset\x18\x0b \x01(\tB\x0c\n\ndeploymentB\x06\n\x04modeB\x0f\n\r_worker_index\"*\n\x10InlineConversion\x12\x16\n\x0ereturn_tensors\x18\x01 \x01(\x08\"i\n\x14\x43heckpointConversion\x12\x11\n\tinput_dir\x18\x01 \x01(\t\x12\x12\n\noutput_dir\x18\x02 \x01(\t\x12*\n\x06layers\x18\x03 \x01(\x0b\x32\x1a.moe_control.v1.LayerRange\"(\n\nLayerRange\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0b\n\x03\x65nd\x18\x02 \x01(\r\"\xe9\x01\n\x16\x43onvertWeightsResponse\x12.\n\x06tensor\x18\x01 \x01(\x0b\x32\x1c.moe_control.v1.TensorHeaderH\x00\x12,\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1b.moe_control.v1.TensorChunkH\x00\x12\x33\n\x08progress\x18\x03 \x01(\x0b\x32\x1f.moe_control.v1.ConvertProgressH\x00\x12\x31\n\x07summary\x18\x04 \x01(\x0b\x32\x1e.moe_control.v1.ConvertSummaryH\x00\x42\t\n\x07message\"\x85\x01\n\x0f\x43onvertProgress\x12\x13\n\x0blayers_done\x18\x01 \x01(\r\x12\x14\n\x0clayers_total\x18\x02 \x01(\r\x12\x12\n\nbytes_done\x18\x03 \x01(\x04\x12\x13\n\x0b\x62ytes_total\x18\x04 \x01(\x04\x12\x0f\n\x07\x63urrent\x18\x05 \x01(\t\x12\r\n\x05stage\x18\x06 \x01(\t\"\xe6\x01\n\x0cKernelFormat\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x15\n\rexperts_class\x18\x02 \x01(\t\x12\x0c\n\x04\x62its\x18\x03 \x01(\r\x12\x12\n\ngroup_size\x18\x04 \x01(\x05\x12\x17\n\x0fhas_zero_points\x18\x05 \x01(\x08\x12@\n\nattributes\x18\x06 \x03(\x0b\x32,.moe_control.v1.KernelFormat.AttributesEntry\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xeb\x02\n\x0e\x43onvertSummary\x12\x33\n\rtarget_format\x18\x01 \x01(\x0b\x32\x1c.moe_control.v1.KernelFormat\x12-\n\x07tensors\x18\x02 \x03(\x0b\x32\x1c.moe_control.v1.TensorHeader\x12\x10\n\x08\x62ytes_in\x18\x03 \x01(\x04\x12\x11\n\tbytes_out\x18\x04 \x01(\x04\x12*\n\x07\x65lapsed\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08layer_id\x18\x06 \x01(\t\x12\x15\n\rmanifest_path\x18\x07 \x01(\t\x12.\n\x0b\x64\x65vice_time\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x18\n\x10layers_converted\x18\t \x01(\r\x12\x16\n\x0elayers_skipped\x18\n \x01(\r\x12\x19\n\x11\x62\x61\x63kend_chosen_by\x18\x0b \x01(\t\"\xa6\x03\n\rRunMoERequest\x12\x12\n\x08layer_id\x18\x01 \x01(\tH\x00\x12\x33\n\x0cinline_layer\x18\x02 \x01(\x0b\x32\x1b.moe_control.v1.InlineLayerH\x00\x12-\n\rhidden_states\x18\x03 \x01(\x0b\x32\x16.moe_control.v1.Tensor\x12/\n\rrouter_logits\x18\x04 \x01(\x0b\x32\x16.moe_control.v1.TensorH\x01\x12+\n\x04topk\x18\x05 \x01(\x0b\x32\x1b.moe_control.v1.TopKRoutingH\x01\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x19\n\x0cworker_index\x18\x07 \x01(\rH\x02\x88\x01\x01\x12\x19\n\x11warmup_iterations\x18\x08 \x01(\r\x12\x18\n\x10timed_iterations\x18\t \x01(\r\x12\x1e\n\x16\x63ompare_with_reference\x18\n \x01(\x08\x12\x17\n\x0fvalidate_inputs\x18\x0b \x01(\x08\x42\t\n\x07weightsB\t\n\x07routingB\x0f\n\r_worker_index\"e\n\x0bTopKRouting\x12(\n\x08topk_ids\x18\x01 \x01(\x0b\x32\x16.moe_control.v1.Tensor\x12,\n\x0ctopk_weights\x18\x02 \x01(\x0b\x32\x16.moe_control.v1.Tensor\"d\n\x0bInlineLayer\x12,\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.moe_control.v1.DeploymentSpec\x12\'\n\x07tensors\x18\x02 \x03(\x0b\x32\x16.moe_control.v1.Tensor\"\xd4\x01\n\x0eRunMoEResponse\x12&\n\x06output\x18\x01 \x01(\x0b\x32\x16.moe_control.v1.Tensor\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12\x15\n\rexperts_class\x18\x03 \x01(\t\x12.\n\x0b\x64\x65vice_time\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cworker_index\x18\x05 \x01(\r\x12\x1a\n\rmax_abs_error\x18\x06 \x01(\x01H\x00\x88\x01\x01\x42\x10\n\x0e_max_abs_error\"@\n\x12GetPlatformRequest\x12\x19\n\x0cworker_index\x18\x01 \x01(\rH\x00\x88\x01\x01\x42\x0f\n\r_worker_index\"A\n\x13GetPlatformResponse\x12*\n\x06worker\x18\x01 \x01(\x0b\x32\x1a.moe_control.v1.WorkerInfo\"\x1c\n\x1aListPlatformPresetsRequest\"N\n\x1bListPlatformPresetsResponse\x12/\n\x07presets\x18\x01 \x03(\x0b\x32\x1e.moe_control.v1.PlatformPreset\"\x14\n\x12ListWorkersRequest\"Q\n\x13ListWorkersResponse\x12+\n\x07workers\x18\x01 \x03(\x0b\x32\x1a.moe_control.v1.WorkerInfo\x12\r\n\x05ready\x18\x02 \x01(\x08\"\xac\x02\n\tLayerInfo\x12\x10\n\x08layer_id\x18\x01 \x01(\t\x12\x14\n\x0cworker_index\x18\x02 \x01(\r\x12,\n\x06\x66ormat\x18\x03 \x01(\x0b\x32\x1c.moe_control.v1.KernelFormat\x12\x13\n\x0bnum_experts\x18\x04 \x01(\r\x12\x13\n\x0bhidden_size\x18\x05 \x01(\x04\x12\x19\n\x11intermediate_size\x18\x06 \x01(\x04\x12\x11\n\tbyte_size\x18\x07 \x01(\x04\x12-\n\tload_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0elast_used_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\"?\n\x11ListLayersRequest\x12\x19\n\x0cworker_index\x18\x01 \x01(\rH\x00\x88\x01\x01\x42\x0f\n\r_worker_index\"?\n\x12ListLayersResponse\x12)\n\x06layers\x18\x01 \x03(\x0b\x32\x19.moe_control.v1.LayerInfo\"&\n\x12UnloadLayerRequest\x12\x10\n\x08layer_id\x18\x01 \x01(\t\"*\n\x13UnloadLayerResponse\x12\x13\n\x0b\x66reed_bytes\x18\x01 \x01(\x04\x32\xec\x05\n\x11MoeControlService\x12\\\n\rSelectBackend\x12$.moe_control.v1.SelectBackendRequest\x1a%.moe_control.v1.SelectBackendResponse\x12\x63\n\x0e\x43onvertWeights\x12%.moe_control.v1.ConvertWeightsRequest\x1a&.moe_control.v1.ConvertWeightsResponse(\x01\x30\x01\x12G\n\x06RunMoE\x12\x1d.moe_control.v1.RunMoERequest\x1a\x1e.moe_control.v1.RunMoEResponse\x12V\n\x0bGetPlatform\x12\".moe_control.v1.GetPlatformRequest\x1a#.moe_control.v1.GetPlatformResponse\x12n\n\x13ListPlatformPresets\x12*.moe_control.v1.ListPlatformPresetsRequest\x1a+.moe_control.v1.ListPlatformPresetsResponse\x12V\n\x0bListWorkers\x12\".moe_control.v1.ListWorkersRequest\x1a#.moe_control.v1.ListWorkersResponse\x12S\n\nListLayers\x12!.moe_control.v1.ListLayersRequest\x1a\".moe_control.v1.ListLayersResponse\x12V\n\x0bUnloadLayer\x12\".moe_control.v1.UnloadLayerRequest\x1a#.moe_control.v1.UnloadLayerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(moe_control/v1/moe_control_service.proto\x12\x0emoe_control.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dmoe_control/v1/measured.proto\x1a\x1dmoe_control/v1/platform.proto\x1a\x1emoe_control/v1/selection.proto\x1a\x1bmoe_control/v1/tensor.proto\"\xf7\x02\n\x14SelectBackendRequest\x12.\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.moe_control.v1.DeploymentSpecH\x00\x12\x13\n\tspec_json\x18\x02 \x01(\tH\x00\x12\x33\n\x0cmodel_config\x18\x03 \x01(\x0b\x32\x1b.moe_control.v1.ModelConfigH\x00\x12\x32\n\x08platform\x18\x04 \x01(\x0b\x32 .moe_control.v1.PlatformSelector\x12\x0f\n\x07ruleset\x18\x05 \x01(\t\x12/\n\x06policy\x18\x06 \x01(\x0e\x32\x1f.moe_control.v1.SelectionPolicy\x12\x14\n\x0ctoken_counts\x18\x07 \x03(\r\x12!\n\x14measure_worker_index\x18\x08 \x01(\rH\x01\x88\x01\x01\x12\x0f\n\x07refresh\x18\t \x01(\x08\x42\x0c\n\ndeploymentB\x17\n\x15_measure_worker_index\"\xe2\x04\n\x15SelectBackendResponse\x12\x0f\n\x07ruleset\x18\x01 \x01(\t\x12\x14\n\x0cquantization\x18\x02 \x01(\t\x12\x12\n\nmoe_method\x18\x03 \x01(\t\x12\x14\n\x07\x62\x61\x63kend\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\rexperts_class\x18\x05 \x01(\tH\x01\x88\x01\x01\x12-\n\nweight_key\x18\x06 \x01(\x0b\x32\x19.moe_control.v1.WeightKey\x12\x18\n\x0bmay_have_zp\x18\x07 \x01(\x08H\x02\x88\x01\x01\x12\x1a\n\rmay_have_bias\x18\x08 \x01(\x08H\x03\x88\x01\x01\x12\x1f\n\x12\x61llow_tile_padding\x18\t \x01(\x08H\x04\x88\x01\x01\x12\x34\n\ncandidates\x18\n \x03(\x0b\x32 .moe_control.v1.BackendCandidate\x12\'\n\x07hazards\x18\x0b \x03(\x0b\x32\x16.moe_control.v1.Hazard\x12\x31\n\x08platform\x18\x0c \x01(\x0b\x32\x1f.moe_control.v1.PlatformProfile\x12\x38\n\x0fserver_platform\x18\r \x01(\x0b\x32\x1f.moe_control.v1.PlatformProfile\x12\x33\n\x08measured\x18\x0e \x01(\x0b\x32!.moe_control.v1.MeasuredSelectionB\n\n\x08_backendB\x10\n\x0e_experts_classB\x0e\n\x0c_may_have_zpB\x10\n\x0e_may_have_biasB\x15\n\x13_allow_tile_padding\"\xb8\x01\n\x15\x43onvertWeightsRequest\x12\x36\n\x06header\x18\x01 \x01(\x0b\x32$.moe_control.v1.ConvertWeightsHeaderH\x00\x12.\n\x06tensor\x18\x02 \x01(\x0b\x32\x1c.moe_control.v1.TensorHeaderH\x00\x12,\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x1b.moe_control.v1.TensorChunkH\x00\x42\t\n\x07message\"\xcd\x03\n\x14\x43onvertWeightsHeader\x12.\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.moe_control.v1.DeploymentSpecH\x00\x12\x13\n\tspec_json\x18\x02 \x01(\tH\x00\x12\x33\n\x0cmodel_config\x18\x03 \x01(\x0b\x32\x1b.moe_control.v1.ModelConfigH\x00\x12\x16\n\x0etarget_backend\x18\x04 \x01(\t\x12\x19\n\x0cworker_index\x18\x05 \x01(\rH\x02\x88\x01\x01\x12\x32\n\x06inline\x18\x06 \x01(\x0b\x32 .moe_control.v1.InlineConversionH\x01\x12:\n\ncheckpoint\x18\x07 \x01(\x0b\x32$.moe_control.v1.CheckpointConversionH\x01\x12\x13\n\x0bkeep_loaded\x18\x08 \x01(\x08\x12\x17\n\x0fmax_chunk_bytes\x18\t \x01(\r\x12\x32\n\x08platform\x18\n \x01(\x0b\x32 .moe_control.v1.PlatformSelector\x12\x0f\n\x07ruleset\x18\x0b \x01(\tB\x0c\n\ndeploymentB\x06\n\x04modeB\x0f\n\r_worker_index\"*\n\x10InlineConversion\x12\x16\n\x0ereturn_tensors\x18\x01 \x01(\x08\"i\n\x14\x43heckpointConversion\x12\x11\n\tinput_dir\x18\x01 \x01(\t\x12\x12\n\noutput_dir\x18\x02 \x01(\t\x12*\n\x06layers\x18\x03 \x01(\x0b\x32\x1a.moe_control.v1.LayerRange\"(\n\nLayerRange\x12\r\n\x05start\x18\x01 \x01(\r\x12\x0b\n\x03\x65nd\x18\x02 \x01(\r\"\xe9\x01\n\x16\x43onvertWeightsResponse\x12.\n\x06tensor\x18\x01 \x01(\x0b\x32\x1c.moe_control.v1.TensorHeaderH\x00\x12,\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1b.moe_control.v1.TensorChunkH\x00\x12\x33\n\x08progress\x18\x03 \x01(\x0b\x32\x1f.moe_control.v1.ConvertProgressH\x00\x12\x31\n\x07summary\x18\x04 \x01(\x0b\x32\x1e.moe_control.v1.ConvertSummaryH\x00\x42\t\n\x07message\"\x85\x01\n\x0f\x43onvertProgress\x12\x13\n\x0blayers_done\x18\x01 \x01(\r\x12\x14\n\x0clayers_total\x18\x02 \x01(\r\x12\x12\n\nbytes_done\x18\x03 \x01(\x04\x12\x13\n\x0b\x62ytes_total\x18\x04 \x01(\x04\x12\x0f\n\x07\x63urrent\x18\x05 \x01(\t\x12\r\n\x05stage\x18\x06 \x01(\t\"\xe6\x01\n\x0cKernelFormat\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x15\n\rexperts_class\x18\x02 \x01(\t\x12\x0c\n\x04\x62its\x18\x03 \x01(\r\x12\x12\n\ngroup_size\x18\x04 \x01(\x05\x12\x17\n\x0fhas_zero_points\x18\x05 \x01(\x08\x12@\n\nattributes\x18\x06 \x03(\x0b\x32,.moe_control.v1.KernelFormat.AttributesEntry\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xeb\x02\n\x0e\x43onvertSummary\x12\x33\n\rtarget_format\x18\x01 \x01(\x0b\x32\x1c.moe_control.v1.KernelFormat\x12-\n\x07tensors\x18\x02 \x03(\x0b\x32\x1c.moe_control.v1.TensorHeader\x12\x10\n\x08\x62ytes_in\x18\x03 \x01(\x04\x12\x11\n\tbytes_out\x18\x04 \x01(\x04\x12*\n\x07\x65lapsed\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08layer_id\x18\x06 \x01(\t\x12\x15\n\rmanifest_path\x18\x07 \x01(\t\x12.\n\x0b\x64\x65vice_time\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x18\n\x10layers_converted\x18\t \x01(\r\x12\x16\n\x0elayers_skipped\x18\n \x01(\r\x12\x19\n\x11\x62\x61\x63kend_chosen_by\x18\x0b \x01(\t\"\xa6\x03\n\rRunMoERequest\x12\x12\n\x08layer_id\x18\x01 \x01(\tH\x00\x12\x33\n\x0cinline_layer\x18\x02 \x01(\x0b\x32\x1b.moe_control.v1.InlineLayerH\x00\x12-\n\rhidden_states\x18\x03 \x01(\x0b\x32\x16.moe_control.v1.Tensor\x12/\n\rrouter_logits\x18\x04 \x01(\x0b\x32\x16.moe_control.v1.TensorH\x01\x12+\n\x04topk\x18\x05 \x01(\x0b\x32\x1b.moe_control.v1.TopKRoutingH\x01\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x19\n\x0cworker_index\x18\x07 \x01(\rH\x02\x88\x01\x01\x12\x19\n\x11warmup_iterations\x18\x08 \x01(\r\x12\x18\n\x10timed_iterations\x18\t \x01(\r\x12\x1e\n\x16\x63ompare_with_reference\x18\n \x01(\x08\x12\x17\n\x0fvalidate_inputs\x18\x0b \x01(\x08\x42\t\n\x07weightsB\t\n\x07routingB\x0f\n\r_worker_index\"e\n\x0bTopKRouting\x12(\n\x08topk_ids\x18\x01 \x01(\x0b\x32\x16.moe_control.v1.Tensor\x12,\n\x0ctopk_weights\x18\x02 \x01(\x0b\x32\x16.moe_control.v1.Tensor\"d\n\x0bInlineLayer\x12,\n\x04spec\x18\x01 \x01(\x0b\x32\x1e.moe_control.v1.DeploymentSpec\x12\'\n\x07tensors\x18\x02 \x03(\x0b\x32\x16.moe_control.v1.Tensor\"\xd4\x01\n\x0eRunMoEResponse\x12&\n\x06output\x18\x01 \x01(\x0b\x32\x16.moe_control.v1.Tensor\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12\x15\n\rexperts_class\x18\x03 \x01(\t\x12.\n\x0b\x64\x65vice_time\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cworker_index\x18\x05 \x01(\r\x12\x1a\n\rmax_abs_error\x18\x06 \x01(\x01H\x00\x88\x01\x01\x42\x10\n\x0e_max_abs_error\"@\n\x12GetPlatformRequest\x12\x19\n\x0cworker_index\x18\x01 \x01(\rH\x00\x88\x01\x01\x42\x0f\n\r_worker_index\"A\n\x13GetPlatformResponse\x12*\n\x06worker\x18\x01 \x01(\x0b\x32\x1a.moe_control.v1.WorkerInfo\"\x1c\n\x1aListPlatformPresetsRequest\"N\n\x1bListPlatformPresetsResponse\x12/\n\x07presets\x18\x01 \x03(\x0b\x32\x1e.moe_control.v1.PlatformPreset\"\x14\n\x12ListWorkersRequest\"Q\n\x13ListWorkersResponse\x12+\n\x07workers\x18\x01 \x03(\x0b\x32\x1a.moe_control.v1.WorkerInfo\x12\r\n\x05ready\x18\x02 \x01(\x08\"\xac\x02\n\tLayerInfo\x12\x10\n\x08layer_id\x18\x01 \x01(\t\x12\x14\n\x0cworker_index\x18\x02 \x01(\r\x12,\n\x06\x66ormat\x18\x03 \x01(\x0b\x32\x1c.moe_control.v1.KernelFormat\x12\x13\n\x0bnum_experts\x18\x04 \x01(\r\x12\x13\n\x0bhidden_size\x18\x05 \x01(\x04\x12\x19\n\x11intermediate_size\x18\x06 \x01(\x04\x12\x11\n\tbyte_size\x18\x07 \x01(\x04\x12-\n\tload_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0elast_used_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\"?\n\x11ListLayersRequest\x12\x19\n\x0cworker_index\x18\x01 \x01(\rH\x00\x88\x01\x01\x42\x0f\n\r_worker_index\"?\n\x12ListLayersResponse\x12)\n\x06layers\x18\x01 \x03(\x0b\x32\x19.moe_control.v1.LayerInfo\"&\n\x12UnloadLayerRequest\x12\x10\n\x08layer_id\x18\x01 \x01(\t\"*\n\x13UnloadLayerResponse\x12\x13\n\x0b\x66reed_bytes\x18\x01 \x01(\x04\x32\xec\x05\n\x11MoeControlService\x12\\\n\rSelectBackend\x12$.moe_control.v1.SelectBackendRequest\x1a%.moe_control.v1.SelectBackendResponse\x12\x63\n\x0e\x43onvertWeights\x12%.moe_control.v1.ConvertWeightsRequest\x1a&.moe_control.v1.ConvertWeightsResponse(\x01\x30\x01\x12G\n\x06RunMoE\x12\x1d.moe_control.v1.RunMoERequest\x1a\x1e.moe_control.v1.RunMoEResponse\x12V\n\x0bGetPlatform\x12\".moe_control.v1.GetPlatformRequest\x1a#.moe_control.v1.GetPlatformResponse\x12n\n\x13ListPlatformPresets\x12*.moe_control.v1.ListPlatformPresetsRequest\x1a+.moe_control.v1.ListPlatformPresetsResponse\x12V\n\x0bListWorkers\x12\".moe_control.v1.ListWorkersRequest\x1a#.moe_control.v1.ListWorkersResponse\x12S\n\nListLayers\x12!.moe_control.v1.ListLayersRequest\x1a\".moe_control.v1.ListLayersResponse\x12V\n\x0bUnloadLayer\x12\".moe_control.v1.UnloadLayerRequest\x1a#.moe_control.v1.UnloadLayerResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,60 +39,60 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_KERNELFORMAT_ATTRIBUTESENTRY']._loaded_options = None
   _globals['_KERNELFORMAT_ATTRIBUTESENTRY']._serialized_options = b'8\001'
-  _globals['_SELECTBACKENDREQUEST']._serialized_start=218
-  _globals['_SELECTBACKENDREQUEST']._serialized_end=445
-  _globals['_SELECTBACKENDRESPONSE']._serialized_start=448
-  _globals['_SELECTBACKENDRESPONSE']._serialized_end=1005
-  _globals['_CONVERTWEIGHTSREQUEST']._serialized_start=1008
-  _globals['_CONVERTWEIGHTSREQUEST']._serialized_end=1192
-  _globals['_CONVERTWEIGHTSHEADER']._serialized_start=1195
-  _globals['_CONVERTWEIGHTSHEADER']._serialized_end=1656
-  _globals['_INLINECONVERSION']._serialized_start=1658
-  _globals['_INLINECONVERSION']._serialized_end=1700
-  _globals['_CHECKPOINTCONVERSION']._serialized_start=1702
-  _globals['_CHECKPOINTCONVERSION']._serialized_end=1807
-  _globals['_LAYERRANGE']._serialized_start=1809
-  _globals['_LAYERRANGE']._serialized_end=1849
-  _globals['_CONVERTWEIGHTSRESPONSE']._serialized_start=1852
-  _globals['_CONVERTWEIGHTSRESPONSE']._serialized_end=2085
-  _globals['_CONVERTPROGRESS']._serialized_start=2088
-  _globals['_CONVERTPROGRESS']._serialized_end=2221
-  _globals['_KERNELFORMAT']._serialized_start=2224
-  _globals['_KERNELFORMAT']._serialized_end=2454
-  _globals['_KERNELFORMAT_ATTRIBUTESENTRY']._serialized_start=2405
-  _globals['_KERNELFORMAT_ATTRIBUTESENTRY']._serialized_end=2454
-  _globals['_CONVERTSUMMARY']._serialized_start=2457
-  _globals['_CONVERTSUMMARY']._serialized_end=2820
-  _globals['_RUNMOEREQUEST']._serialized_start=2823
-  _globals['_RUNMOEREQUEST']._serialized_end=3245
-  _globals['_TOPKROUTING']._serialized_start=3247
-  _globals['_TOPKROUTING']._serialized_end=3348
-  _globals['_INLINELAYER']._serialized_start=3350
-  _globals['_INLINELAYER']._serialized_end=3450
-  _globals['_RUNMOERESPONSE']._serialized_start=3453
-  _globals['_RUNMOERESPONSE']._serialized_end=3665
-  _globals['_GETPLATFORMREQUEST']._serialized_start=3667
-  _globals['_GETPLATFORMREQUEST']._serialized_end=3731
-  _globals['_GETPLATFORMRESPONSE']._serialized_start=3733
-  _globals['_GETPLATFORMRESPONSE']._serialized_end=3798
-  _globals['_LISTPLATFORMPRESETSREQUEST']._serialized_start=3800
-  _globals['_LISTPLATFORMPRESETSREQUEST']._serialized_end=3828
-  _globals['_LISTPLATFORMPRESETSRESPONSE']._serialized_start=3830
-  _globals['_LISTPLATFORMPRESETSRESPONSE']._serialized_end=3908
-  _globals['_LISTWORKERSREQUEST']._serialized_start=3910
-  _globals['_LISTWORKERSREQUEST']._serialized_end=3930
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=3932
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=4013
-  _globals['_LAYERINFO']._serialized_start=4016
-  _globals['_LAYERINFO']._serialized_end=4316
-  _globals['_LISTLAYERSREQUEST']._serialized_start=4318
-  _globals['_LISTLAYERSREQUEST']._serialized_end=4381
-  _globals['_LISTLAYERSRESPONSE']._serialized_start=4383
-  _globals['_LISTLAYERSRESPONSE']._serialized_end=4446
-  _globals['_UNLOADLAYERREQUEST']._serialized_start=4448
-  _globals['_UNLOADLAYERREQUEST']._serialized_end=4486
-  _globals['_UNLOADLAYERRESPONSE']._serialized_start=4488
-  _globals['_UNLOADLAYERRESPONSE']._serialized_end=4530
-  _globals['_MOECONTROLSERVICE']._serialized_start=4533
-  _globals['_MOECONTROLSERVICE']._serialized_end=5281
+  _globals['_SELECTBACKENDREQUEST']._serialized_start=249
+  _globals['_SELECTBACKENDREQUEST']._serialized_end=624
+  _globals['_SELECTBACKENDRESPONSE']._serialized_start=627
+  _globals['_SELECTBACKENDRESPONSE']._serialized_end=1237
+  _globals['_CONVERTWEIGHTSREQUEST']._serialized_start=1240
+  _globals['_CONVERTWEIGHTSREQUEST']._serialized_end=1424
+  _globals['_CONVERTWEIGHTSHEADER']._serialized_start=1427
+  _globals['_CONVERTWEIGHTSHEADER']._serialized_end=1888
+  _globals['_INLINECONVERSION']._serialized_start=1890
+  _globals['_INLINECONVERSION']._serialized_end=1932
+  _globals['_CHECKPOINTCONVERSION']._serialized_start=1934
+  _globals['_CHECKPOINTCONVERSION']._serialized_end=2039
+  _globals['_LAYERRANGE']._serialized_start=2041
+  _globals['_LAYERRANGE']._serialized_end=2081
+  _globals['_CONVERTWEIGHTSRESPONSE']._serialized_start=2084
+  _globals['_CONVERTWEIGHTSRESPONSE']._serialized_end=2317
+  _globals['_CONVERTPROGRESS']._serialized_start=2320
+  _globals['_CONVERTPROGRESS']._serialized_end=2453
+  _globals['_KERNELFORMAT']._serialized_start=2456
+  _globals['_KERNELFORMAT']._serialized_end=2686
+  _globals['_KERNELFORMAT_ATTRIBUTESENTRY']._serialized_start=2637
+  _globals['_KERNELFORMAT_ATTRIBUTESENTRY']._serialized_end=2686
+  _globals['_CONVERTSUMMARY']._serialized_start=2689
+  _globals['_CONVERTSUMMARY']._serialized_end=3052
+  _globals['_RUNMOEREQUEST']._serialized_start=3055
+  _globals['_RUNMOEREQUEST']._serialized_end=3477
+  _globals['_TOPKROUTING']._serialized_start=3479
+  _globals['_TOPKROUTING']._serialized_end=3580
+  _globals['_INLINELAYER']._serialized_start=3582
+  _globals['_INLINELAYER']._serialized_end=3682
+  _globals['_RUNMOERESPONSE']._serialized_start=3685
+  _globals['_RUNMOERESPONSE']._serialized_end=3897
+  _globals['_GETPLATFORMREQUEST']._serialized_start=3899
+  _globals['_GETPLATFORMREQUEST']._serialized_end=3963
+  _globals['_GETPLATFORMRESPONSE']._serialized_start=3965
+  _globals['_GETPLATFORMRESPONSE']._serialized_end=4030
+  _globals['_LISTPLATFORMPRESETSREQUEST']._serialized_start=4032
+  _globals['_LISTPLATFORMPRESETSREQUEST']._serialized_end=4060
+  _globals['_LISTPLATFORMPRESETSRESPONSE']._serialized_start=4062
+  _globals['_LISTPLATFORMPRESETSRESPONSE']._serialized_end=4140
+  _globals['_LISTWORKERSREQUEST']._serialized_start=4142
+  _globals['_LISTWORKERSREQUEST']._serialized_end=4162
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=4164
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=4245
+  _globals['_LAYERINFO']._serialized_start=4248
+  _globals['_LAYERINFO']._serialized_end=4548
+  _globals['_LISTLAYERSREQUEST']._serialized_start=4550
+  _globals['_LISTLAYERSREQUEST']._serialized_end=4613
+  _globals['_LISTLAYERSRESPONSE']._serialized_start=4615
+  _globals['_LISTLAYERSRESPONSE']._serialized_end=4678
+  _globals['_UNLOADLAYERREQUEST']._serialized_start=4680
+  _globals['_UNLOADLAYERREQUEST']._serialized_end=4718
+  _globals['_UNLOADLAYERRESPONSE']._serialized_start=4720
+  _globals['_UNLOADLAYERRESPONSE']._serialized_end=4762
+  _globals['_MOECONTROLSERVICE']._serialized_start=4765
+  _globals['_MOECONTROLSERVICE']._serialized_end=5513
 # @@protoc_insertion_point(module_scope)
