@@ -16,7 +16,7 @@ import torch
 from service.formats.canonical import QuantizedMoELayer
 from service.kernels.activation import ResolvedActivation, apply
 from service.kernels.errors import KernelInputError
-from service.kernels.interface import ExpertsBackend, LayerSpec, LayerTensors
+from service.kernels.interface import ExpertsBackend, LayerSpec, LayerTensors, into
 
 
 class DenseEmulationExperts(ExpertsBackend):
@@ -43,16 +43,16 @@ class DenseEmulationExperts(ExpertsBackend):
                 raise KernelInputError(name, f"must be {list(shape)}, got {found}")
         self._tensors = {k: v for k, v in tensors.items() if v is not None}
 
-    def _forward(
+    def _forward_into(
         self,
         hidden_states: torch.Tensor,
         topk_ids: torch.Tensor,
         topk_weights: torch.Tensor,
         activation: ResolvedActivation,
+        out: torch.Tensor | None,
     ) -> torch.Tensor:
-        return self.forward_fp32_checked(hidden_states, topk_ids, topk_weights, activation).to(
-            hidden_states.dtype
-        )
+        result = self.forward_fp32_checked(hidden_states, topk_ids, topk_weights, activation)
+        return into(result.to(hidden_states.dtype), out)
 
     def forward_fp32_checked(
         self,

@@ -23,7 +23,13 @@ import torch
 from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
 from service.kernels.activation import ActivationSpec, ResolvedActivation, apply, resolve
 from service.kernels.errors import KernelInputError
-from service.kernels.interface import ExpertsBackend, LayerSpec, LayerTensors, check_inputs
+from service.kernels.interface import (
+    ExpertsBackend,
+    LayerSpec,
+    LayerTensors,
+    check_inputs,
+    into,
+)
 from service.kernels.layouts import triton_to_canonical
 
 
@@ -100,15 +106,16 @@ class EmulationExperts(ExpertsBackend):
                 )
         self._layer = layer
 
-    def _forward(
+    def _forward_into(
         self,
         hidden_states: torch.Tensor,
         topk_ids: torch.Tensor,
         topk_weights: torch.Tensor,
         activation: ResolvedActivation,
+        out: torch.Tensor | None,
     ) -> torch.Tensor:
-        out = reference_forward(self.layer, hidden_states, topk_ids, topk_weights, activation)
-        return out.to(hidden_states.dtype)
+        result = reference_forward(self.layer, hidden_states, topk_ids, topk_weights, activation)
+        return into(result.to(hidden_states.dtype), out)
 
     def forward_fp32(
         self,

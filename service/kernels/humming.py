@@ -183,15 +183,6 @@ class HummingExperts(ExpertsBackend):
                     projection.config.to_str(), COMPUTE_CONFIG, json.dumps(listed), device
                 )
 
-    def _forward(
-        self,
-        hidden_states: torch.Tensor,
-        topk_ids: torch.Tensor,
-        topk_weights: torch.Tensor,
-        activation: ResolvedActivation,
-    ) -> torch.Tensor:
-        return self._forward_into(hidden_states, topk_ids, topk_weights, activation, None)
-
     def _forward_into(
         self,
         hidden_states: torch.Tensor,

@@ -84,7 +84,7 @@ class LayerSpec:
 class ExpertsBackend(abc.ABC):
     """A runnable fused-MoE experts implementation for one prepared layer.
 
-    Subclasses implement `_prepare` and `_forward`; this class checks every input first.
+    Subclasses implement `_prepare` and `_forward_into`; this class checks every input first.
     """
 
     #: The backend's name as the oracle spells it ("EMULATION", "TRITON", ...).
@@ -160,15 +160,6 @@ class ExpertsBackend(abc.ABC):
     def _prepare(self, tensors: LayerTensors, spec: LayerSpec) -> None: ...
 
     @abc.abstractmethod
-    def _forward(
-        self,
-        hidden_states: torch.Tensor,
-        topk_ids: torch.Tensor,
-        topk_weights: torch.Tensor,
-        activation: ResolvedActivation,
-    ) -> torch.Tensor:
-        """The forward on checked, contiguous inputs: a new [M, H] tensor."""
-
     def _forward_into(
         self,
         hidden_states: torch.Tensor,
@@ -177,10 +168,14 @@ class ExpertsBackend(abc.ABC):
         activation: ResolvedActivation,
         out: torch.Tensor | None,
     ) -> torch.Tensor:
-        """`_forward`, written into `out` when given. Backends whose kernels can write the
-        caller's tensor directly override this; the default copies."""
-        result = self._forward(hidden_states, topk_ids, topk_weights, activation)
-        return result if out is None else out.copy_(result)
+        """The forward on checked, contiguous inputs, written into `out` when given (else a
+        new [M, H] tensor). The one hook: kernels that can write the caller's tensor directly
+        do so, the others copy their result in (`into`)."""
+
+
+def into(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """`result`, or `out` holding it: for backends whose kernels cannot write `out`."""
+    return result if out is None else out.copy_(result)
 
 
 def check_inputs(

@@ -198,15 +198,6 @@ class TritonWNA16Experts(ExpertsBackend):
             raise KernelUnavailableError("TRITON", reason)
         self._tensors = check_triton_tensors(tensors, spec)
 
-    def _forward(
-        self,
-        hidden_states: torch.Tensor,
-        topk_ids: torch.Tensor,
-        topk_weights: torch.Tensor,
-        activation: ResolvedActivation,
-    ) -> torch.Tensor:
-        return self._forward_into(hidden_states, topk_ids, topk_weights, activation, None)
-
     def _forward_into(
         self,
         hidden_states: torch.Tensor,
