@@ -31,6 +31,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -495,6 +496,9 @@ def convert_checkpoint(
         journal.ensure()
         mine = [layer for layer in layers if job.wants(layer)]
         copies = sorted(rest) if job.owns_rest() else []
+        owned = [layer.unit for layer in mine] + [f"copy-{file}" for file in copies]
+        _sweep_temps(output_dir, [layer.file for layer in mine] + copies + meta_files)
+        _sweep_temps(journal.path, [f"{unit}.json" for unit in owned])
         bytes_total = sum(
             shards[t.file].entries[t.name].nbytes for layer in mine for t in layer.tensors.values()
         ) + sum(shards[f].entries[n].nbytes for f in copies for n in rest[f])
@@ -600,6 +604,40 @@ def _prepare_output(job: CheckpointJob, output_dir: Path) -> dict[str, Any]:
         "job", {"job_key": key, "backend": job.target.backend, "ruleset": job.target.ruleset}
     )
     return previous
+
+
+#: The temp file of an atomic write (safetensors_io): `.NAME.tmp-PID-RANDOM`.
+_TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
+
+
+def _sweep_temps(directory: Path, names: Iterable[str]) -> list[str]:
+    """Remove what writers of `names` left when they died mid-file (kill -9, OOM, power
+    loss): a temp file as large as a layer, that no rename will ever claim. Only files of
+    units this run owns, and only of writers not alive here: another range's run (another
+    pod, whose processes this one cannot see) never shares a unit with this one."""
+    wanted = set(names)
+    removed: list[str] = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(directory):
+            match = _TEMP.match(entry.name)
+            if match is None or match["name"] not in wanted or _alive(int(match["pid"])):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+                removed.append(entry.name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class _Run:
