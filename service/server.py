@@ -7,7 +7,8 @@ private server on a Unix socket.
 Start: /metrics, workers, the public server, the private one and the replicas (with more
 than one process), then one line on stdout saying where it listens.
 Health: liveness ("") is SERVING while the process runs; readiness (the service's name) is
-SERVING only while every worker is ready, in every process.
+SERVING while at least one worker is ready (a node keeps serving on its healthy GPUs while
+one worker restarts: WorkerPool.ready), in every process.
 Stop (SIGTERM, SIGINT): health goes NOT_SERVING first so balancers drain, then the public
 servers (this one and the replicas', in parallel) stop accepting and give in-flight RPCs
 `grace_s`, then the private server, the workers and /metrics stop.
@@ -129,7 +130,7 @@ class MoeControlServer:
             port = self._metrics_http.server_port
             metrics_url = f"http://{_host_for_url(s.metrics_host)}:{port}/metrics"
 
-        devices = await discover_devices(s.devices)
+        devices = await discover_devices(s.devices, cpu_workers=s.cpu_workers)
         self.pool = WorkerPool(
             devices,
             SupervisorConfig(

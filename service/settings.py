@@ -97,6 +97,13 @@ class Settings:
             "or a list like 'cuda:0,cuda:1'"
         ),
     )
+    cpu_workers: int = field(
+        default=1,
+        metadata=_doc(
+            "CPU workers to start where the devices come to the CPU alone ('cpu', or 'auto' "
+            "without a GPU); more than 1 exercises the multi-worker paths without GPUs"
+        ),
+    )
     worker_start_timeout_s: float = field(
         default=180.0, metadata=_doc("a worker must report its platform within this")
     )
@@ -164,6 +171,8 @@ class Settings:
         for name in ("max_concurrent_rpcs", "server_processes", "select_cache_mib"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
+        if self.cpu_workers < 1:
+            problems.append("cpu_workers must be >= 1")
         if (self.tls_cert is None) != (self.tls_key is None):
             problems.append("tls_cert and tls_key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:

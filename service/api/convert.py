@@ -10,7 +10,13 @@ call ends (answered, failed, cancelled, the worker died) every segment with the 
 prefix is deleted, and a layer kept loaded for a call that did not complete is unloaded.
 
 Path mode: the paths are confined to the data root here (`plan_job`), the worker runs the
-whole-checkpoint job, and its progress events become ConvertProgress messages.
+whole-checkpoint job, and its progress events become ConvertProgress messages. With more
+than one ready worker and no worker named, the job is spread over all of them by layer
+ranges (convert_spread.py).
+
+Placement: a header naming `worker_index` converts there; otherwise the pool picks a ready
+worker (for keep_loaded, the one holding the fewest kept-layer bytes), and the kept layer's
+id is remembered with its worker, so RunMoE, ListLayers and UnloadLayer find it.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from service.api import codec, convert_codec
+from service.api import codec, convert_codec, convert_spread
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import tensor_pb2
 from service.formats.checkpoint import plan_job, read_model_config
@@ -132,9 +138,11 @@ class ConvertWeightsHandler:
                 "header", "required: the first message of a ConvertWeights stream is its header"
             )
         header = first.header
-        index = header.worker_index if header.HasField("worker_index") else 0
-        worker = self._workers.worker(index)
-        platform = self._platform(header, self._workers.profile(index))
+        # A named worker converts; otherwise the pool places the call (a layer to keep goes
+        # where the fewest kept-layer bytes are; a whole checkpoint may spread over all).
+        named = header.worker_index if header.HasField("worker_index") else None
+        worker = self._workers.place(named, by_memory=header.keep_loaded)
+        platform = self._platform(header, self._workers.profile(worker.index))
         if header.WhichOneof("mode") == "checkpoint":
             responses = self._checkpoint(header, worker, platform, started)
         else:
@@ -233,6 +241,9 @@ class ConvertWeightsHandler:
             except WorkerCallError as exc:
                 raise domain_error(exc) from None
             layer_id = str(answer.get("layer_id", ""))
+            if layer_id:
+                kept = sum(TensorSpec.from_json(t["spec"]).byte_size for t in answer["tensors"])
+                self._workers.remember(layer_id, worker, kept)
             limit = self._chunk_limit(header)
             headers = []
             for item in answer["tensors"]:
@@ -377,14 +388,23 @@ class ConvertWeightsHandler:
         )
         await self._check_writer(worker, job.target)
         events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        call = asyncio.create_task(
-            worker.call(
-                "convert_checkpoint",
-                {"job": job.to_json()},
-                on_event=lambda _name, data: events.put_nowait(data),
-                cancellable=True,
+        plan = None
+        if not header.HasField("worker_index") and len(self._workers.ready_workers()) > 1:
+            plan = await asyncio.to_thread(convert_spread.plan_spread, job)
+        call: asyncio.Task[dict[str, Any]]
+        if plan is not None:
+            call = asyncio.create_task(
+                convert_spread.run_spread(self._workers, job.to_json(), plan, events.put_nowait)
             )
-        )
+        else:
+            call = asyncio.create_task(
+                worker.call(
+                    "convert_checkpoint",
+                    {"job": job.to_json()},
+                    on_event=lambda _name, data: events.put_nowait(data),
+                    cancellable=True,
+                )
+            )
         try:
             async for event in _until_done(call, events):
                 yield convert_codec.progress(event)
@@ -392,6 +412,15 @@ class ConvertWeightsHandler:
                 answer = call.result()
             except WorkerCallError as exc:
                 raise domain_error(exc) from None
+            if plan is not None:
+                log.info(
+                    "checkpoint conversion spread over workers",
+                    extra={
+                        "event": "convert_spread",
+                        "ranges": len(plan.ranges),
+                        "workers": answer.get("workers"),
+                    },
+                )
         finally:
             if not call.done():
                 call.cancel()

@@ -126,10 +126,10 @@ class RunMoEHandler:
             params["layer_id"] = request.layer_id
             inline_tensors: list[tuple[str, TensorSpec, bytes]] = []
         else:
-            index = request.worker_index if request.HasField("worker_index") else 0
-            worker = self._workers.worker(index)
+            index = request.worker_index if request.HasField("worker_index") else None
+            worker = self._workers.place(index)
             params["inline"], inline_tensors = self._inline(
-                request.inline_layer, index, params["backend"]
+                request.inline_layer, worker.index, params["backend"]
             )
         segments = self._segments()
         prefix = f"r{next(self._calls)}-{secrets.token_hex(3)}-"
@@ -197,13 +197,11 @@ class RunMoEHandler:
         return tokens, int(message.shape[1])
 
     async def _holder(self, request: pb.RunMoERequest) -> WorkerHandle:
-        """The worker that holds the layer (the named one, else whichever lists it)."""
+        """The worker that holds the layer: the named one, else the one the pool's layer
+        directory maps it to (a layer lost in its worker's restart says so)."""
         if request.HasField("worker_index"):
             return self._workers.worker(request.worker_index)
-        for layer in await self._workers.list_layers():
-            if layer.get("layer_id") == request.layer_id:
-                return self._workers.worker(int(layer["worker_index"]))
-        raise LayerNotFoundError(request.layer_id)
+        return await self._workers.holder(request.layer_id)
 
     def _inline(
         self, layer: pb.InlineLayer, index: int, backend: str

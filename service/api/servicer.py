@@ -46,6 +46,9 @@ def worker_to_pb(worker: WorkerSnapshot) -> platform_pb2.WorkerInfo:
         total_memory_bytes=worker.total_memory_bytes,
         torch_version=worker.torch_version,
         last_exit_reason=worker.last_exit_reason,
+        layer_bytes=worker.layer_bytes,
+        layer_budget_bytes=worker.layer_budget_bytes,
+        layer_ids=list(worker.layer_ids),
     )
     if worker.profile is not None:
         message.platform.CopyFrom(codec.platform_to_pb(worker.profile))
@@ -61,6 +64,7 @@ class MoeControlServicer(pb_grpc.MoeControlServiceServicer):
         self._workers = workers
         self._metrics = metrics
         settings = settings or Settings()
+        workers.layer_budget_bytes = settings.layer_budget_mib * MIB
         self.selection = Selection(workers, metrics, cache_bytes=settings.select_cache_mib * MIB)
         self.convert = ConvertWeightsHandler(workers, metrics, settings)
         self.run_moe = RunMoEHandler(workers, metrics, settings, self.convert.segments)
@@ -94,8 +98,12 @@ class MoeControlServicer(pb_grpc.MoeControlServiceServicer):
     async def ListWorkers(
         self, request: pb.ListWorkersRequest, context: Context
     ) -> pb.ListWorkersResponse:
-        workers = [worker_to_pb(w) for w in self._workers.snapshots()]
-        return pb.ListWorkersResponse(workers=workers, ready=self._workers.ready)
+        workers = [worker_to_pb(w) for w in await self._workers.describe()]
+        return pb.ListWorkersResponse(
+            workers=workers,
+            ready=self._workers.ready,
+            ready_workers=sum(w.state == platform_pb2.WORKER_STATE_READY for w in workers),
+        )
 
     async def ListLayers(
         self, request: pb.ListLayersRequest, context: Context

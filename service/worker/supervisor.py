@@ -3,19 +3,34 @@
 Each `WorkerHandle` runs `python -m service.worker --device D` with pipes for the JSON-lines
 protocol, waits for its hello (the platform profile), then pings it. A worker that exits,
 is killed or stops answering is restarted with a growing back-off; calls in flight on it fail
-with `WorkerUnavailableError`, and the pool reports not-ready until it is back.
+with `WorkerUnavailableError`.
+
+With several workers (one per GPU), the pool places work and remembers where each kept
+layer lives:
+
+* Readiness: the pool is ready while at least one worker is (a node with one GPU down still
+  serves on the others; a call that names the down worker gets UNAVAILABLE). `all_ready`
+  says whether every one is.
+* Placement (`place`): a named worker index wins; otherwise the ready worker holding the
+  fewest bytes of kept layers, then the one with the fewest calls in flight, ties taken in
+  turn (round robin), so layers and load spread over the GPUs.
+* Layers: each kept layer's id maps to its worker and that worker's incarnation. A worker
+  that restarts loses its own layers only; their ids then answer NOT_FOUND saying which
+  worker restarted and why (`LayerLostError`), the other workers' layers stay usable.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import re
 import signal
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -37,6 +52,33 @@ MAX_BACKOFF_S = 30.0
 #: A worker that lived this long before dying restarts after the initial back-off again.
 STABLE_AFTER_S = 60.0
 _DEVICE = re.compile(r"^(cpu|cuda:\d+|xpu:\d+)$")
+#: Lost layer ids remembered for their explanation (oldest forgotten first).
+MAX_LOST_LAYERS = 4096
+
+
+class LayerLostError(LayerNotFoundError):
+    """A kept layer whose worker restarted since it was loaded: gone with that process."""
+
+    def __init__(self, layer_id: str, worker: int, device: str, reason: str) -> None:
+        self.layer_id = layer_id
+        self.worker_index = worker
+        self.device = device
+        self.reason = reason
+        Exception.__init__(
+            self,
+            f"layer {layer_id!r} was held by worker {worker} ({device}), which restarted "
+            f"({reason or 'reason unknown'}) and lost its layers; convert it again with "
+            "keep_loaded (the other workers' layers are unaffected)",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LayerPlace:
+    """Where a kept layer lives: its worker, that worker's incarnation, its size."""
+
+    worker: int
+    incarnation: int
+    byte_size: int
 
 
 class WorkerState(StrEnum):
@@ -71,6 +113,11 @@ class WorkerSnapshot:
     torch_version: str
     ready_time: float | None
     last_exit_reason: str
+    #: Bytes of kept layers it holds, and their ids (least recently used first); filled in
+    #: by `WorkerPool.describe` (which asks the worker), else zero and empty.
+    layer_bytes: int = 0
+    layer_budget_bytes: int = 0
+    layer_ids: tuple[str, ...] = ()
 
 
 class _WorkerDiedError(Exception):
@@ -107,6 +154,10 @@ class WorkerHandle:
         self.info: dict[str, Any] = {}
         self.profile: PlatformProfile | None = None
         self.restarts = 0
+        #: Moves on each time a new process becomes ready: layers of older ones are gone.
+        self.incarnation = 0
+        #: Calls in flight (pings excluded): the tie-breaker of placement.
+        self.busy = 0
         self.ready_time: float | None = None
         self.last_exit_reason = ""
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
@@ -187,6 +238,8 @@ class WorkerHandle:
         if on_event is not None:
             self._listeners[call_id] = on_event
         abandoned = False
+        counted = method != "ping"
+        self.busy += counted
         try:
             async with self._write_lock:
                 process.stdin.write(protocol.request(call_id, method, params))
@@ -208,6 +261,7 @@ class WorkerHandle:
                     )
             raise
         finally:
+            self.busy -= counted
             if not abandoned:
                 self._pending.pop(call_id, None)
             self._listeners.pop(call_id, None)
@@ -307,6 +361,7 @@ class WorkerHandle:
         try:
             await self._handshake(process)
             self.ready_time = time.time()
+            self.incarnation += 1
             self._set_state(WorkerState.READY)
             log.info(
                 "worker ready",
@@ -420,7 +475,7 @@ class WorkerHandle:
 
 
 class WorkerPool:
-    """Every worker of the server, by index."""
+    """Every worker of the server, by index; where each kept layer lives."""
 
     def __init__(
         self,
@@ -438,9 +493,17 @@ class WorkerPool:
         #: Moves on at every worker change, so answers derived from the workers' profiles
         #: (cached SelectBackend answers) know when they may be stale.
         self.generation = 0
+        #: The layer budget each worker holds kept layers to (shown by `describe`; the
+        #: conversion calls carry it to the workers). Set by the servicer from settings.
+        self.layer_budget_bytes = 0
+        self._layers: dict[str, LayerPlace] = {}
+        self._lost: OrderedDict[str, LayerLostError] = OrderedDict()
+        self._turn = 0
 
     def _changed(self, worker: WorkerHandle) -> None:
         self.generation += 1
+        if worker.state is WorkerState.RESTARTING:
+            self._lose_layers(worker)
         if self.ready:
             self._ready_event.set()
         else:
@@ -456,6 +519,7 @@ class WorkerPool:
         await asyncio.gather(*(w.stop() for w in self.workers))
 
     async def wait_ready(self, timeout: float | None = None) -> bool:
+        """Until at least one worker is ready (False on timeout)."""
         try:
             await asyncio.wait_for(self._ready_event.wait(), timeout)
         except TimeoutError:
@@ -464,8 +528,17 @@ class WorkerPool:
 
     @property
     def ready(self) -> bool:
-        """Every worker is ready (the server's readiness)."""
+        """At least one worker is ready: the server's readiness. A node keeps serving on
+        its healthy GPUs while one worker restarts; calls for the restarting one (named by
+        index, or holding the layer) get UNAVAILABLE or NOT_FOUND meanwhile."""
+        return any(w.ready for w in self.workers)
+
+    @property
+    def all_ready(self) -> bool:
         return all(w.ready for w in self.workers)
+
+    def ready_workers(self) -> list[WorkerHandle]:
+        return [w for w in self.workers if w.ready]
 
     def worker(self, index: int) -> WorkerHandle:
         if not 0 <= index < len(self.workers):
@@ -483,42 +556,151 @@ class WorkerPool:
         return worker.profile
 
     def default_profile(self) -> PlatformProfile | None:
-        """Worker 0's platform while it is ready, else None."""
-        worker = self.workers[0]
-        return worker.profile if worker.ready else None
+        """The first ready worker's platform (worker 0's while it is up), else None."""
+        for worker in self.workers:
+            if worker.ready and worker.profile is not None:
+                return worker.profile
+        return None
 
     def snapshots(self) -> list[WorkerSnapshot]:
         return [w.snapshot() for w in self.workers]
+
+    async def describe(self) -> list[WorkerSnapshot]:
+        """Snapshots with each ready worker's kept layers (ids, bytes) and the budget."""
+        held = await asyncio.gather(*(self._held(w) for w in self.workers), return_exceptions=True)
+        out = []
+        for worker, layers in zip(self.workers, held, strict=True):
+            listed = layers if isinstance(layers, list) else []
+            out.append(
+                dataclasses.replace(
+                    worker.snapshot(),
+                    layer_bytes=sum(int(layer.get("byte_size", 0)) for layer in listed),
+                    layer_budget_bytes=self.layer_budget_bytes,
+                    layer_ids=tuple(str(layer.get("layer_id", "")) for layer in listed),
+                )
+            )
+        return out
+
+    async def _held(self, worker: WorkerHandle) -> list[dict[str, Any]]:
+        """The layers a worker lists (empty while it is not ready); prunes the directory
+        of this worker's ids it no longer holds (evicted to make room)."""
+        if not worker.ready:
+            return []
+        incarnation = worker.incarnation
+        answer = await worker.call("list_layers")
+        layers = [dict(layer) for layer in answer.get("layers", [])]
+        if worker.incarnation == incarnation:
+            listed = {str(layer.get("layer_id")) for layer in layers}
+            for layer_id, place in list(self._layers.items()):
+                if place.worker == worker.index and layer_id not in listed:
+                    del self._layers[layer_id]
+            for layer in layers:
+                self._layers.setdefault(
+                    str(layer.get("layer_id")),
+                    LayerPlace(worker.index, incarnation, int(layer.get("byte_size", 0))),
+                )
+        return layers
 
     async def list_layers(self, index: int | None = None) -> list[dict[str, Any]]:
         targets = self.workers if index is None else [self.worker(index)]
         layers: list[dict[str, Any]] = []
         for worker in targets:
-            if not worker.ready:
-                continue
-            answer = await worker.call("list_layers")
-            for layer in answer.get("layers", []):
+            for layer in await self._held(worker):
                 layers.append({**layer, "worker_index": worker.index})
         return layers
 
-    async def unload_layer(self, layer_id: str) -> int:
-        """Drop a converted layer from whichever worker holds it; returns the bytes freed."""
-        for worker in self.workers:
-            if not worker.ready:
+    # -- placement and the layer directory
+
+    def place(self, index: int | None = None, *, by_memory: bool = False) -> WorkerHandle:
+        """The worker a new piece of work goes to: worker `index` when one is named;
+        otherwise a ready worker, the one holding the fewest kept-layer bytes first when
+        `by_memory` (a layer to keep), then the one with the fewest calls in flight, ties
+        taken in turn. No ready worker: WorkerUnavailableError."""
+        if index is not None:
+            return self.worker(index)
+        ready = self.ready_workers()
+        if not ready:
+            raise WorkerUnavailableError("no worker is ready")
+        held = self.held_bytes() if by_memory else {}
+        count = len(self.workers)
+        turn = self._turn
+        self._turn += 1
+        return min(
+            ready,
+            key=lambda w: (held.get(w.index, 0), w.busy, (w.index - turn) % count),
+        )
+
+    def held_bytes(self) -> dict[int, int]:
+        """Kept-layer bytes by worker index, as the directory knows them."""
+        out: dict[int, int] = {}
+        for place in self._layers.values():
+            out[place.worker] = out.get(place.worker, 0) + place.byte_size
+        return out
+
+    def remember(self, layer_id: str, worker: WorkerHandle, byte_size: int = 0) -> None:
+        """A layer `worker` keeps from now on (ConvertWeights with keep_loaded)."""
+        self._lost.pop(layer_id, None)
+        self._layers[layer_id] = LayerPlace(worker.index, worker.incarnation, byte_size)
+
+    def forget(self, layer_id: str) -> None:
+        self._layers.pop(layer_id, None)
+
+    def _lose_layers(self, worker: WorkerHandle) -> None:
+        """A worker died: its layers are gone; remember why, for the callers that ask."""
+        for layer_id, place in list(self._layers.items()):
+            if place.worker != worker.index:
                 continue
-            answer = await worker.call("unload_layer", {"layer_id": layer_id})
-            if answer.get("found"):
-                return int(answer.get("freed_bytes", 0))
+            del self._layers[layer_id]
+            self._lost[layer_id] = LayerLostError(
+                layer_id, worker.index, worker.device, worker.last_exit_reason
+            )
+            while len(self._lost) > MAX_LOST_LAYERS:
+                self._lost.popitem(last=False)
+
+    async def holder(self, layer_id: str) -> WorkerHandle:
+        """The worker that holds `layer_id`. A layer its worker lost in a restart is
+        LayerLostError; one no worker has is LayerNotFoundError. The directory answers
+        without a call; a layer it does not know is looked for on every ready worker."""
+        place = self._layers.get(layer_id)
+        if place is not None:
+            worker = self.workers[place.worker]
+            if worker.incarnation == place.incarnation:
+                return worker
+            self._layers.pop(layer_id, None)
+            raise LayerLostError(layer_id, worker.index, worker.device, worker.last_exit_reason)
+        lost = self._lost.get(layer_id)
+        if lost is not None:
+            raise lost
+        for layer in await self.list_layers():
+            if layer.get("layer_id") == layer_id:
+                return self.workers[int(layer["worker_index"])]
         raise LayerNotFoundError(layer_id)
 
+    async def unload_layer(self, layer_id: str) -> int:
+        """Drop a converted layer from the worker that holds it; returns the bytes freed."""
+        worker = await self.holder(layer_id)
+        answer = await worker.call("unload_layer", {"layer_id": layer_id})
+        self.forget(layer_id)
+        if not answer.get("found"):
+            raise LayerNotFoundError(layer_id)
+        return int(answer.get("freed_bytes", 0))
 
-async def discover_devices(spec: str, *, timeout: float = 120.0) -> list[str]:
-    """The devices to start workers on: 'auto', 'cpu' or a comma-separated list.
+
+async def discover_devices(spec: str, *, cpu_workers: int = 1, timeout: float = 120.0) -> list[str]:
+    """The devices to start workers on: 'auto', 'cpu' or a comma-separated list; one worker
+    each. Where that comes to the CPU alone ('cpu', or 'auto' without a GPU), `cpu_workers`
+    CPU workers (more than one only to exercise the multi-worker paths without GPUs).
 
     'auto' asks a throwaway process (torch must not initialise CUDA in the server); without
     torch installed it is the CPU at once.
     """
-    spec = spec.strip()
+    devices = await _devices(spec.strip(), timeout)
+    if devices == [probe.CPU]:
+        return [probe.CPU] * max(1, cpu_workers)
+    return devices
+
+
+async def _devices(spec: str, timeout: float) -> list[str]:
     if spec == "auto":
         if not probe.torch_available():
             return [probe.CPU]

@@ -290,12 +290,14 @@ class ListWorkersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListWorkersResponse(_message.Message):
-    __slots__ = ("workers", "ready")
+    __slots__ = ("workers", "ready", "ready_workers")
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
+    READY_WORKERS_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[_platform_pb2.WorkerInfo]
     ready: bool
-    def __init__(self, workers: _Optional[_Iterable[_Union[_platform_pb2.WorkerInfo, _Mapping]]] = ..., ready: _Optional[bool] = ...) -> None: ...
+    ready_workers: int
+    def __init__(self, workers: _Optional[_Iterable[_Union[_platform_pb2.WorkerInfo, _Mapping]]] = ..., ready: _Optional[bool] = ..., ready_workers: _Optional[int] = ...) -> None: ...
 
 class LayerInfo(_message.Message):
     __slots__ = ("layer_id", "worker_index", "format", "num_experts", "hidden_size", "intermediate_size", "byte_size", "load_time", "last_used_time", "device")

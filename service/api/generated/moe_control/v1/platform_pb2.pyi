@@ -86,7 +86,7 @@ class PlatformPreset(_message.Message):
     def __init__(self, name: _Optional[str] = ..., profile: _Optional[_Union[PlatformProfile, _Mapping]] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("index", "device", "state", "pid", "restarts", "platform", "device_name", "total_memory_bytes", "torch_version", "ready_time", "last_exit_reason")
+    __slots__ = ("index", "device", "state", "pid", "restarts", "platform", "device_name", "total_memory_bytes", "torch_version", "ready_time", "last_exit_reason", "layer_bytes", "layer_budget_bytes", "layer_ids")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,9 @@ class WorkerInfo(_message.Message):
     TORCH_VERSION_FIELD_NUMBER: _ClassVar[int]
     READY_TIME_FIELD_NUMBER: _ClassVar[int]
     LAST_EXIT_REASON_FIELD_NUMBER: _ClassVar[int]
+    LAYER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAYER_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAYER_IDS_FIELD_NUMBER: _ClassVar[int]
     index: int
     device: str
     state: WorkerState
@@ -109,4 +112,7 @@ class WorkerInfo(_message.Message):
     torch_version: str
     ready_time: _timestamp_pb2.Timestamp
     last_exit_reason: str
-    def __init__(self, index: _Optional[int] = ..., device: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., platform: _Optional[_Union[PlatformProfile, _Mapping]] = ..., device_name: _Optional[str] = ..., total_memory_bytes: _Optional[int] = ..., torch_version: _Optional[str] = ..., ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_exit_reason: _Optional[str] = ...) -> None: ...
+    layer_bytes: int
+    layer_budget_bytes: int
+    layer_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, index: _Optional[int] = ..., device: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., platform: _Optional[_Union[PlatformProfile, _Mapping]] = ..., device_name: _Optional[str] = ..., total_memory_bytes: _Optional[int] = ..., torch_version: _Optional[str] = ..., ready_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_exit_reason: _Optional[str] = ..., layer_bytes: _Optional[int] = ..., layer_budget_bytes: _Optional[int] = ..., layer_ids: _Optional[_Iterable[str]] = ...) -> None: ...

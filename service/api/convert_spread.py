@@ -1,0 +1,265 @@
+"""A whole-checkpoint conversion spread over every ready worker (one per GPU).
+
+The checkpoint job already works in layer ranges (a Kubernetes Indexed Job runs one range
+per pod over a shared journal; formats/checkpoint.py), so spreading it over the workers of
+one server is cutting the job into ranges and handing them out as a work queue: each worker
+pulls the next range when it finishes one. One range per MoE layer balances the workers
+whatever the layers cost. The ranges, in order:
+
+* the first starts where the job starts (layer 0 for a whole checkpoint), so it also owns
+  the rest: the non-MoE tensors, the small files and the hashing of the source files. It is
+  handed out first, and the other workers start only once it reported (its output
+  directory is prepared, so two workers never race to create it);
+* one range per further MoE layer;
+* the last MoE layer's range is kept back and run alone after every other range finished.
+  A range finalizes the directory (index, manifest) only when it finds every unit done, so
+  keeping one unit back means exactly one run finalizes, once, with every record in place:
+  the output is byte for byte what one worker writes (tests/integration/test_multi_worker).
+
+Where the output directory already holds a manifest or the last layer's record (a re-run
+of a finished or nearly finished conversion: verification only), the job runs whole on one
+worker, which keeps the one-finalizer property. A worker that dies hands its range back to
+the queue once (the journal makes a redone unit safe); all workers gone is UNAVAILABLE.
+
+Progress: the ranges' events are merged into one stream with the whole job's totals
+(layers and bytes counted from the shard headers here, torch-free, as the job counts them);
+each range's counts only grow, so the merged counts only grow, and a finished range counts
+as complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from service.formats.checkpoint import (
+    JOURNAL_DIR,
+    MANIFEST_NAME,
+    CheckpointJob,
+    find_moe_layers,
+    shard_names,
+)
+from service.formats.safetensors_io import SafetensorsFile
+from service.worker.errors import WorkerUnavailableError
+from service.worker.supervisor import WorkerHandle, WorkerPool
+
+#: The merged answer lists at most this many tensors (as a worker's answer does).
+MAX_LISTED_TENSORS = 20_000
+#: How often one range may be handed to another worker after its worker died.
+RETRIES_PER_RANGE = 1
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class SpreadPlan:
+    """The job cut into layer ranges: the first owns the rest, the last finalizes."""
+
+    ranges: tuple[tuple[int, int], ...]
+    #: Module names of the MoE layers converted (their tensors' name prefixes).
+    modules: tuple[str, ...]
+    layers_total: int
+    bytes_total: int
+
+
+def plan_spread(job: CheckpointJob) -> SpreadPlan | None:
+    """The ranges of `job`, or None when it runs whole on one worker: fewer than two MoE
+    layers in it, a re-run of a finished or nearly finished conversion, or a checkpoint
+    this cannot read (the worker's run then reports the problem as it always does)."""
+    try:
+        return _plan(job)
+    except Exception:
+        return None
+
+
+def _plan(job: CheckpointJob) -> SpreadPlan | None:
+    names = shard_names(job.input_dir, job.root)
+    files: dict[str, SafetensorsFile] = {}
+    try:
+        for name in names:
+            path = job.root.child(job.input_dir, name, f"checkpoint.input_dir/{name}")
+            files[name] = SafetensorsFile(path)
+        layers, rest = find_moe_layers({name: list(f.entries) for name, f in files.items()})
+        mine = [layer for layer in layers if job.wants(layer)]
+        if len(mine) < 2:
+            return None
+        journal = job.output_dir / JOURNAL_DIR
+        if (job.output_dir / MANIFEST_NAME).exists() or (
+            journal / f"{mine[-1].unit}.json"
+        ).exists():
+            return None
+        bytes_total = sum(
+            files[t.file].entries[t.name].nbytes for layer in mine for t in layer.tensors.values()
+        )
+        if job.owns_rest():
+            bytes_total += sum(files[f].entries[n].nbytes for f in rest for n in rest[f])
+    finally:
+        for file in files.values():
+            file.close()
+    start = job.layers[0] if job.layers is not None else 0
+    end = job.layers[1] if job.layers is not None else mine[-1].index + 1
+    bounds = [start, *(layer.index for layer in mine[1:]), end]
+    return SpreadPlan(
+        ranges=tuple(itertools.pairwise(bounds)),
+        modules=tuple(layer.module for layer in mine),
+        layers_total=len(mine),
+        bytes_total=bytes_total,
+    )
+
+
+class _Merged:
+    """The ranges' progress events as one stream with the whole job's totals."""
+
+    def __init__(self, plan: SpreadPlan, emit: Emit) -> None:
+        self.plan = plan
+        self.emit = emit
+        self.done: dict[int, tuple[int, int]] = {}
+        self.totals: dict[int, tuple[int, int]] = {}
+
+    def start(self) -> None:
+        self._send({"stage": "planning", "current": ""})
+
+    def update(self, number: int, data: dict[str, Any]) -> None:
+        layers = int(data.get("layers_done", 0))
+        nbytes = int(data.get("bytes_done", 0))
+        if data.get("stage") == "planning":
+            self.totals[number] = (
+                int(data.get("layers_total", 0)),
+                int(data.get("bytes_total", 0)),
+            )
+            return  # the merged stream announced the plan once already
+        old = self.done.get(number, (0, 0))
+        self.done[number] = (max(old[0], layers), max(old[1], nbytes))
+        self._send(data)
+
+    def finish(self, number: int) -> None:
+        """A range ended: it counts as complete whatever its last event said."""
+        if number in self.totals:
+            self.done[number] = self.totals[number]
+
+    def _send(self, data: dict[str, Any]) -> None:
+        layers = sum(d[0] for d in self.done.values())
+        nbytes = sum(d[1] for d in self.done.values())
+        self.emit(
+            {
+                "stage": str(data.get("stage", "")),
+                "current": str(data.get("current", "")),
+                "layers_done": min(layers, self.plan.layers_total),
+                "layers_total": self.plan.layers_total,
+                "bytes_done": min(nbytes, self.plan.bytes_total),
+                "bytes_total": self.plan.bytes_total,
+            }
+        )
+
+
+async def run_spread(
+    pool: WorkerPool, job_json: dict[str, Any], plan: SpreadPlan, emit: Emit
+) -> dict[str, Any]:
+    """Run the plan's ranges on the pool's ready workers; returns one answer shaped like a
+    worker's `convert_checkpoint` answer (plus `workers`: the worker index of each range)."""
+    began = time.perf_counter()
+    merged = _Merged(plan, emit)
+    merged.start()
+    queue: deque[tuple[int, tuple[int, int]]] = deque(enumerate(plan.ranges[:-1]))
+    answers: dict[int, dict[str, Any]] = {}
+    ran_on: dict[int, int] = {}
+    retries: dict[int, int] = {}
+    prepared = asyncio.Event()
+
+    async def run_range(worker: WorkerHandle, number: int, span: tuple[int, int]) -> None:
+        def heard(_name: str, data: dict[str, Any]) -> None:
+            prepared.set()
+            merged.update(number, data)
+
+        answer = await worker.call(
+            "convert_checkpoint",
+            {"job": {**job_json, "layers": list(span)}},
+            on_event=heard,
+            cancellable=True,
+        )
+        merged.finish(number)
+        answers[number] = answer
+        ran_on[number] = worker.index
+
+    def give_back(number: int, span: tuple[int, int], error: WorkerUnavailableError) -> None:
+        retries[number] = retries.get(number, 0) + 1
+        if retries[number] > RETRIES_PER_RANGE:
+            raise error
+        queue.appendleft((number, span))
+
+    async def pull(worker: WorkerHandle, first: bool) -> None:
+        if not first:
+            await prepared.wait()
+        while queue and worker.ready:
+            number, span = queue.popleft()
+            try:
+                await run_range(worker, number, span)
+            except WorkerUnavailableError as exc:
+                give_back(number, span, exc)
+                return  # this worker is gone; the others take its range
+            finally:
+                if number == 0:
+                    prepared.set()  # even when it failed: the others must not wait forever
+
+    ready = pool.ready_workers()
+    pullers = [asyncio.create_task(pull(w, i == 0)) for i, w in enumerate(ready)]
+    try:
+        await asyncio.gather(*pullers)
+        if queue:
+            raise WorkerUnavailableError("every worker died during the conversion")
+        last = len(plan.ranges) - 1
+        while last not in answers:
+            worker = pool.place()
+            try:
+                await run_range(worker, last, plan.ranges[last])
+            except WorkerUnavailableError as exc:
+                give_back(last, plan.ranges[last], exc)
+    finally:
+        for task in pullers:
+            task.cancel()
+        for task in pullers:
+            with contextlib.suppress(BaseException):
+                await task
+    return _merge(plan, [answers[i] for i in range(len(plan.ranges))], ran_on, began)
+
+
+def _merge(
+    plan: SpreadPlan, answers: list[dict[str, Any]], ran_on: dict[int, int], began: float
+) -> dict[str, Any]:
+    """The ranges' answers as one, tensors in the order one worker lists them: the MoE
+    layers in layer order, then the copied tensors."""
+    prefixes = tuple(f"{module}." for module in plan.modules)
+    layer_tensors: list[dict[str, Any]] = []
+    copied: list[dict[str, Any]] = []
+    for answer in answers:
+        for tensor in answer.get("tensors", []):
+            (layer_tensors if str(tensor.get("name", "")).startswith(prefixes) else copied).append(
+                tensor
+            )
+    tensors = layer_tensors + copied
+    manifest = next((a["manifest_path"] for a in reversed(answers) if a.get("manifest_path")), "")
+
+    def total(key: str) -> int:
+        return sum(int(a.get(key, 0)) for a in answers)
+
+    return {
+        "manifest_path": manifest,
+        "output_dir": str(answers[-1].get("output_dir", "")),
+        "layers_total": total("layers_total"),
+        "layers_converted": total("layers_converted"),
+        "layers_skipped": total("layers_skipped"),
+        "bytes_in": total("bytes_in"),
+        "bytes_out": total("bytes_out"),
+        "seconds": time.perf_counter() - began,
+        "device_seconds": sum(float(a.get("device_seconds", 0.0)) for a in answers),
+        "descriptor": next((a["descriptor"] for a in answers if a.get("descriptor")), None),
+        "tensors": tensors[:MAX_LISTED_TENSORS],
+        "tensors_total": sum(int(a.get("tensors_total", 0)) for a in answers),
+        "workers": [ran_on[i] for i in range(len(answers))],
+    }
