@@ -13,11 +13,12 @@ PORT ?= 50151
 METRICS_PORT ?= 9464
 LOG_LEVEL ?= WARNING
 
-.PHONY: fuzz-long run test lint typecheck unit parity install install-vllm clean help bench protos proto-lint load-bench gpu-test bench-gpu
+.PHONY: soak fuzz-long run test lint typecheck unit parity install install-vllm clean help bench protos proto-lint load-bench gpu-test bench-gpu
 
 help:
 	@echo "make run   - install on first use and serve on $(HOST):$(PORT) (metrics on :$(METRICS_PORT))"
 	@echo "make test  - build everything from nothing and run lint, type checks and all tests"
+	@echo "make soak  - every RPC at once against a real server for SOAK_SECONDS (300), limits provoked; build/soak.md"
 
 # The product's own environment: the package (editable) plus the dev tools.
 $(VENV)/.stamp: pyproject.toml
@@ -108,6 +109,16 @@ fuzz-long: $(VENV)/.stamp
 	mkdir -p build
 	MOE_CONTROL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) MOE_CONTROL_FUZZ_REPORT=build/fuzz-report.json \
 		$(BIN)/pytest -q -p no:cacheprovider tests/reliability
+
+# The long soak (issue 8): bench/soak.py drives every RPC at once against a real server on
+# loopback for SOAK_SECONDS, provoking each configured limit, and fails on any status but
+# RESOURCE_EXHAUSTED at a provoked limit, on memory or fd growth, or on anything left behind.
+# Niced: it keeps the cores busy. The fast version runs in `make test` (tests/reliability).
+SOAK_SECONDS ?= 300
+soak: $(VENV)/.stamp
+	mkdir -p build
+	nice -n 10 $(BIN)/python bench/soak.py --seconds $(SOAK_SECONDS) \
+		--markdown build/soak.md --json build/soak.json
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) node_modules .mypy_cache .ruff_cache .pytest_cache
