@@ -203,7 +203,8 @@ class MarlinExperts(ExpertsBackend):
     """Runs a MARLIN-layout layer through vLLM's compiled Marlin MoE GEMM."""
 
     name: ClassVar[str] = BACKEND
-    layouts: ClassVar[frozenset[str]] = frozenset({"MARLIN"})
+    #: The BATCHED_MARLIN writer writes the same tensors (both backends run one op).
+    layouts: ClassVar[frozenset[str]] = frozenset({"MARLIN", "BATCHED_MARLIN"})
 
     def __init__(self, library: str | Path | None = None) -> None:
         super().__init__()
@@ -232,10 +233,10 @@ class MarlinExperts(ExpertsBackend):
 
     def _prepare(self, tensors: LayerTensors, spec: LayerSpec) -> None:
         if not isinstance(tensors, Mapping):
-            raise KernelInputError("layout", "MARLIN reads the MARLIN writer's tensors")
+            raise KernelInputError("layout", f"{self.name} reads the MARLIN writer's tensors")
         if spec.act_order:
             raise KernelUnavailableError(
-                BACKEND,
+                self.name,
                 "vLLM 0.33's Marlin MoE GEMM takes no act-order (g_idx) inputs, and vLLM 0.33 "
                 "rejects desc_act checkpoints",
             )
@@ -279,21 +280,35 @@ class MarlinExperts(ExpertsBackend):
         activation: ResolvedActivation,
         out: torch.Tensor | None,
     ) -> torch.Tensor:
+        m, hidden = hidden_states.shape
+        top_k = int(topk_ids.shape[1])
+        block = choose_block_size_m(m, top_k, self.spec.num_experts)
+        aligned = align_block_size(topk_ids, block, self.spec.num_experts)
+        down = self._gemm_pair(hidden_states, aligned, topk_weights, top_k, activation)
+        output = torch.empty_like(hidden_states) if out is None else out
+        return torch.sum(down.view(m, top_k, hidden), dim=1, out=output)
+
+    def _gemm_pair(
+        self,
+        inputs: torch.Tensor,
+        aligned: Alignment,
+        topk_weights: torch.Tensor,
+        top_k: int,
+        activation: ResolvedActivation,
+    ) -> torch.Tensor:
+        """vLLM's `_fused_marlin_moe`: GEMM1 over `inputs` [rows, H] with `top_k` routes per
+        row, the activation, GEMM2 with the router weights multiplied in; [rows*top_k, H]."""
         op, spec = self._op, self.spec
         assert op is not None
-        dtype, device = hidden_states.dtype, hidden_states.device
+        dtype, device = inputs.dtype, inputs.device
         w13, w2 = self._for_dtype(dtype)
         if w13.weight.device != device:
             raise KernelInputError(
                 "hidden_states", f"is on {device}, the layer on {w13.weight.device}"
             )
-        m, hidden = hidden_states.shape
-        top_k = int(topk_ids.shape[1])
-        rows = m * top_k
+        rows = int(inputs.shape[0]) * top_k
         n = self._padded_intermediate
         n13 = 2 * n if spec.gated else n
-        block = choose_block_size_m(m, top_k, spec.num_experts)
-        aligned = align_block_size(topk_ids, block, spec.num_experts)
         call = _Call(
             op=op,
             scalar_id=self._scalar.id,
@@ -302,12 +317,11 @@ class MarlinExperts(ExpertsBackend):
             topk_weights=topk_weights,
         )
         gate_up = torch.empty((rows, n13), dtype=dtype, device=device)
-        call.gemm(hidden_states, gate_up, w13, top_k=top_k, mul_topk_weights=False)
+        call.gemm(inputs, gate_up, w13, top_k=top_k, mul_topk_weights=False)
         activated = apply_activation(gate_up.float(), activation).to(dtype)
-        down = torch.empty((rows, hidden), dtype=dtype, device=device)
+        down = torch.empty((rows, spec.hidden_size), dtype=dtype, device=device)
         call.gemm(activated, down, w2, top_k=1, mul_topk_weights=True)
-        output = torch.empty_like(hidden_states) if out is None else out
-        return torch.sum(down.view(m, top_k, hidden), dim=1, out=output)
+        return down
 
 
 @dataclass(frozen=True)

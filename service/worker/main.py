@@ -16,10 +16,14 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from service.worker import jobs, probe, protocol
 from service.worker.layers import LayerStore
+
+if TYPE_CHECKING:
+    from service.worker.streams import Streams
+    from service.worker.transport import Transport
 
 log = logging.getLogger("moe_control.worker")
 
@@ -40,6 +44,10 @@ class Worker:
         self.info = probe.probe(device)
         self.layers = LayerStore()
         self.jobs = jobs.Jobs(send or (lambda line: None))
+        self._lazy_lock = threading.Lock()
+        self._streams: Streams | None = None
+        self._transport: Transport | None = None
+        self._kernels: dict[str, Any] | None = None
         self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "ping": self.ping,
             "profile": self.profile,
@@ -49,12 +57,37 @@ class Worker:
             "check_target": self.check_target,
         }
 
+    @property
+    def streams(self) -> Streams:
+        """One CUDA stream per request class (streams.py); made on first use (torch)."""
+        with self._lazy_lock:
+            if self._streams is None:
+                from service.worker.streams import Streams
+
+                self._streams = Streams(self.device)
+            return self._streams
+
+    @property
+    def transport(self) -> Transport:
+        """Segment <-> device copies through pinned staging (transport.py)."""
+        with self._lazy_lock:
+            if self._transport is None:
+                from service.worker.transport import Transport
+
+                self._transport = Transport(self.device)
+            return self._transport
+
     def background(self, method: str) -> jobs.Handler:
+        """The job for `method`, run on its request class's stream (streams.py)."""
         module_name, _, function = BACKGROUND[method].partition(":")
         target = getattr(importlib.import_module(module_name), function)
+        from service.worker.streams import request_class
+
+        kind = request_class(method)
 
         def handler(params: dict[str, Any], context: jobs.JobContext) -> dict[str, Any]:
-            result: dict[str, Any] = target(self, params, context)
+            with self.streams.scope(kind):
+                result: dict[str, Any] = target(self, params, context)
             return result
 
         return handler
@@ -76,7 +109,15 @@ class Worker:
         return {"pid": os.getpid()}
 
     def profile(self, params: dict[str, Any]) -> dict[str, Any]:
-        return self.info
+        """The hello's profile plus `kernels`: each backend's availability on this device
+        (worked out on the first call: it imports torch and loads vLLM's Marlin library)."""
+        if self._kernels is None:
+            import torch
+
+            from service.worker.run import kernel_status
+
+            self._kernels = kernel_status(torch.device(self.device))
+        return {**self.info, "kernels": self._kernels}
 
     def list_layers(self, params: dict[str, Any]) -> dict[str, Any]:
         return {"layers": self.layers.infos()}

@@ -38,12 +38,16 @@ if TYPE_CHECKING:
     from service.worker.main import Worker
 
 #: (backend asked for, layout the layer is in) -> the class that runs it, "module:Class".
-#: A backend absent for a layout cannot read that layout: no silent substitution.
+#: A backend absent for a layout cannot read that layout: no silent substitution. MARLIN and
+#: BATCHED_MARLIN read each other's layout (their writers write the same tensors).
 BACKENDS: dict[tuple[str, str], str] = {
     ("EMULATION", "EMULATION"): "service.kernels.dense:DenseEmulationExperts",
     ("EMULATION", "TRITON"): "service.kernels.emulation:EmulationExperts",
     ("TRITON", "TRITON"): "service.kernels.triton_wna16:TritonWNA16Experts",
     ("MARLIN", "MARLIN"): "service.kernels.marlin:MarlinExperts",
+    ("MARLIN", "BATCHED_MARLIN"): "service.kernels.marlin:MarlinExperts",
+    ("BATCHED_MARLIN", "BATCHED_MARLIN"): "service.kernels.batched_marlin:BatchedMarlinExperts",
+    ("BATCHED_MARLIN", "MARLIN"): "service.kernels.batched_marlin:BatchedMarlinExperts",
     ("HUMMING", "HUMMING"): "service.kernels.humming:HummingExperts",
 }
 
@@ -63,6 +67,22 @@ def backend_class(backend: str, layout: str) -> type[ExpertsBackend]:
     module, _, name = path.partition(":")
     cls: type[ExpertsBackend] = getattr(importlib.import_module(module), name)
     return cls
+
+
+def kernel_status(device: torch.device) -> dict[str, dict[str, Any]]:
+    """Each backend the worker has a runner for: whether it runs on `device`, and why not.
+
+    The worker's `profile` answer carries this, so what the oracle may pick and what RunMoE
+    would refuse (FAILED_PRECONDITION) can be compared before a request is sent. Checking
+    MARLIN loads vLLM's ops library, so it is asked for, not done at start.
+    """
+    status: dict[str, dict[str, Any]] = {}
+    for (backend, layout), _ in BACKENDS.items():
+        if backend != layout:
+            continue
+        reason = backend_class(backend, layout).unavailable_reason(device)
+        status[backend] = {"available": reason is None, "reason": reason or ""}
+    return status
 
 
 def kernel_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -244,7 +264,7 @@ def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict
         if validate and hidden.dtype.is_floating_point and not bool(hidden.isfinite().all()):
             raise KernelInputError("hidden_states", "contains NaN or Inf")
         runner = prepared(layer, str(params.get("backend", "")), device)
-        on_device = {k: v.to(device) for k, v in inputs.items()}
+        on_device = {k: worker.transport.to_device(v) for k, v in inputs.items()}
         hidden = on_device["hidden_states"]
         weights, ids = _route(on_device, layer, hidden.shape[0], validate)
         activation = str((layer.deployment.get("layer") or {}).get("activation", "silu"))
@@ -271,15 +291,13 @@ def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict
             reference = _reference(layer, hidden, ids, weights, activation)
             diff = (out.to(torch.float32) - reference).abs()
             answer["max_abs_error"] = float(diff.max()) if diff.numel() else 0.0
-        host = out.detach().to("cpu").contiguous()
-        data = host.view(torch.uint8).reshape(-1).numpy().tobytes() if host.numel() else b""
         name = str(params["out_segment"])
-        with segments.new(name, len(data)) as segment:
-            segment.view[:] = data
+        with segments.new(name, out.numel() * out.element_size()) as segment:
+            worker.transport.to_host(out, segment.view)
         answer["output"] = {
             "segment": name,
             "spec": TensorSpec.of(
-                "output", FROM_TORCH[str(host.dtype).removeprefix("torch.")], tuple(host.shape)
+                "output", FROM_TORCH[str(out.dtype).removeprefix("torch.")], tuple(out.shape)
             ).to_json(),
         }
         return answer
