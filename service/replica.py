@@ -41,6 +41,7 @@ from grpc_health.v1 import health, health_pb2
 
 from service.api.forward import Forwarder, service_methods
 from service.api.front import LOCAL_METHODS, SERVICE_NAME, start_front
+from service.api.measured import ForwardedMeasure
 from service.api.selection import MIB, Selection
 from service.logs import configure_logging
 from service.metrics import MULTIPROC_ENV, Metrics
@@ -261,12 +262,14 @@ async def _serve(config: Mapping[str, Any], reader: asyncio.StreamReader) -> int
     ]
     channel = grpc.aio.insecure_channel(config["internal"], options=limits)
     forwarder = Forwarder(channel, service_methods(exclude=LOCAL_METHODS))
+    selection = Selection(view, metrics, cache_bytes=settings.select_cache_mib * MIB)
+    selection.measured = ForwardedMeasure(channel)  # the primary measures and caches
     try:
         front = await start_front(
             settings,
             port=int(config["port"]),
             metrics=metrics,
-            selection=Selection(view, metrics, cache_bytes=settings.select_cache_mib * MIB),
+            selection=selection,
             health_servicer=health_servicer,
             worker_methods=lambda registrar: registrar.add_generic_rpc_handlers((forwarder,)),
             reuseport=True,

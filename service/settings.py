@@ -151,6 +151,13 @@ class Settings:
             "else the temp directory)"
         ),
     )
+    state_dir: Path | None = field(
+        default=None,
+        metadata=_doc(
+            "where SelectBackend's measured policy keeps its timings (a JSON file, replaced "
+            "atomically); unset: in memory only, measured again after a restart"
+        ),
+    )
     log_level: str = field(default="INFO", metadata=_doc("DEBUG, INFO, WARNING or ERROR"))
     log_format: str = field(default="json", metadata=_doc("'json' (one object a line) or 'text'"))
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from service.api import codec
+from service.api.generated.moe_control.v1 import measured_pb2, platform_pb2
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-from service.api.generated.moe_control.v1 import platform_pb2
 from service.metrics import Metrics
 from service.oracle import (
     DEFAULT_RULESET,
@@ -32,6 +32,9 @@ from service.oracle import (
     select,
 )
 from service.worker.errors import WorkerUnavailableError
+
+if TYPE_CHECKING:
+    from service.api.measured import MeasuredAnswerer
 
 MIB = 1024 * 1024
 #: Requests larger than this (a whole config.json is a few KiB) are answered, not kept.
@@ -109,6 +112,9 @@ class Selection:
         self._platforms = platforms
         self._metrics = metrics
         self.cache = AnswerCache(cache_bytes) if cache_bytes > 0 else None
+        #: Policy MEASURED (service/api/measured.py): the primary's policy, a replica's
+        #: forwarder, or None where it is not served. Its answers bypass `cache`.
+        self.measured: MeasuredAnswerer | None = None
         self.presets = pb.ListPlatformPresetsResponse(
             presets=[
                 platform_pb2.PlatformPreset(name=name, profile=codec.platform_to_pb(profile))
@@ -120,6 +126,17 @@ class Selection:
         """The response to a request, counted in the metrics; domain errors propagate."""
         response, _ = self._decide(request)
         return response
+
+    async def answer_async(self, request: pb.SelectBackendRequest) -> pb.SelectBackendResponse:
+        """`answer`, or the measured answer for policy MEASURED."""
+        if request.policy == measured_pb2.SELECTION_POLICY_MEASURED:
+            return await self._measured().answer(self, request)
+        return self.answer(request)
+
+    def _measured(self) -> MeasuredAnswerer:
+        if self.measured is None:
+            raise WorkerUnavailableError("policy MEASURED is not served by this process")
+        return self.measured
 
     def _decide(self, request: pb.SelectBackendRequest) -> tuple[pb.SelectBackendResponse, Any]:
         spec = codec.deployment_to_json(request)
@@ -160,6 +177,8 @@ class Selection:
             raise InvalidSpecError.single(
                 "", "the request is not a moe_control.v1.SelectBackendRequest message"
             ) from None
+        if request.policy == measured_pb2.SELECTION_POLICY_MEASURED:
+            return await self._measured().answer_bytes(self, data, request, context)
         response, counters = self._decide(request)
         payload: bytes = response.SerializeToString()
         if cache is not None:

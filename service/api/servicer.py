@@ -18,6 +18,7 @@ from service.api.convert import ConvertWeightsHandler
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.api.generated.moe_control.v1 import platform_pb2
+from service.api.measured import MeasuredPolicy
 from service.api.run_moe import RunMoEHandler
 from service.api.selection import MIB, Selection
 from service.metrics import Metrics
@@ -66,13 +67,14 @@ class MoeControlServicer(pb_grpc.MoeControlServiceServicer):
         settings = settings or Settings()
         workers.layer_budget_bytes = settings.layer_budget_mib * MIB
         self.selection = Selection(workers, metrics, cache_bytes=settings.select_cache_mib * MIB)
+        self.selection.measured = MeasuredPolicy(workers, settings.state_dir)
         self.convert = ConvertWeightsHandler(workers, metrics, settings)
         self.run_moe = RunMoEHandler(workers, metrics, settings, self.convert.segments)
 
     async def SelectBackend(
         self, request: pb.SelectBackendRequest, context: Context
     ) -> pb.SelectBackendResponse:
-        return self.selection.answer(request)
+        return await self.selection.answer_async(request)
 
     async def ConvertWeights(
         self, request_iterator: AsyncIterator[pb.ConvertWeightsRequest], context: Context

@@ -33,6 +33,7 @@ BACKGROUND: dict[str, str] = {
     "convert_layer": "service.worker.convert:convert_layer",
     "convert_checkpoint": "service.worker.convert:convert_checkpoint",
     "run_moe": "service.worker.run:run_moe",
+    "measure_backends": "service.worker.measure:measure_backends",
 }
 
 

@@ -1,0 +1,202 @@
+"""The worker's `measure_backends` job: time each backend it runs on one layer shape.
+
+SelectBackend's measured policy asks this of the serving worker. For every backend named,
+the same synthetic layer (random codes, scales and zero points of the deployment's
+quantization: `service.formats.synthetic`) is written into that backend's layout by the
+service's own writer, prepared by the class that RunMoE would run it with, and timed at
+each token count: fresh hidden states and router logits, vLLM's softmax top-k routing, a
+warm-up forward, then forwards until a small time budget is spent (at least `MIN_RUNS`),
+the median reported. Device time is measured like RunMoE's: CUDA events on a GPU, the wall
+clock elsewhere.
+
+A backend that cannot run here (no CUDA, no humming, no Marlin library) or cannot take the
+layer (a writer or kernel that refuses its quantization) is reported with the reason and
+costs nothing. Nothing is kept: the layers are dropped when the job ends.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import statistics
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from service import __version__
+from service.formats import registry
+from service.formats.plan import SourceSpec
+from service.formats.synthetic import SyntheticSpec, synthetic_layer, to_device
+from service.formats.writers import ConversionOptions, ConversionUnsupported
+from service.kernels.errors import KernelError, KernelInputError
+from service.kernels.interface import ExpertsBackend, LayerSpec
+from service.kernels.routing import topk_route
+from service.worker.jobs import JobContext
+from service.worker.run import backend_class, kernel_names
+
+if TYPE_CHECKING:
+    from service.worker.main import Worker
+
+#: Fewest timed forwards per (backend, token count), and the time budget that adds more.
+MIN_RUNS = 3
+MAX_RUNS = 200
+DEFAULT_BUDGET_S = 0.2
+#: Limits one request may ask for (each is checked before anything is built).
+MAX_TOKENS = 16384
+MAX_BUCKETS = 16
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def versions() -> dict[str, str]:
+    """What the timings depend on besides the device: the cache key's version part."""
+    found = {"moe-control": __version__, "torch": torch.__version__}
+    for package in ("triton", "humming-kernels"):
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return str(torch.cuda.get_device_name(device))
+    return device.type
+
+
+def _params(params: dict[str, Any]) -> tuple[dict[str, Any], SourceSpec, list[str], list[int]]:
+    shape = dict(params["shape"])
+    for name in ("num_experts", "top_k", "hidden_size", "intermediate_size"):
+        if int(shape.get(name, 0)) < 1:
+            raise KernelInputError(f"shape.{name}", "must be a positive integer")
+    tokens = [int(t) for t in params.get("token_counts", [])]
+    if not tokens or len(tokens) > MAX_BUCKETS or not all(1 <= t <= MAX_TOKENS for t in tokens):
+        raise KernelInputError(
+            "token_counts", f"1 to {MAX_BUCKETS} counts, each in 1..{MAX_TOKENS}, got {tokens}"
+        )
+    source = SourceSpec.from_json(params["source"])
+    backends = [str(b) for b in params.get("backends", [])]
+    return shape, source, backends, tokens
+
+
+def measure_backends(worker: Worker, params: dict[str, Any], context: JobContext) -> dict[str, Any]:
+    """{"device_name", "versions", "results": [{"backend", "seconds": {tokens: s}, "error"}]}."""
+    shape, source, backends, tokens = _params(params)
+    device = torch.device(worker.device)
+    dtype = DTYPES.get(str(shape.get("dtype") or "bfloat16"), torch.bfloat16)
+    budget_s = float(params.get("budget_s", DEFAULT_BUDGET_S))
+    seed = int(params.get("seed", 0))
+    spec = SyntheticSpec(
+        layout=source.layout,
+        num_experts=int(shape["num_experts"]),
+        top_k=int(shape["top_k"]),
+        hidden_size=int(shape["hidden_size"]),
+        intermediate_size=int(shape["intermediate_size"]),
+        bits=source.bits,
+        group_size=source.group_size,
+        symmetric=source.symmetric,
+        desc_act=source.desc_act,
+        seed=seed,
+        fast=True,
+        dtype=dtype,
+    )
+    layer = synthetic_layer(spec, torch.Generator().manual_seed(seed))
+    layer = to_device(layer, device) if device.type != "cpu" else layer
+    activation = str(shape.get("activation") or "silu")
+    results = []
+    for backend in backends:
+        context.check()
+        result: dict[str, Any] = {"backend": backend, "seconds": {}}
+        try:
+            runner = _prepared(
+                backend, layer, source=source, spec=spec, device=device, tokens=tokens
+            )
+        except (ConversionUnsupported, KernelError) as exc:
+            result["error"] = str(exc)[:300]
+            results.append(result)
+            continue
+        generator = torch.Generator(device=device).manual_seed(seed + 1)
+        for count in tokens:
+            context.check()
+            x = torch.randn((count, spec.hidden_size), generator=generator, device=device)
+            logits = torch.randn((count, spec.num_experts), generator=generator, device=device)
+            weights, ids = topk_route(logits, spec.top_k)
+            hidden = x.to(dtype)
+
+            def once(
+                r: ExpertsBackend = runner,
+                args: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = (hidden, ids, weights),
+            ) -> None:
+                r.forward(args[0], args[1], args[2], activation)
+
+            result["seconds"][str(count)] = median_seconds(once, device, budget_s)
+        del runner
+        results.append(result)
+    return {"device_name": device_name(device), "versions": versions(), "results": results}
+
+
+def _prepared(
+    backend: str,
+    layer: Any,
+    *,
+    source: SourceSpec,
+    spec: SyntheticSpec,
+    device: torch.device,
+    tokens: list[int],
+) -> ExpertsBackend:
+    """The backend's runner on `layer` written in its layout (errors say why it cannot)."""
+    try:
+        cls = backend_class(backend, backend)
+    except KernelInputError as exc:
+        raise ConversionUnsupported(backend, "this worker has no kernel for it") from exc
+    reason = cls.unavailable_reason(device)
+    if reason is not None:
+        raise ConversionUnsupported(backend, f"unavailable on {device}: {reason}")
+    options = ConversionOptions(device=device, activation_dtype=spec.dtype)
+    converted = registry.convert(layer, backend, source=source.layout, options=options)
+    tensors = kernel_names(converted.tensors)
+    runner = cls()
+    runner.prepare(
+        tensors,
+        LayerSpec(
+            num_experts=spec.num_experts,
+            hidden_size=spec.hidden_size,
+            intermediate_size=spec.intermediate_size,
+            bits=spec.bits,
+            group_size=spec.group_size,
+            has_zero_points=not spec.symmetric,
+            act_order=layer.w13.g_idx is not None,
+            layout=backend,
+        ),
+    )
+    warm = getattr(runner, "warm_up", None)
+    if warm is not None:  # humming: compile every token count's kernels at once
+        warm(tokens, spec.top_k)
+    return runner
+
+
+def median_seconds(run: Callable[[], None], device: torch.device, budget_s: float) -> float:
+    """Median seconds of `run` after one warm-up: at least MIN_RUNS, more while under budget."""
+    run()
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+    times: list[float] = []
+    began = time.perf_counter()
+    while len(times) < MIN_RUNS or (
+        len(times) < MAX_RUNS and time.perf_counter() - began < budget_s
+    ):
+        if cuda:
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            times.append(float(start.elapsed_time(end)) / 1e3)
+        else:
+            start_s = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start_s)
+    return float(statistics.median(times))

@@ -1,0 +1,132 @@
+"""SelectBackend with policy MEASURED over real gRPC against the real server (CPU worker).
+
+On a CPU worker EMULATION is what runs (TRITON too under TRITON_INTERPRET=1); the GPU
+backends answer why they cannot. The checks: the static decision is unchanged and stands
+beside the timings, each token count gets every backend's time or reason, a repeat is
+answered from the cache without measuring, the cache survives a restart through the state
+dir, a replica forwards to the primary, and a what-if platform is refused for MEASURED.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from integration.serverproc import ServerProcess
+from service.api.generated.moe_control.v1 import measured_pb2
+from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
+
+QUANT = {"quant_method": "gptq", "bits": 4, "group_size": 64, "sym": True, "desc_act": False}
+LAYER = {"num_experts": 4, "top_k": 2, "hidden_size": 128, "intermediate_size": 128}
+
+
+def request(tokens: list[int], **extra: Any) -> pb.SelectBackendRequest:
+    spec = {"hf_quantization_config": QUANT, "layer": LAYER}
+    return pb.SelectBackendRequest(
+        spec_json=json.dumps(spec),
+        policy=measured_pb2.SELECTION_POLICY_MEASURED,
+        token_counts=tokens,
+        **extra,
+    )
+
+
+def call(server: ServerProcess, message: pb.SelectBackendRequest) -> pb.SelectBackendResponse:
+    with server.channel() as channel:
+        answer: pb.SelectBackendResponse = pb_grpc.MoeControlServiceStub(channel).SelectBackend(
+            message, timeout=120
+        )
+        return answer
+
+
+def timings(bucket: measured_pb2.TokenBucketMeasurement) -> dict[str, Any]:
+    return {
+        t.backend: t.device_seconds if t.HasField("device_seconds") else t.error
+        for t in bucket.timings
+    }
+
+
+def test_measured_answers_then_caches_and_persists(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    server = server_factory("--state-dir", str(state))
+    first = call(server, request([1, 8]))
+    # vLLM's static answer for this CPU without AMX is a failure; MEASURED keeps every
+    # candidate's reason and carries the failure as a hazard, then times what runs here
+    with pytest.raises(grpc.RpcError) as info:
+        call(server, pb.SelectBackendRequest(spec_json=request([1]).spec_json))
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert not first.HasField("backend")
+    assert [c.backend for c in first.candidates] == ["ZEN_CPU", "CPU"]
+    assert [h.code for h in first.hazards] == ["VLLM_FAILS"]
+    measured = first.measured
+    assert not measured.from_cache and measured.measure_seconds > 0
+    assert measured.device_name == "cpu" and measured.versions["torch"]
+    assert [b.tokens for b in measured.buckets] == [1, 8]
+    for bucket in measured.buckets:
+        found = timings(bucket)
+        assert set(found) == {"HUMMING", "MARLIN", "TRITON", "EMULATION"}
+        assert isinstance(found["EMULATION"], float) and found["EMULATION"] > 0
+        assert "CUDA" in found["MARLIN"] and "CUDA" in found["HUMMING"]
+        assert bucket.fastest_backend == "EMULATION"
+        assert bucket.fastest_seconds == found["EMULATION"]
+        assert bucket.static_backend == "" and not bucket.HasField("static_seconds")
+
+    began = time.perf_counter()
+    again = call(server, request([8, 1]))
+    assert time.perf_counter() - began < 5
+    assert again.measured.from_cache and again.measured.measure_seconds == 0
+    assert [timings(b) for b in again.measured.buckets] == [timings(b) for b in measured.buckets]
+
+    # a new token count is measured alone; the known one keeps its time
+    more = call(server, request([1, 2]))
+    assert not more.measured.from_cache
+    assert timings(more.measured.buckets[0]) == timings(measured.buckets[0])
+
+    saved = json.loads((state / "measured_backends.json").read_text())
+    (entry,) = saved["entries"].values()
+    assert set(entry["buckets"]) == {"1", "2", "8"}
+    assert not [p for p in state.iterdir() if p.name.startswith(".")]  # no temporary left
+    server.stop()
+
+    restarted = server_factory("--state-dir", str(state))
+    after = call(restarted, request([1, 2, 8]))
+    assert after.measured.from_cache
+    assert [timings(b) for b in after.measured.buckets] == [
+        timings(b) for b in (*more.measured.buckets, measured.buckets[1])
+    ]
+    refreshed = call(restarted, request([1], refresh=True))
+    assert not refreshed.measured.from_cache
+
+    # MEASURED times the serving worker: a what-if platform is refused, as are bad counts
+    preset = request([1])
+    preset.platform.preset = "h100"
+    for bad, field in ((preset, "policy"), (request([0]), "token_counts")):
+        with pytest.raises(grpc.RpcError) as info:
+            call(restarted, bad)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert field in (info.value.details() or "")
+
+
+def test_measured_through_a_replica(server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory("--server-processes", "2")
+    answers = [call(server, request([1])) for _ in range(4)]  # new channels: either process
+    assert all(a.measured.buckets[0].fastest_backend == "EMULATION" for a in answers)
+    assert sum(not a.measured.from_cache for a in answers) == 1  # one process measures
+
+
+def test_measured_times_interpreted_triton(server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory(env={"TRITON_INTERPRET": "1"})
+    answer = call(server, request([1]))
+    found = timings(answer.measured.buckets[0])
+    assert isinstance(found["TRITON"], float) and found["TRITON"] > 0
+    assert isinstance(found["EMULATION"], float)
+    fastest = min(("TRITON", "EMULATION"), key=lambda b: found[b])
+    assert answer.measured.buckets[0].fastest_backend == fastest
