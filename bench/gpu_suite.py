@@ -3,8 +3,8 @@
 
 Runs on the H200 (scripts/gpu_test.sh starts it). For each layer shape (Mixtral-8x7B and
 Qwen3-30B-A3B by default), each quantization variant and each backend (EMULATION, TRITON,
-HUMMING, MARLIN): fresh random codes, scales and zero points on the GPU, the layer written by
-that backend's writer, the backend prepared, then for each token count
+HUMMING, MARLIN, BATCHED_MARLIN): fresh random codes, scales and zero points on the GPU, the
+layer written by that backend's writer, the backend prepared, then for each token count
 (1, 16, 256, 4096) fresh bf16 hidden states and router logits routed with vLLM's default
 top-k. Each run writes into an output filled with NaN, from a poisoned allocator (a block
 of NaN bytes is allocated and freed first, so the buffers the backend takes from
@@ -19,7 +19,8 @@ saying why; it never counts as a pass. The exit status is 1 if any row that ran 
 if any of `--require` did not run.
 
     python bench/gpu_suite.py [--smoke] [--shapes mixtral,qwen3] [--variants ...]
-        [--tokens 1,16,256,4096] [--backends EMULATION,TRITON,HUMMING,MARLIN] [--out DIR]
+        [--tokens 1,16,256,4096] [--backends EMULATION,TRITON,HUMMING,MARLIN,BATCHED_MARLIN]
+        [--out DIR]
 """
 
 from __future__ import annotations
@@ -109,6 +110,14 @@ BACKENDS: dict[str, tuple[str, str, str, str | None]] = {
         "MarlinExperts",
         "MARLIN",
         "service.formats.writers.marlin:write_marlin",
+    ),
+    # The same op as MARLIN through vLLM's batched (expert-parallel) path: tokens dispatched
+    # into per-expert batches, top_k 1, router weights applied after (kernels/batched_marlin.py).
+    "BATCHED_MARLIN": (
+        "service.kernels.batched_marlin",
+        "BatchedMarlinExperts",
+        "BATCHED_MARLIN",
+        "service.formats.writers.marlin:write_batched_marlin",
     ),
 }
 TOLERANCE = 1e-2
@@ -414,10 +423,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default="mixtral,qwen3")
     parser.add_argument("--variants", default="int4-g128-sym,int4-g128-zp,int8-ch-sym")
     parser.add_argument("--tokens", default="1,16,256,4096")
-    parser.add_argument("--backends", default="EMULATION,TRITON,HUMMING,MARLIN")
+    parser.add_argument("--backends", default="EMULATION,TRITON,HUMMING,MARLIN,BATCHED_MARLIN")
     parser.add_argument(
         "--require",
-        default="EMULATION,TRITON,HUMMING,MARLIN",
+        default="EMULATION,TRITON,HUMMING,MARLIN,BATCHED_MARLIN",
         help="backends that must have run (else exit 1)",
     )
     parser.add_argument("--reps", type=int, default=10, help="timed runs per row (0: none)")

@@ -1,0 +1,100 @@
+"""Pinned transport on a CUDA worker (service/worker/transport.py): the staging buffers are
+page-locked and reused per size class, a segment's bytes reach the device and come back
+exactly, a reused buffer is never overwritten while its copy is still queued, and a RunMoE
+job on a CUDA worker goes through it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from service.worker import transport
+from service.worker.segments import SegmentDir
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64, torch.uint8]
+
+
+def _segment_tensor(segments: SegmentDir, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` written into a new segment, then viewed as the worker views an input."""
+    data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    with segments.new(name, len(data)) as segment:
+        segment.view[:] = data
+    if not data:
+        return torch.empty(tensor.shape, dtype=tensor.dtype)  # as run.py does for no bytes
+    opened = segments.open(name, len(data))
+    return torch.frombuffer(opened.view, dtype=tensor.dtype).reshape(tensor.shape)
+
+
+def test_staging_buffers_are_pinned_and_reused() -> None:
+    pool = transport.PinnedPool()
+    first = pool.take(100_000)
+    assert first.is_pinned() and first.numel() == transport.size_class(100_000)
+    pool.give(first, None)
+    again = pool.take(70_000)  # the same 128 KiB class
+    assert again.data_ptr() == first.data_ptr() and pool.allocated == 1
+    other = pool.take(1 << 20)
+    assert other.is_pinned() and pool.allocated == 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(3, 5), (257, 2048), (0, 7)], ids=str)
+def test_round_trip_is_exact(tmp_path: Path, dtype: torch.dtype, shape: tuple[int, int]) -> None:
+    segments = SegmentDir.create(tmp_path)
+    moved = transport.Transport("cuda")
+    assert moved.pinned
+    gen = torch.Generator().manual_seed(1)
+    tensor = (torch.randn(shape, generator=gen) * 1000).to(dtype)
+    on_device = moved.to_device(_segment_tensor(segments, "in", tensor))
+    assert on_device.is_cuda and on_device.dtype == dtype
+    assert torch.equal(on_device.cpu(), tensor)
+    nbytes = tensor.numel() * tensor.element_size()
+    with segments.new("out", nbytes) as segment:
+        moved.to_host(on_device, segment.view)
+    with segments.open("out", nbytes) as segment:
+        data = bytearray(segment.view)
+    back = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+    assert torch.equal(back.reshape(shape), tensor)
+
+
+def test_a_reused_buffer_waits_for_its_queued_copy(tmp_path: Path) -> None:
+    """Copies queued behind a long kernel all land intact although they share one staging
+    buffer: each reuse waits for the previous copy's event."""
+    segments = SegmentDir.create(tmp_path)
+    moved = transport.Transport("cuda")
+    sources = [torch.full((1000,), float(i)) for i in range(6)]
+    views = [_segment_tensor(segments, f"s{i}", t) for i, t in enumerate(sources)]
+    torch.cuda._sleep(200_000_000)  # keep the stream busy so the copies stay queued
+    copies = [moved.to_device(v) for v in views]
+    torch.cuda.synchronize()
+    for source, copy in zip(sources, copies, strict=True):
+        assert torch.equal(copy.cpu(), source)
+    assert moved.pool.allocated == 1
+
+
+def test_run_moe_on_a_cuda_worker_goes_through_pinned_staging(tmp_path: Path) -> None:
+    from worker.test_run_job import Rig, inputs, reference
+
+    from service.formats.quantize import random_layer
+    from service.worker.main import Worker
+
+    layer: Any = random_layer(
+        4, 64, 64, bits=4, group_size=32, symmetric=True, generator=torch.Generator().manual_seed(3)
+    )
+    rig = Rig(layer, tmp_path)
+    rig.worker = Worker("cuda:0", rig.lines)
+    layer_id = rig.keep("EMULATION")
+    given = inputs(9)
+    answer = rig.run(given, layer_id=layer_id)["result"]
+    out = rig.output(answer).float()
+    want = reference(layer, given)
+    assert float((out - want).norm() / want.norm()) < 1e-2
+    assert rig.worker.transport.pinned and rig.worker.transport.pool.allocated >= 1
+    assert set(rig.worker.streams.describe()) == {"convert", "run"}
