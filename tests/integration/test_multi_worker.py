@@ -215,9 +215,10 @@ def test_killing_one_worker_leaves_the_other_serving(
     on_zero, on_one = keep(server, tensors, worker=0), keep(server, tensors, worker=1)
     victim = workers(stub)[1]
     os.kill(victim.pid, signal.SIGKILL)
-    assert wait_for(lambda: workers(stub)[1].restarts == victim.restarts + 1, timeout=30)
-    with server.channel() as channel:
+    assert wait_for(lambda: workers(stub)[1].state != platform_pb2.WORKER_STATE_READY, 30)
+    with server.channel() as channel:  # readiness: one worker of two is enough
         assert health_status(channel, SERVICE) == "SERVING"
+    assert wait_for(lambda: workers(stub)[1].restarts == victim.restarts + 1, timeout=30)
     assert run(stub, on_zero).worker_index == 0
     with pytest.raises(grpc.RpcError) as caught:
         run(stub, on_one)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The two-GPU run, executed ON the 2xH200 machine from the repository root, in one device
+# call (device kind nvidia-h200-x2, carry [".gpu"]; `make gpu-test` prepares .gpu/ here):
+#
+#     bash scripts/gpu_multi.sh            # about 4-6 minutes
+#
+# 1. tests/gpu/test_multi_gpu.py: the real server with one worker per GPU; kept layers land
+#    on both GPUs (listing + cudaMemGetInfo), RunMoE runs on each, a whole-checkpoint
+#    conversion spreads over both and writes what one GPU writes.
+# 2. bench/multi_gpu_bench.py: whole-checkpoint conversion throughput (8 Mixtral-8x7B-shaped
+#    layers, GPTQ -> TRITON and MARLIN) with 1 and 2 GPU workers, as a Markdown table.
+# Logs, the table and its JSON go under $OUT (the device tool brings them back).
+# Extra arguments go to the bench (e.g. --layers 4 --rounds 1 --targets TRITON).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-/tmp/moe-control-gpu-multi}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+
+# The same carried wheels and library as scripts/gpu_test.sh (grpcio's companions are needed
+# by the server; the Marlin library only by MARLIN forwards, which this run does not make).
+if [[ -d .gpu/wheels ]]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .gpu/wheels/*.whl || exit 2
+    export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+else
+    echo "warning: .gpu/ not carried; relying on the image's packages" >&2
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+if [[ -f .gpu/lib/_moe_C_stable_libtorch.abi3.so ]]; then
+    export MOE_CONTROL_MARLIN_LIBRARY="$PWD/.gpu/lib/_moe_C_stable_libtorch.abi3.so"
+fi
+
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt" || true
+df -h /dev/shm /tmp 2>/dev/null | tee "$OUT/storage.txt" || true
+status=0
+timeout 270 "$PY" -m pytest -q -m gpu tests/gpu/test_multi_gpu.py -p no:cacheprovider -rA \
+    2>&1 | tee "$OUT/pytest_multi_gpu.log"
+(( ${PIPESTATUS[0]} == 0 )) || status=1
+timeout 330 "$PY" bench/multi_gpu_bench.py --out "$OUT" "$@" 2>&1 | tee "$OUT/multi_gpu_bench.log"
+(( ${PIPESTATUS[0]} == 0 )) || status=1
+echo "gpu-multi: $([[ $status == 0 ]] && echo PASSED || echo FAILED)"
+exit $status
