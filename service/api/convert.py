@@ -389,8 +389,9 @@ class ConvertWeightsHandler:
         await self._check_writer(worker, job.target)
         events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         plan = None
-        if not header.HasField("worker_index") and len(self._workers.ready_workers()) > 1:
-            plan = await asyncio.to_thread(convert_spread.plan_spread, job)
+        ready = len(self._workers.ready_workers())
+        if not header.HasField("worker_index") and ready > 1:
+            plan = await asyncio.to_thread(convert_spread.plan_spread, job, ready)
         call: asyncio.Task[dict[str, Any]]
         if plan is not None:
             call = asyncio.create_task(

@@ -3,14 +3,16 @@
 The checkpoint job already works in layer ranges (a Kubernetes Indexed Job runs one range
 per pod over a shared journal; formats/checkpoint.py), so spreading it over the workers of
 one server is cutting the job into ranges and handing them out as a work queue: each worker
-pulls the next range when it finishes one. One range per MoE layer balances the workers
-whatever the layers cost. The ranges, in order:
+pulls the next range when it finishes one. Ranges of consecutive MoE layers, about two per
+worker (`chunk_size`): within a range the job pipelines (it writes one layer while it
+converts the next), and more ranges than workers even out layers that cost unevenly. The
+ranges, in order:
 
 * the first starts where the job starts (layer 0 for a whole checkpoint), so it also owns
   the rest: the non-MoE tensors, the small files and the hashing of the source files. It is
   handed out first, and the other workers start only once it reported (its output
   directory is prepared, so two workers never race to create it);
-* one range per further MoE layer;
+* the further ranges of MoE layers, in layer order;
 * the last MoE layer's range is kept back and run alone after every other range finished.
   A range finalizes the directory (index, manifest) only when it finds every unit done, so
   keeping one unit back means exactly one run finalizes, once, with every record in place:
@@ -68,17 +70,18 @@ class SpreadPlan:
     bytes_total: int
 
 
-def plan_spread(job: CheckpointJob) -> SpreadPlan | None:
-    """The ranges of `job`, or None when it runs whole on one worker: fewer than two MoE
-    layers in it, a re-run of a finished or nearly finished conversion, or a checkpoint
-    this cannot read (the worker's run then reports the problem as it always does)."""
+def plan_spread(job: CheckpointJob, workers: int) -> SpreadPlan | None:
+    """The ranges of `job` for `workers` workers, or None when it runs whole on one worker:
+    fewer than two MoE layers in it, a re-run of a finished or nearly finished conversion,
+    or a checkpoint this cannot read (the worker's run then reports the problem as it
+    always does)."""
     try:
-        return _plan(job)
+        return _plan(job, workers)
     except Exception:
         return None
 
 
-def _plan(job: CheckpointJob) -> SpreadPlan | None:
+def _plan(job: CheckpointJob, workers: int) -> SpreadPlan | None:
     names = shard_names(job.input_dir, job.root)
     files: dict[str, SafetensorsFile] = {}
     try:
@@ -104,13 +107,23 @@ def _plan(job: CheckpointJob) -> SpreadPlan | None:
             file.close()
     start = job.layers[0] if job.layers is not None else 0
     end = job.layers[1] if job.layers is not None else mine[-1].index + 1
-    bounds = [start, *(layer.index for layer in mine[1:]), end]
+    body = mine[:-1]
+    size = chunk_size(len(body), workers)
+    firsts = [body[i].index for i in range(0, len(body), size)]
+    bounds = [start, *firsts[1:], mine[-1].index, end]
     return SpreadPlan(
         ranges=tuple(itertools.pairwise(bounds)),
         modules=tuple(layer.module for layer in mine),
         layers_total=len(mine),
         bytes_total=bytes_total,
     )
+
+
+def chunk_size(layers: int, workers: int) -> int:
+    """Layers per range: about two ranges per worker. Within a range the job writes one
+    layer while it converts the next and reads ahead, which a range of one layer cannot;
+    more ranges than workers keeps them evenly busy when layers cost unevenly."""
+    return max(1, -(-layers // (2 * max(1, workers))))
 
 
 class _Merged:
