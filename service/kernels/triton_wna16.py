@@ -39,8 +39,11 @@ replace the guesses with measured configurations shipped as data.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
-from typing import ClassVar
+import json
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 import triton
@@ -69,15 +72,27 @@ class GemmTile:
     num_stages: int = 3
     split_k: int = 1
     swap_ab: bool = False
+    #: v4 only: multiply the group scale into each tile's partial product instead of into
+    #: every weight (taken where a K tile lies inside one group; int->float codes are exact).
+    scale_after: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class KernelConfig:
-    """BLOCK_M (shared by both GEMMs: they read one alignment) and each GEMM's tile."""
+    """BLOCK_M (shared by both GEMMs: they read one alignment) and each GEMM's tile.
+
+    `version` picks the kernel pair: "v3" (the design of bench/KERNEL_NOTES.md versions 1-3,
+    kept selectable until v4 is measured faster everywhere) or "v4" (the Hopper redesign,
+    `triton_wna16_v4.py`). `fused_routes` (v4): no alignment pass; each program finds its
+    expert and routes from `topk_ids` itself, and the last w2 program of each column tile
+    writes the 16-bit output (decode: two launches in all).
+    """
 
     block_m: int
     w13: GemmTile
     w2: GemmTile
+    version: str = "v3"
+    fused_routes: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +178,85 @@ def choose_config(num_tokens: int, top_k: int, spec: LayerSpec, num_sms: int) ->
     return KernelConfig(row.block_m, w13, w2)
 
 
+def choose_config_v4(num_tokens: int, top_k: int, spec: LayerSpec, num_sms: int) -> KernelConfig:
+    """The untuned v4 default: v3's measured tiles; fused routes (no alignment pass) up to
+    `_FUSED_DEFAULT_ROUTES` routes; the scale after the partial product for decode tiles
+    (memory-bound: a multiply per weight less), in the weights for 64+ rows (the
+    accumulator then stays in the wgmma chain)."""
+    base = choose_config(num_tokens, top_k, spec, num_sms)
+    small = base.block_m <= _SPLIT_K_MAX_BLOCK_M
+    return KernelConfig(
+        base.block_m,
+        replace(base.w13, scale_after=small),
+        replace(base.w2, scale_after=small),
+        version="v4",
+        fused_routes=num_tokens * top_k <= _FUSED_DEFAULT_ROUTES,
+    )
+
+
+#: Routes up to which the untuned v4 default skips the alignment pass.
+_FUSED_DEFAULT_ROUTES = 64
+#: Where the tuned tables live: one JSON file per device name (bench/tune_triton.py).
+CONFIG_DIR = Path(__file__).with_name("triton_configs")
+
+
+def config_key(spec: LayerSpec, top_k: int) -> str:
+    """The tuned table's key for a layer: what the best tiles depend on."""
+    return (
+        f"E{spec.num_experts}_H{spec.hidden_size}_I{spec.intermediate_size}_k{top_k}"
+        f"_int{spec.bits}_g{spec.group_size}"
+    )
+
+
+def config_file(device_name: str) -> Path:
+    return CONFIG_DIR / ("".join(c if c.isalnum() else "_" for c in device_name) + ".json")
+
+
+def config_to_dict(config: KernelConfig) -> dict[str, Any]:
+    return asdict(config)
+
+
+def config_from_dict(data: dict[str, Any]) -> KernelConfig:
+    """The inverse of `config_to_dict` (unknown keys are an error: a table from a newer tuner
+    must not be half-read)."""
+    fields = dict(data)
+    w13, w2 = GemmTile(**fields.pop("w13")), GemmTile(**fields.pop("w2"))
+    return KernelConfig(w13=w13, w2=w2, **fields)
+
+
+@functools.cache
+def _tuned_tables(device_name: str) -> dict[str, dict[int, KernelConfig]]:
+    path = config_file(device_name)
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    return {
+        key: {int(m): config_from_dict(cfg) for m, cfg in rows.items()}
+        for key, rows in data.get("configs", {}).items()
+    }
+
+
+def tuned_config(
+    device_name: str, spec: LayerSpec, num_tokens: int, top_k: int
+) -> KernelConfig | None:
+    """The shipped tuned tiles for the smallest tuned token count >= `num_tokens` (else the
+    largest), K tiles refitted to the layer; None when the table has no entry."""
+    rows = _tuned_tables(device_name).get(config_key(spec, top_k))
+    if not rows:
+        return None
+    counts = sorted(rows)
+    m = next((c for c in counts if c >= num_tokens), counts[-1])
+    config = rows[m]
+    h, i = spec.hidden_size, spec.intermediate_size
+    g13 = h if spec.group_size == -1 else spec.group_size
+    g2 = i if spec.group_size == -1 else spec.group_size
+    return replace(
+        config,
+        w13=replace(config.w13, block_k=fit_block_k(config.w13.block_k, h, g13)),
+        w2=replace(config.w2, block_k=fit_block_k(config.w2.block_k, i, g2)),
+    )
+
+
 @functools.cache
 def _num_sms(device_index: int) -> int:
     return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
@@ -178,9 +272,12 @@ class TritonWNA16Experts(ExpertsBackend):
         """`config` pins the tiles (tests, the tuner); `poison_workspace` fills the
         intermediate with NaN before each forward, so an unwritten element shows up."""
         super().__init__()
+        from service.kernels.triton_wna16_v4 import Workspace
+
         self._config = config
         self._poison = poison_workspace
         self._tensors: dict[str, torch.Tensor] = {}
+        self._workspace = Workspace()
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
@@ -213,13 +310,33 @@ class TritonWNA16Experts(ExpertsBackend):
                 "hidden_states", f"is on {device}, the layer on {t['w13_qweight'].device}"
             )
         m, top_k = topk_ids.shape
-        num_sms = 4 if device.type != "cuda" else _num_sms(device.index or 0)
-        config = self._config or choose_config(m, top_k, spec, num_sms)
+        config = self._config or self.config_for(m, top_k, device)
         if interpreting():
             fix_interpreter_index()
+        if config.version == "v4":
+            from service.kernels.triton_wna16_v4 import fused_moe_v4
+
+            return fused_moe_v4(
+                hidden_states, topk_ids, topk_weights, t, spec, activation, config,
+                self._workspace, self._poison, out,
+            )  # fmt: skip
         return fused_moe(
             hidden_states, topk_ids, topk_weights, t, spec, activation, config, self._poison, out
         )
+
+    def config_for(self, num_tokens: int, top_k: int, device: torch.device) -> KernelConfig:
+        """The tiles for this token count: the tuned table shipped in triton_configs/ for
+        this device and layer shape when it has one, else the v3 heuristic (or the v4 one
+        when MOE_CONTROL_TRITON_VERSION=v4)."""
+        spec = self.spec
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        tuned = tuned_config(name, spec, num_tokens, top_k)
+        if tuned is not None:
+            return tuned
+        num_sms = 4 if device.type != "cuda" else _num_sms(device.index or 0)
+        if os.environ.get("MOE_CONTROL_TRITON_VERSION", "v3") == "v4":
+            return choose_config_v4(num_tokens, top_k, spec, num_sms)
+        return choose_config(num_tokens, top_k, spec, num_sms)
 
 
 def check_triton_tensors(tensors: LayerTensors, spec: LayerSpec) -> dict[str, torch.Tensor]:
