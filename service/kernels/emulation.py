@@ -20,7 +20,8 @@ from typing import ClassVar
 
 import torch
 
-from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
+from service.formats.canonical import FormatError, QuantizedExperts, QuantizedMoELayer
+from service.formats.readers.marlin import read_marlin
 from service.kernels.activation import ActivationSpec, ResolvedActivation, apply, resolve
 from service.kernels.errors import KernelInputError
 from service.kernels.interface import (
@@ -76,10 +77,14 @@ def reference_forward(
 
 
 class EmulationExperts(ExpertsBackend):
-    """The float32 reference as a backend; reads the canonical form or the TRITON layout."""
+    """The float32 reference as a backend; reads the canonical form, the TRITON layout, and
+    the MARLIN / BATCHED_MARLIN layout (through the reference reader, formats/readers/marlin.py),
+    so a Marlin layer can be checked against the reference on the worker that holds it."""
 
     name: ClassVar[str] = "EMULATION"
-    layouts: ClassVar[frozenset[str]] = frozenset({"CANONICAL", "TRITON"})
+    layouts: ClassVar[frozenset[str]] = frozenset(
+        {"CANONICAL", "TRITON", "MARLIN", "BATCHED_MARLIN"}
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -94,6 +99,16 @@ class EmulationExperts(ExpertsBackend):
     def _prepare(self, tensors: LayerTensors, spec: LayerSpec) -> None:
         if isinstance(tensors, QuantizedMoELayer):
             layer = tensors
+        elif spec.layout in ("MARLIN", "BATCHED_MARLIN"):
+            try:
+                layer = read_marlin(
+                    tensors,
+                    bits=spec.bits,
+                    group_size=spec.group_size,
+                    intermediate_size=spec.intermediate_size,
+                )
+            except FormatError as exc:
+                raise KernelInputError("layout", f"MARLIN tensors: {exc}") from None
         else:
             layer = triton_to_canonical(tensors, bits=spec.bits, group_size=spec.group_size)
         found = LayerSpec.from_canonical(layer, layout=spec.layout)

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 BACKENDS: dict[tuple[str, str], str] = {
     ("EMULATION", "EMULATION"): "service.kernels.dense:DenseEmulationExperts",
     ("EMULATION", "TRITON"): "service.kernels.emulation:EmulationExperts",
+    ("EMULATION", "MARLIN"): "service.kernels.emulation:EmulationExperts",
+    ("EMULATION", "BATCHED_MARLIN"): "service.kernels.emulation:EmulationExperts",
     ("TRITON", "TRITON"): "service.kernels.triton_wna16:TritonWNA16Experts",
     ("MARLIN", "MARLIN"): "service.kernels.marlin:MarlinExperts",
     ("MARLIN", "BATCHED_MARLIN"): "service.kernels.marlin:MarlinExperts",
@@ -270,12 +272,15 @@ def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict
         activation = str((layer.deployment.get("layer") or {}).get("activation", "silu"))
         warmup = min(int(params.get("warmup", 0)), MAX_ITERATIONS)
         timed = max(1, min(int(params.get("timed", 1)), MAX_ITERATIONS))
+        # Checked before every forward: up to 2000 of them may follow a caller that has
+        # gone (deadline, cancel), and the worker must not compute for it for minutes.
         for _ in range(warmup):
+            context.check()
             runner.forward(hidden, ids, weights, activation, validate=validate)
-        context.check()
         results: list[torch.Tensor] = []
 
         def once() -> None:
+            context.check()
             results[:] = [runner.forward(hidden, ids, weights, activation, validate=validate)]
 
         # The output is the last timed iteration's: no extra untimed forward (under the

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -165,10 +167,39 @@ def test_descriptor_must_match_tensors() -> None:
         EmulationExperts().prepare(layer, LayerSpec(**{**_fields(spec), "hidden_size": 64}))
     assert info.value.field == "hidden_size"
     with pytest.raises(KernelInputError):
-        EmulationExperts().prepare(layer, LayerSpec(**{**_fields(spec), "layout": "MARLIN"}))
+        EmulationExperts().prepare(layer, LayerSpec(**{**_fields(spec), "layout": "HUMMING"}))
     with pytest.raises(KernelInputError, match="no layer"):
         EmulationExperts().forward(*_inputs())
 
 
 def _fields(spec: LayerSpec) -> dict[str, object]:
     return {name: getattr(spec, name) for name in LayerSpec.__dataclass_fields__}
+
+
+@pytest.mark.parametrize(("layout", "inter"), [("MARLIN", 96), ("BATCHED_MARLIN", 128)])
+def test_reads_the_marlin_layout_exactly(layout: str, inter: int) -> None:
+    """EMULATION on a MARLIN layer (via the reference reader) computes exactly what it
+    computes on the canonical layer the MARLIN tensors were written from."""
+    from service.formats.writers import ConversionOptions
+    from service.formats.writers.marlin import write_marlin
+
+    gen = torch.Generator().manual_seed(21)
+    layer = random_layer(
+        4, 6, 128, inter, bits=4, group_size=32, zero_points=True, bias=True,
+        scale_dtype=torch.bfloat16,
+    )  # fmt: skip
+    converted = write_marlin(layer, source="gptq", options=ConversionOptions())
+    on_marlin = EmulationExperts()
+    on_marlin.prepare(converted.tensors, LayerSpec.from_canonical(layer, layout=layout))
+    on_canonical = EmulationExperts()
+    on_canonical.prepare(layer, LayerSpec.from_canonical(layer))
+    x = torch.randn((5, 128), generator=gen).to(torch.bfloat16)
+    ids, weights = random_routing(gen, 5, 6, 2)
+    assert torch.equal(
+        on_marlin.forward_fp32(x, ids, weights), on_canonical.forward_fp32(x, ids, weights)
+    )
+    wrong = dataclasses.replace(
+        LayerSpec.from_canonical(layer, layout=layout), intermediate_size=64
+    )  # the tensors hold Marlin's padding of 96 or 128, not of 64
+    with pytest.raises(KernelInputError, match="MARLIN tensors"):
+        EmulationExperts().prepare(converted.tensors, wrong)
