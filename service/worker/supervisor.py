@@ -54,6 +54,9 @@ STABLE_AFTER_S = 60.0
 _DEVICE = re.compile(r"^(cpu|cuda:\d+|xpu:\d+)$")
 #: Lost layer ids remembered for their explanation (oldest forgotten first).
 MAX_LOST_LAYERS = 4096
+#: ListWorkers waits this long for a worker's layer list (a hung worker shows none; the
+#: supervisor's ping restarts it).
+DESCRIBE_TIMEOUT_S = 5.0
 
 
 class LayerLostError(LayerNotFoundError):
@@ -567,7 +570,10 @@ class WorkerPool:
 
     async def describe(self) -> list[WorkerSnapshot]:
         """Snapshots with each ready worker's kept layers (ids, bytes) and the budget."""
-        held = await asyncio.gather(*(self._held(w) for w in self.workers), return_exceptions=True)
+        held = await asyncio.gather(
+            *(self._held(w, timeout=DESCRIBE_TIMEOUT_S) for w in self.workers),
+            return_exceptions=True,
+        )
         out = []
         for worker, layers in zip(self.workers, held, strict=True):
             listed = layers if isinstance(layers, list) else []
@@ -581,13 +587,15 @@ class WorkerPool:
             )
         return out
 
-    async def _held(self, worker: WorkerHandle) -> list[dict[str, Any]]:
+    async def _held(
+        self, worker: WorkerHandle, *, timeout: float | None = None
+    ) -> list[dict[str, Any]]:
         """The layers a worker lists (empty while it is not ready); prunes the directory
         of this worker's ids it no longer holds (evicted to make room)."""
         if not worker.ready:
             return []
         incarnation = worker.incarnation
-        answer = await worker.call("list_layers")
+        answer = await worker.call("list_layers", timeout=timeout)
         layers = [dict(layer) for layer in answer.get("layers", [])]
         if worker.incarnation == incarnation:
             listed = {str(layer.get("layer_id")) for layer in layers}
