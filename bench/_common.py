@@ -1,10 +1,11 @@
 """Helpers shared by the benchmark scripts that time MoE forwards on a device.
 
-Kept small on purpose: the layer builders live in gpu_suite.py and the ceilings in
-kernel_check.py (imported from there); this module holds what several scripts need and
-neither of those has: a CUDA-graph timer that falls back to plain launches when a backend
-cannot be captured, the relative error every table reports, and writing a result file with
-the command that made it.
+Kept small on purpose: the layer builders live in gpu_suite.py (imported from there); this
+module holds what several scripts need: the two measured ceilings, a CUDA-graph timer that
+falls back to plain launches when a backend cannot be captured, the relative error every
+table reports, and writing a result file with the command that made it. (kernel_check.py
+has its own copy of the ceilings; it imports the Triton kernel's internals, which change
+under tuning, so moe_bench does not import it.)
 """
 
 from __future__ import annotations
@@ -83,6 +84,25 @@ def time_forward(
             note = f"no graph: {type(exc).__name__}: {str(exc)[:80]}"
     ms = triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median")
     return Timing(ms * 1e3, "eager", note), None
+
+
+def ceilings(device: torch.device) -> tuple[float, float]:
+    """(copy bandwidth in B/s counting bytes read + written, bf16 matmul FLOP/s), measured
+    on `device` with do_bench medians: a 1 GiB device-to-device copy and an 8192^3 matmul
+    on random data (zeros can run faster than real data)."""
+    import triton
+
+    pair = [torch.empty(1 << 30, dtype=torch.uint8, device=device).random_()]
+    pair.append(torch.empty_like(pair[0]))
+    ms = triton.testing.do_bench(
+        lambda: pair[1].copy_(pair[0]), warmup=25, rep=200, return_mode="median"
+    )
+    bandwidth = 2 * pair[0].numel() / (ms * 1e-3)
+    pair.clear()  # give the 2 GiB back before the layers are built
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    ms = triton.testing.do_bench(lambda: a @ b, warmup=25, rep=200, return_mode="median")
+    return bandwidth, 2 * 8192**3 / (ms * 1e-3)
 
 
 def command_line() -> str:

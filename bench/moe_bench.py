@@ -4,7 +4,7 @@
 One process, one device call (scripts/bench_gpu.sh; `make bench-gpu` prints the command):
 
 1. the ceilings, measured here: device-to-device copy bandwidth (bytes read + written, a
-   1 GiB copy) and the bf16 matmul rate (8192^3), by bench/kernel_check.py's `ceilings`;
+   1 GiB copy) and the bf16 matmul rate (8192^3), by bench/_common.py's `ceilings`;
 2. for each case (layer shape x quantization variant) of the plan: fresh random codes,
    scales and zero points on the GPU, written into each backend's layout by the service's
    own writers (bench/gpu_suite.py's `build_backend`), every backend prepared (humming's JIT
@@ -337,7 +337,7 @@ def run_case(
             warm = getattr(backend, "warm_up", None)
             if warm is not None:
                 warm(list(case.tokens), shape.top_k)
-            torch.cuda.synchronize(device)
+            sync(device)
             built[name] = backend
             log(f"  {name}: ready in {time.perf_counter() - start:.1f} s {info}")
         except (KernelUnavailable, ConversionUnsupported, KernelError) as exc:
@@ -375,7 +375,7 @@ def run_case(
                 poison(device, 64 << 20)
                 out = torch.full_like(x, float("nan"))
                 backend.forward(x, ids, weights, "silu", out=out)
-                torch.cuda.synchronize(device)
+                sync(device)
                 result.rel_err = rel_err(out, ref)
                 ok = bool(torch.isfinite(out).all()) and result.rel_err < TOLERANCE
                 graph_out = torch.full_like(x, float("nan"))
@@ -392,7 +392,7 @@ def run_case(
                 if graph is not None:
                     graph_out.fill_(float("nan"))
                     graph.replay()
-                torch.cuda.synchronize(device)
+                sync(device)
                 result.graph_rel_err = rel_err(graph_out, ref)
                 ok = ok and result.graph_rel_err < TOLERANCE
                 result.status = "pass" if ok else "FAIL"
@@ -411,6 +411,13 @@ def run_case(
     return points
 
 
+def sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def environment(device: Any) -> dict[str, Any]:
     from gpu_suite import environment as suite_environment
 
@@ -422,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="two shapes, four token counts")
     parser.add_argument("--dry-run", action="store_true", help="plan and floors only, no GPU")
+    parser.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--shapes", default="", help=f"subset of {sorted(SHAPES)}")
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--bandwidth", type=float, default=PEER_BANDWIDTH, help="dry run, B/s")
@@ -457,18 +465,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     import torch
-
-    if not torch.cuda.is_available():
-        log("no CUDA device: use --dry-run on a machine without one")
-        return 2
-    from kernel_check import ceilings as measure_ceilings
+    from _common import ceilings as measure_ceilings
 
     started = time.perf_counter()
     deadline = started + args.budget_s
-    device = torch.device("cuda", torch.cuda.current_device())
-    env = environment(device)
+    if args.cpu_smoke:
+        # The device path on the CPU at a tiny shape (EMULATION only): tests run it.
+        device = torch.device("cpu")
+        cases = [Case("small", PRIMARY, (1, 4), ("EMULATION",))]
+        env: dict[str, Any] = {"gpu": "cpu"}
+        bandwidth, rate = args.bandwidth, args.matmul_rate
+    elif not torch.cuda.is_available():
+        log("no CUDA device: use --dry-run on a machine without one")
+        return 2
+    else:
+        device = torch.device("cuda", torch.cuda.current_device())
+        env = environment(device)
+        bandwidth, rate = measure_ceilings(device)
     log("environment: " + json.dumps(env))
-    bandwidth, rate = measure_ceilings(device)
     log(f"ceilings: copy {bandwidth / 1e12:.3f} TB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s")
     log(f"plan: {len(cases)} cases, estimated {estimate_s(cases):.0f} s")
     points: list[Point] = []
