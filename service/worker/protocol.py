@@ -4,7 +4,8 @@ Server to worker: `{"id": <int>, "method": <str>, "params": {...}}`.
 Worker to server: `{"id": <int>, "result": {...}}` or
 `{"id": <int>, "error": {"type": <str>, "message": <str>}}`, and once at start, before any
 answer, `{"event": "hello", "info": {...}}` (the worker's device and platform profile).
-Tensors will not travel here (later releases pass them through shared memory).
+Tensors never travel here: they go through segment files in shared memory (segments.py),
+copied to and from a CUDA device through pinned staging (transport.py).
 """
 
 from __future__ import annotations
