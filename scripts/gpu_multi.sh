@@ -35,11 +35,29 @@ fi
 
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt" || true
 df -h /dev/shm /tmp 2>/dev/null | tee "$OUT/storage.txt" || true
+# Each step runs in its own session under a watchdog, and whatever it started (the server
+# and its worker processes) is killed with it, so a step that overruns cannot leave a server
+# holding the GPUs for the next one.
+run_step() {  # run_step SECONDS LOG COMMAND...
+    local limit=$1 log=$2
+    shift 2
+    setsid "$@" >"$log" 2>&1 &
+    local pid=$!
+    ( sleep "$limit"; echo "TIMEOUT after ${limit} s" >>"$log"; kill -TERM -- -"$pid" 2>/dev/null
+      sleep 10; kill -KILL -- -"$pid" 2>/dev/null ) &
+    local watchdog=$!
+    wait "$pid"
+    local rc=$?
+    kill "$watchdog" 2>/dev/null
+    wait "$watchdog" 2>/dev/null
+    kill -KILL -- -"$pid" 2>/dev/null
+    tail -n 80 "$log"
+    return $rc
+}
+
 status=0
-timeout 270 "$PY" -m pytest -q -m gpu tests/gpu/test_multi_gpu.py -p no:cacheprovider -rA \
-    2>&1 | tee "$OUT/pytest_multi_gpu.log"
-(( ${PIPESTATUS[0]} == 0 )) || status=1
-timeout 330 "$PY" bench/multi_gpu_bench.py --out "$OUT" "$@" 2>&1 | tee "$OUT/multi_gpu_bench.log"
-(( ${PIPESTATUS[0]} == 0 )) || status=1
+run_step 200 "$OUT/pytest_multi_gpu.log" \
+    "$PY" -m pytest -q -m gpu tests/gpu/test_multi_gpu.py -p no:cacheprovider -rA || status=1
+run_step 260 "$OUT/multi_gpu_bench.log" "$PY" bench/multi_gpu_bench.py --out "$OUT" "$@" || status=1
 echo "gpu-multi: $([[ $status == 0 ]] && echo PASSED || echo FAILED)"
 exit $status
