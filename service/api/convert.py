@@ -343,6 +343,11 @@ class ConvertWeightsHandler:
                     )
             finish()
         finally:
+            if current is not None:
+                # A failed feed or finish leaves frames (kept by the traceback) that hold
+                # the assembler; released here, the mapping and its descriptor close now,
+                # not at some later garbage collection (tests/reliability leak check).
+                current.buffer.release()
             if segment is not None:
                 segment.close()
         if not inputs:
