@@ -190,7 +190,7 @@ def busy_fraction(pid: int, window_s: float = 0.5) -> float:
     return (cpu_seconds(pid) - before) / window_s
 
 
-def wait_idle(pid: int, timeout: float = 10.0, threshold: float = 0.3) -> float:
+def wait_idle(pid: int, timeout: float = 10.0, threshold: float = 0.1) -> float:
     """Wait until the process is (nearly) idle; the last busy fraction measured."""
     deadline = time.monotonic() + timeout
     busy = busy_fraction(pid)
