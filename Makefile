@@ -100,7 +100,7 @@ bench-gpu: $(VENV)/.stamp
 	PYTHON=$(BIN)/python scripts/prepare_gpu_deps.sh
 	$(BIN)/python bench/moe_bench.py --dry-run --out build/bench-plan > /dev/null
 	@echo "Plan and floors (peer ceilings): build/bench-plan/moe_bench_plan.md"
-	@echo "Now run on the H200 (device run, carry [\".gpu\"]): bash scripts/bench_gpu.sh [--quick]"
+	@echo "Now run on the H200 (device run, carry [\".gpu\"]): bash scripts/bench_gpu.sh [--quick]; service overhead: bash scripts/bench_gpu.sh overhead"
 
 # The nightly-size hostile-input run: every property of tests/reliability 10,000 times,
 # the answers counted per method and status in build/fuzz-report.json.

@@ -95,7 +95,7 @@ def wait_ready(channel: grpc.Channel, timeout: float = 300.0) -> None:
     """Until the service reports SERVING (its workers are up)."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    check = health_pb2_grpc.HealthStub(channel).Check
+    check = health_pb2_grpc.HealthStub(channel).Check  # type: ignore[attr-defined]
     deadline = time.monotonic() + timeout
     request = health_pb2.HealthCheckRequest(service="moe_control.v1.MoeControlService")
     while check(request, timeout=10).status != health_pb2.HealthCheckResponse.SERVING:
@@ -210,6 +210,55 @@ def row_of(
     )  # fmt: skip
 
 
+def measured_selection(stub: Any, shape: tuple[int, int, int, int], tokens: list[int]) -> str:
+    """SelectBackend MEASURED on the serving worker for the layer's shape: the first call
+    (times every backend), then the same call again (from the cache); a table per bucket."""
+    from service.api.generated.moe_control.v1 import measured_pb2
+
+    experts, top_k, hidden, intermediate = shape
+    spec = {
+        "hf_quantization_config": {
+            "quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False,
+        },
+        "layer": {
+            "num_experts": experts, "top_k": top_k, "hidden_size": hidden,
+            "intermediate_size": intermediate,
+        },
+    }  # fmt: skip
+    request = pb.SelectBackendRequest(
+        spec_json=json.dumps(spec),
+        policy=measured_pb2.SELECTION_POLICY_MEASURED,
+        token_counts=tokens,
+    )
+    walls = []
+    for _ in range(3):
+        start = time.perf_counter()
+        answer = stub.SelectBackend(request, timeout=600)
+        walls.append(time.perf_counter() - start)
+    m = answer.measured
+    lines = [
+        f"SelectBackend MEASURED on {m.device_name}: first call {walls[0]:.2f} s, "
+        f"repeats {walls[1] * 1e3:.2f} / {walls[2] * 1e3:.2f} ms (from cache: {m.from_cache}); "
+        f"vLLM's choice: {answer.backend or '(fails)'}",
+        "",
+        "| M | fastest | µs | vLLM's choice µs | speedup | every backend µs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for b in m.buckets:
+        each = ", ".join(
+            f"{t.backend} {t.device_seconds * 1e6:.1f}" if t.HasField("device_seconds")
+            else f"{t.backend} n/a"
+            for t in b.timings
+        )  # fmt: skip
+        static = f"{b.static_seconds * 1e6:.1f}" if b.HasField("static_seconds") else "n/a"
+        speedup = f"{b.speedup:.2f}x" if b.HasField("speedup") else ""
+        lines.append(
+            f"| {b.tokens} | {b.fastest_backend} | {b.fastest_seconds * 1e6:.1f} | {static} "
+            f"| {speedup} | {each} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--devices", default="cpu", help="the server's --devices")
@@ -218,9 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", default="1,4096")
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--out", default=os.environ.get("OUT", ""))
+    parser.add_argument(
+        "--measured", action="store_true", help="also SelectBackend policy MEASURED, twice"
+    )
     parser.add_argument("serve_args", nargs="*", help="extra `serve` flags after --")
     args = parser.parse_args(argv)
     cpu = args.devices == "cpu"
+    token_list = [int(t) for t in args.tokens.split(",")]
     shape = SHAPES[args.shape or ("small" if cpu else "qwen3")]
     backend = args.backend or ("EMULATION" if cpu else "")
     process, address, metrics_url = start_server(args.devices, args.serve_args)
@@ -235,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 
-        stub = pb_grpc.MoeControlServiceStub(channel)
+        stub: Any = pb_grpc.MoeControlServiceStub(channel)  # type: ignore[no-untyped-call]
         grpc.channel_ready_future(channel).result(timeout=60)
         wait_ready(channel)
         started = time.perf_counter()
@@ -260,15 +313,17 @@ def main(argv: list[str] | None = None) -> int:
         )
         experts, _, hidden, _ = shape
         gen = torch.Generator().manual_seed(1)
-        for tokens in (int(t) for t in args.tokens.split(",")):
+        for tokens in token_list:
             x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)
             logits = torch.randn(tokens, experts, generator=gen)
             request = run_request(x, layer_id=layer_id, router_logits=logits)
             for _ in range(3):  # JIT, workspaces, caches
                 stub.RunMoE(request, timeout=600)
-            walls, servers, replies = measure(
-                lambda r=request: stub.RunMoE(r, timeout=600), metrics_url, "RunMoE", args.calls
-            )
+
+            def run_once(r: pb.RunMoERequest = request) -> Any:
+                return stub.RunMoE(r, timeout=600)
+
+            walls, servers, replies = measure(run_once, metrics_url, "RunMoE", args.calls)
             devices = [r.device_time.ToNanoseconds() / 1e9 for r in replies]
             rows.append(
                 row_of(
@@ -281,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             print(table(rows[-1:]).splitlines()[-1], flush=True)
+        measured_text = measured_selection(stub, shape, token_list) if args.measured else ""
         channel.close()
     finally:
         process.terminate()
@@ -292,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         f"H={hidden} I={intermediate} int4 g128, medians of {args.calls} calls"
     )
     print(f"\n{header}\n{text}")
+    if measured_text:
+        print("\n" + measured_text)
+        text += "\n\n" + measured_text
     if args.out:
         from _common import write_results
 

@@ -7,6 +7,11 @@
 # backend against the floor at four layer shapes and seven token counts, in one process.
 # Extra arguments go to the bench (e.g. --quick, --shapes qwen3, --budget-s 300).
 # The table and its JSON land under $OUT (moe_bench.md starts with the command).
+#
+# `bash scripts/bench_gpu.sh overhead [args]` runs the service-overhead bench instead:
+# bench/runmoe_overhead.py against a real server on cuda:0 (RunMoE at M = 1 and 4096 split
+# into client, transport, server and device time; then SelectBackend MEASURED, first call
+# and repeats) -> $OUT/runmoe_overhead.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +34,14 @@ if [[ -d .gpu/humming-cache ]]; then
 fi
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader || true
+if [[ "${1:-}" == overhead ]]; then
+    shift
+    "$PY" bench/runmoe_overhead.py --devices cuda:0 --measured --out "$OUT" "$@" 2>&1 \
+        | tee "$OUT/runmoe_overhead.log"
+    status=${PIPESTATUS[0]}
+    echo "bench-gpu overhead: exit $status"
+    exit "$status"
+fi
 "$PY" bench/moe_bench.py --out "$OUT" "$@" 2>&1 | tee "$OUT/moe_bench.log"
 status=${PIPESTATUS[0]}
 # humming's compiled kernels, so the next run can carry them (.gpu/humming-cache) and skip the JIT
