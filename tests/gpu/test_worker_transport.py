@@ -98,3 +98,29 @@ def test_run_moe_on_a_cuda_worker_goes_through_pinned_staging(tmp_path: Path) ->
     assert float((out - want).norm() / want.norm()) < 1e-2
     assert rig.worker.transport.pinned and rig.worker.transport.pool.allocated >= 1
     assert set(rig.worker.streams.describe()) == {"convert", "run"}
+
+
+@pytest.mark.parametrize("backend", ["MARLIN", "BATCHED_MARLIN", "EMULATION"])
+def test_run_moe_on_a_kept_marlin_layer(tmp_path: Path, backend: str) -> None:
+    """RunMoE on a CUDA worker for each backend that reads the MARLIN layout, with the
+    worker's own reference comparison (EMULATION through the MARLIN reader) and timing."""
+    from worker.test_run_job import reference
+    from worker.test_transport import _marlin_rig, marlin_inputs
+
+    from service.kernels.marlin import MarlinExperts
+
+    if (
+        MarlinExperts.unavailable_reason(torch.device("cuda")) is not None
+        and backend != "EMULATION"
+    ):
+        pytest.skip(str(MarlinExperts.unavailable_reason(torch.device("cuda"))))
+    rig, layer_id, layer = _marlin_rig(tmp_path, "cuda:0")
+    given = marlin_inputs(37)
+    answer = rig.run(given, layer_id=layer_id, backend=backend, compare=True, warmup=1, timed=3)[
+        "result"
+    ]
+    assert answer["backend"] == backend and answer["device_seconds"] > 0
+    assert answer["max_abs_error"] < 0.05
+    want = reference(layer, given)
+    assert float((rig.output(answer).float() - want).norm() / want.norm()) < 1e-2
+    assert rig.worker.transport.pool.allocated >= 1

@@ -5,6 +5,7 @@ The pinned (CUDA) path is tests/gpu/test_worker_transport.py."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -58,3 +59,43 @@ def test_a_target_of_the_wrong_size_is_refused() -> None:
         transport.Transport("cpu").to_host(
             torch.zeros(2, dtype=torch.int16), memoryview(bytearray(3))
         )
+
+
+def _marlin_rig(tmp_path: Path, device: str) -> tuple[Any, str, Any]:
+    """A worker on `device` keeping a MARLIN layer (hidden 128: Marlin's minimum)."""
+    from service.formats.quantize import random_layer
+    from service.worker.main import Worker
+    from worker.test_run_job import Rig
+
+    layer = random_layer(
+        4, 128, 128, bits=4, group_size=32, symmetric=True,
+        generator=torch.Generator().manual_seed(5),
+    )  # fmt: skip
+    rig = Rig(layer, tmp_path)
+    rig.worker = Worker(device, rig.lines)
+    shape = {"num_experts": 4, "hidden_size": 128, "intermediate_size": 128, "gated": True}
+    answer = rig.keep_answer("MARLIN", shape=shape)  # GPTQ int4, group 32, symmetric
+    assert "result" in answer, answer
+    return rig, str(answer["result"]["layer_id"]), layer
+
+
+def marlin_inputs(tokens: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(tokens)
+    return {
+        "hidden_states": torch.randn(tokens, 128, generator=gen).to(torch.bfloat16),
+        "router_logits": torch.randn(tokens, 4, generator=gen),
+    }
+
+
+def test_cpu_worker_runs_emulation_on_a_kept_marlin_layer(tmp_path: Path) -> None:
+    """Inputs in place, output straight into its segment; EMULATION reads the MARLIN layout
+    through the reference reader, so the layer is checked on the worker that holds it."""
+    from worker.test_run_job import reference
+
+    rig, layer_id, layer = _marlin_rig(tmp_path, "cpu")
+    given = marlin_inputs(6)
+    answer = rig.run(given, layer_id=layer_id, backend="EMULATION", compare=True)["result"]
+    assert answer["backend"] == "EMULATION" and answer["max_abs_error"] < 0.05
+    want = reference(layer, given)
+    assert float((rig.output(answer).float() - want).norm() / want.norm()) < 1e-2
+    assert rig.worker.transport.pool.allocated == 0  # no pinned staging on a CPU worker

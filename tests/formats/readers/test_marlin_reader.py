@@ -6,6 +6,7 @@ a digit permutation, so the round trip holds one against the other."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -110,3 +111,27 @@ def test_reader_refuses_what_it_cannot_read_exactly() -> None:
     del tensors["w2_qweight"]
     with pytest.raises(FormatError, match="w2_qweight"):
         reader.read_marlin(tensors, bits=4, group_size=32, intermediate_size=128)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("variant", [(4, 128, False), (8, -1, True), (4, 32, True)], ids=str)
+def test_reader_on_the_gpu(variant: tuple[int, int, bool]) -> None:
+    """The reader is torch only: on a CUDA worker's tensors it gives the same layer."""
+    bits, group, sym = variant
+    layer = _layer(bits, group, sym, inter=96 if group == 32 else 128, bias=True)
+    converted = write_marlin(layer, source="gptq", options=ConversionOptions(device="cuda"))
+    back = reader.read_marlin(converted, intermediate_size=layer.intermediate_size)
+    assert back.w13.codes.is_cuda
+    on_cpu = QuantizedMoELayer(
+        w13=dataclasses.replace(back.w13, **{p: _cpu(getattr(back.w13, p)) for p in _PARTS}),
+        w2=dataclasses.replace(back.w2, **{p: _cpu(getattr(back.w2, p)) for p in _PARTS}),
+    )
+    _assert_same(on_cpu, layer)
+
+
+_PARTS = ("codes", "scales", "zeros", "g_idx", "bias")
+
+
+def _cpu(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.cpu()
