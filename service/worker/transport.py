@@ -15,7 +15,8 @@ buffers allocated once is the cheaper steady state for RunMoE-sized tensors.
 Buffers are kept per size class (powers of two from 64 KiB), each handed to one copy at a
 time: a buffer goes back to the pool with the CUDA event recorded after its copy and is
 reused only once that event has completed. The pool holds at most `max_bytes` of idle
-buffers; beyond that returned buffers are dropped (torch's pinned-memory cache keeps them).
+buffers; beyond that returned buffers are dropped (torch's pinned-memory cache keeps them),
+and a tensor larger than `max_bytes` is copied plainly.
 
 On a CPU worker nothing changes: a segment tensor is used in place, and the output is
 copied straight into its segment.
@@ -110,10 +111,12 @@ class Transport:
         The copy is issued on the current stream and returns before it completes; work
         queued after it on that stream sees the data.
         """
-        if not self.pinned:
+        nbytes = host.numel() * host.element_size()
+        if not self.pinned or nbytes > self.pool.max_bytes:
+            # Larger than the whole pool: one plain (staged by the driver) copy rather than
+            # a pinned allocation of up to twice its size.
             return host.to(self.device)
         out = torch.empty(host.shape, dtype=host.dtype, device=self.device)
-        nbytes = host.numel() * host.element_size()
         if nbytes == 0:
             return out
         staging = self.pool.take(nbytes)
@@ -136,6 +139,9 @@ class Transport:
         source = _bytes_of(tensor.detach().contiguous())
         if not (self.pinned and tensor.is_cuda):
             destination.copy_(source)
+            return
+        if nbytes > self.pool.max_bytes:
+            destination.copy_(source.cpu())
             return
         staging = self.pool.take(nbytes)
         staging[:nbytes].copy_(source, non_blocking=True)

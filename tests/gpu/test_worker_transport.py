@@ -124,3 +124,15 @@ def test_run_moe_on_a_kept_marlin_layer(tmp_path: Path, backend: str) -> None:
     want = reference(layer, given)
     assert float((rig.output(answer).float() - want).norm() / want.norm()) < 1e-2
     assert rig.worker.transport.pool.allocated >= 1
+
+
+def test_a_tensor_larger_than_the_pool_is_copied_plainly(tmp_path: Path) -> None:
+    segments = SegmentDir.create(tmp_path)
+    moved = transport.Transport("cuda", transport.PinnedPool(max_bytes=1 << 20))
+    tensor = torch.arange(1 << 19, dtype=torch.int32)  # 2 MiB
+    on_device = moved.to_device(_segment_tensor(segments, "big", tensor))
+    assert torch.equal(on_device.cpu(), tensor) and moved.pool.allocated == 0
+    with segments.new("out", 2 << 20) as segment:
+        moved.to_host(on_device, segment.view)
+        back = torch.frombuffer(bytearray(segment.view), dtype=torch.int32)
+    assert torch.equal(back, tensor) and moved.pool.allocated == 0
