@@ -24,7 +24,7 @@ touches, plus the activations read and written (hidden states in, output out, to
 weights); FLOPs are 2 * M * top_k * 3 * H * I. The peers' figures of
 shared/reference/peer_bench.md (same machine kind, int4 g128 sym) are printed beside.
 
-    python bench/moe_bench.py [--quick] [--out DIR] [--budget-s 420]
+    python bench/moe_bench.py [--quick] [--out DIR] [--budget-s 390]
     python bench/moe_bench.py --dry-run [--bandwidth 4.284e12 --matmul-rate 6.73e14]
 
 `--dry-run` needs no GPU: it prints the plan, each point's floor from the given ceilings
@@ -189,13 +189,15 @@ def floor(
 def estimate_s(cases: list[Case]) -> float:
     """Rough device seconds of a run (set from the H200 runs of gpu_suite/kernel_check):
     layer build and conversion ~2.5 s per GB of int4 weights per backend, humming's JIT
-    ~12 s per case (its configs compile in parallel), ~0.35 s per timed point."""
+    ~12 s per case (its configs compile in parallel), our Triton kernel's JIT ~1.5 s per
+    token count, ~0.35 s per timed point."""
     total = 15.0  # ceilings, imports, CUDA context
     for case in cases:
         shape, variant = SHAPES[case.shape], VARIANTS[case.variant]
         gb = shape.experts * expert_bytes(shape, variant) / 1e9
         total += 2.5 * gb * len(case.backends) + (12 if "HUMMING" in case.backends else 0)
         total += 0.35 * len(case.tokens) * len(case.backends)
+        total += 1.5 * len(case.tokens) if "TRITON" in case.backends else 0
     return total
 
 
@@ -437,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rep-ms", type=int, default=60, help="do_bench time per point")
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument(
-        "--budget-s", type=float, default=420, help="start no case or point after this"
+        "--budget-s", type=float, default=390, help="start no case or point after this"
     )
     parser.add_argument("--out", default=os.environ.get("OUT", ""))
     args = parser.parse_args(argv)

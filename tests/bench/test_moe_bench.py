@@ -80,7 +80,7 @@ def test_plan_covers_the_issue_and_quick_is_smaller() -> None:
     quick = moe_bench.plan(quick=True)
     assert sum(len(c.tokens) for c in quick) < sum(len(c.tokens) for c in full)
     # one device call (8 minutes, humming's JIT included) must hold the full plan
-    assert moe_bench.estimate_s(full) < 420
+    assert moe_bench.estimate_s(full) < 390  # the default --budget-s
     assert moe_bench.estimate_s(quick) < moe_bench.estimate_s(full)
 
 
