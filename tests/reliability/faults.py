@@ -9,10 +9,13 @@ exactly what the metrics cannot show.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
 import queue
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,9 +36,15 @@ from service.formats.quantize import random_layer
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
 from service.formats.safetensors_io import SafetensorsFile, hash_tensors, tensor_bytes
 from service.formats.streaming import FROM_TORCH, TensorSpec
+from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
 
 QUANT = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False, "sym": True}
 E, H, I, TOP_K = 4, 64, 64, 2  # noqa: E741
+#: A whole checkpoint big enough that a fault after its first finished layer lands while
+#: others are in work (about a second to convert on a quiet 2-core machine).
+MODEL = SyntheticSpec(
+    num_layers=6, num_experts=8, hidden_size=512, intermediate_size=512, shards=3, fast=True
+)
 #: The most warm-up plus timed forwards one RunMoE may ask for: seconds of CPU work even at
 #: this layer's size, so a call is still running when the test strikes.
 LONG_RUN = {"warmup": 1000, "iterations": 1000}
@@ -124,6 +133,16 @@ def code_of(call: Callable[[], Any]) -> grpc.StatusCode:
     except grpc.RpcError as error:
         return error.code()  # type: ignore[attr-defined,no-any-return]
     return grpc.StatusCode.OK
+
+
+def stalled(
+    messages: list[pb.ConvertWeightsRequest], after: int, release: threading.Event
+) -> Iterator[pb.ConvertWeightsRequest]:
+    """A client stream that sends `after` messages, then waits (a slow or stuck client)."""
+    for number, message in enumerate(messages):
+        if number == after:
+            release.wait(30)
+        yield message
 
 
 # ---------------------------------------------------------------------------------------
@@ -249,3 +268,21 @@ def wait_for_file(directory: Path, prefix: str, timeout: float) -> bool:
             pass
         time.sleep(0.0005)
     return False
+
+
+_MODEL_DIR: list[Path] = []
+
+
+def model_into(target: Path) -> Path:
+    """`MODEL`, written once per test process and hard-linked into `target` (several
+    servers' data roots read it: a hard link is a plain file inside each root, where a
+    symlink out of the root would be refused)."""
+    if not _MODEL_DIR:
+        base = Path(tempfile.mkdtemp(prefix="moe-control-faults-model-"))
+        atexit.register(shutil.rmtree, base, True)
+        write_synthetic_checkpoint(base / "model", MODEL, keep_layers=False)
+        _MODEL_DIR.append(base / "model")
+    target.mkdir(parents=True, exist_ok=True)
+    for path in _MODEL_DIR[0].iterdir():
+        os.link(path, target / path.name)
+    return target

@@ -39,12 +39,9 @@ from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.api.run_client import run_request
 from service.formats.checkpoint import MANIFEST_NAME
-from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
 from service.server import RUNTIME_PREFIX
 
-MODEL = SyntheticSpec(
-    num_layers=6, num_experts=8, hidden_size=512, intermediate_size=512, shards=3, fast=True
-)
+MODEL = faults.MODEL
 #: The worker's layer budget here, and the size of one kept EMULATION layer (dense bf16
 #: w13 and w2 of E experts): ten fit, the eleventh evicts.
 BUDGET_MIB = 1
@@ -54,8 +51,8 @@ IDLE = 0.1
 #: Leak margins over 100 rounds (after 10 rounds of warm-up): descriptors must come back to
 #: the same count; resident memory may move by allocator noise only.
 FD_MARGIN = 2
-SERVER_RSS_MARGIN = 8 << 20
-WORKER_RSS_MARGIN = 16 << 20
+SERVER_RSS_MARGIN = 4 << 20
+WORKER_RSS_MARGIN = 8 << 20
 ROUNDS = 100
 
 
@@ -70,7 +67,7 @@ def shm() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def server(root: Path, shm: Path) -> Iterator[ServerProcess]:
-    write_synthetic_checkpoint(root / "root" / "model", MODEL, keep_layers=False)
+    faults.model_into(root / "root" / "model")
     process = launch(
         "--data-root", str(root / "root"),
         "--segment-dir", str(shm),
@@ -120,16 +117,6 @@ def freed(stub: Any, shm: Path, pid: int) -> None:
     assert worker_pid(stub) == pid
 
 
-def stalled(
-    messages: list[pb.ConvertWeightsRequest], after: int, release: threading.Event
-) -> Iterator[pb.ConvertWeightsRequest]:
-    """A client stream that sends `after` messages, then waits (a slow or stuck client)."""
-    for number, message in enumerate(messages):
-        if number == after:
-            release.wait(30)
-        yield message
-
-
 # ---------------------------------------------------------------------------------------
 # Cancelled clients
 
@@ -139,7 +126,7 @@ def test_cancel_during_upload_registers_nothing(stub: Any, shm: Path, wire: faul
     header = header_for(deployment_json=faults.spec_json(), backend="EMULATION", keep_loaded=True)
     messages = list(tensor_requests(header, wire, chunk_bytes=4096))
     release = threading.Event()
-    call = stub.ConvertWeights(stalled(messages, len(messages) // 2, release), timeout=30)
+    call = stub.ConvertWeights(faults.stalled(messages, len(messages) // 2, release), timeout=30)
     assert wait_for(lambda: any("-in-" in p.name for p in shm.rglob("*")), 10), "no segment"
     call.cancel()
     release.set()
@@ -217,10 +204,9 @@ def test_conversion_deadlines_then_resume(
     inline = header_for(deployment_json=faults.spec_json(), backend="EMULATION", keep_loaded=True)
     messages = list(tensor_requests(inline, wire, chunk_bytes=4096))
     release = threading.Event()
+    stream = faults.stalled(messages, len(messages) // 2, release)
     try:
-        code = faults.code_of(
-            lambda: stub.ConvertWeights(stalled(messages, len(messages) // 2, release), timeout=1)
-        )
+        code = faults.code_of(lambda: stub.ConvertWeights(stream, timeout=1))
     finally:
         release.set()
     assert code is grpc.StatusCode.DEADLINE_EXCEEDED
@@ -277,7 +263,7 @@ def one_round(
     """A deadline, a cancel and two errors (one from the server, one from the worker)."""
     codes = [faults.code_of(lambda: stub.RunMoE(faults.long_run(layer_id), timeout=0.05))]
     release = threading.Event()
-    call = stub.ConvertWeights(stalled(messages, 3, release), timeout=10)
+    call = stub.ConvertWeights(faults.stalled(messages, 3, release), timeout=10)
     time.sleep(0.01)
     call.cancel()
     release.set()

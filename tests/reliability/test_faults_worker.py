@@ -29,17 +29,13 @@ from service.api.convert_client import Connection, convert_checkpoint_remote, he
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.formats.checkpoint import MANIFEST_NAME
-from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
 
-#: Big enough that a kill after the first finished layer lands while others are in work.
-MODEL = SyntheticSpec(
-    num_layers=6, num_experts=8, hidden_size=512, intermediate_size=512, shards=3, fast=True
-)
+MODEL = faults.MODEL
 
 
 @pytest.fixture(scope="module")
 def server(root: Path) -> Iterator[ServerProcess]:
-    write_synthetic_checkpoint(root / "root" / "model", MODEL, keep_layers=False)
+    faults.model_into(root / "root" / "model")
     process = launch(
         "--data-root", str(root / "root"),
         "--segment-dir", str(root / "segments"),

@@ -1,0 +1,113 @@
+"""SIGTERM while ConvertWeights streams are open, against the real server.
+
+Two streams are in flight when the signal comes: an inline upload whose client is slow
+(half its tensors sent) and a whole-checkpoint conversion in the worker. The server drains
+for `--grace-s`, then ends what is still running: each client gets UNAVAILABLE or
+CANCELLED (never a hang, never OK for work that was not done), the process exits 0, its
+shared-memory segments and runtime directory are gone, nothing in the output directory is
+half-written, and the conversion completes when run again, resuming what was finished.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+from integration.serverproc import launch, wait_for, wait_ready
+
+from reliability import faults
+from service.api.convert_client import (
+    Connection,
+    convert_checkpoint_remote,
+    header_for,
+    tensor_requests,
+)
+from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
+from service.formats.checkpoint import MANIFEST_NAME, convert_checkpoint, plan_job
+from service.formats.paths import DataRoot
+from service.oracle import preset
+from service.server import RUNTIME_PREFIX
+
+#: What a client of a call the server ended may see.
+ENDED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
+GRACE_S = 0.3
+
+
+def test_sigterm_during_convert_streams(tmp_path: Path) -> None:
+    data, segments = tmp_path / "root", tmp_path / "segments"
+    segments.mkdir()
+    faults.model_into(data / "model")
+    server = launch(
+        "--data-root", str(data), "--segment-dir", str(segments), "--grace-s", str(GRACE_S)
+    )  # fmt: skip
+    try:
+        wait_ready(server)
+        wire = faults.checkpoint_tensors()
+        inline = header_for(
+            deployment_json=faults.spec_json(), backend="EMULATION", keep_loaded=True
+        )
+        messages = list(tensor_requests(inline, wire, chunk_bytes=4096))
+        release = threading.Event()
+        first_done = threading.Event()
+        path_mode = header_for(backend="TRITON", checkpoint=("model", "out/stopped"))
+
+        def convert() -> Any:
+            def progress(event: dict[str, Any]) -> None:
+                if event["stage"] == "converted":
+                    first_done.set()
+
+            return convert_checkpoint_remote(
+                Connection(server.address, timeout=60), path_mode, progress
+            )
+
+        with server.channel() as channel, ThreadPoolExecutor(2) as pool:
+            stub = pb_grpc.MoeControlServiceStub(channel)
+            upload = stub.ConvertWeights(
+                faults.stalled(messages, len(messages) // 2, release), timeout=60
+            )
+            upload_code = pool.submit(faults.code_of, lambda: upload)
+            conversion = pool.submit(faults.code_of, convert)
+            assert wait_for(lambda: any("-in-" in p.name for p in segments.rglob("*")), 10)
+            assert first_done.wait(60), "the conversion never finished a layer"
+            server.process.send_signal(signal.SIGTERM)
+            try:
+                assert upload_code.result(timeout=30) in ENDED
+                assert conversion.result(timeout=30) in ENDED
+            finally:
+                release.set()
+        assert server.process.wait(timeout=30) == 0, "".join(server.stderr_lines[-30:])
+    finally:
+        server.stop(signal.SIGKILL)
+    # Nothing of the server is left: segments, runtime directory.
+    assert list(segments.iterdir()) == []
+    runtime = os.path.join(tempfile.gettempdir(), f"{RUNTIME_PREFIX}{server.process.pid}-*")
+    assert glob.glob(runtime) == []
+    # Nothing half-written: complete files only, no manifest yet; a dead writer's temp
+    # file (if the worker had to be killed) is hidden and swept by the next run.
+    out = data / "out" / "stopped"
+    seen = faults.visible_outputs(out)
+    assert MANIFEST_NAME not in seen
+    for name in seen:
+        if name.endswith(".safetensors"):
+            faults.complete_safetensors(out / name)
+    # The same conversion, run again (here in process, as `moe-control convert` would),
+    # resumes and completes; every tensor matches the manifest.
+    job = plan_job(
+        "model", "out/stopped", root=DataRoot.at(data), platform=preset("cpu"), backend="TRITON"
+    )
+    result = convert_checkpoint(job)
+    assert result.layers_skipped >= 1 and result.manifest_path is not None
+    assert faults.temp_files(out) == []
+    manifest = json.loads(result.manifest_path.read_text())
+    for unit in manifest["units"]:
+        if "tensors" in unit:
+            actual = faults.complete_safetensors(out / unit["file"])
+            assert actual == {n: t["sha256"] for n, t in unit["tensors"].items()}
