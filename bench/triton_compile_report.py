@@ -44,7 +44,7 @@ def compile_report(fn: Any, consts: dict[str, Any], warps: int, stages: int) -> 
         if param.name in consts:
             signature[param.name] = "constexpr"
         elif param.name == "q_ptr":
-            signature[param.name] = "*i32" if fn.__name__.startswith("_v4") else "*u8"
+            signature[param.name] = "*i64" if fn.__name__.startswith("_v4") else "*u8"
         elif param.name in POINTERS:
             signature[param.name] = POINTERS[param.name]
         elif param.name in ("limit", "alpha", "beta"):

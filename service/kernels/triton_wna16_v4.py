@@ -13,8 +13,8 @@ What version 3 measured (bench/KERNEL_NOTES.md) and what this design changes:
   for the next forward, writes the 16-bit output and resets the counter. The forward is
   two launches and graph-capturable. (The float32 sum order of the atomics is not fixed:
   results can differ by float32 rounding between runs.)
-* Weights come in as int32 words (8 int4 or 4 int8 codes, 16-byte vector loads of whole
-  words per thread), unpacked with one shift and one mask per code; codes minus zero point
+* Weights come in as 64-bit words (16 int4 or 8 int8 codes; 8-byte cp.async copies, software-
+  pipelined), unpacked with one shift and one mask per code; codes minus zero point
   are small integers, exact in bf16/fp16, so where a K tile lies inside one quantization
   group (`scale_after`) the tile's partial product is scaled once per output element
   instead of once per weight: the multiply per weight and the rounding of scaled weights
@@ -22,8 +22,8 @@ What version 3 measured (bench/KERNEL_NOTES.md) and what this design changes:
 * Large M keeps `tl.dot` on wgmma (64+ row tiles) with the scale folded into the weights
   (the accumulator then stays in the MMA chain across the K loop); tiles, warps and stages
   are per (shape, token bucket) data found by bench/tune_triton.py.
-* Split-K in both GEMMs' decode path where few programs would exist: w2's partials go into
-  the same workspace sum; w13 is not split (its activation needs the whole sum).
+* Split-K in w2's decode path where few programs would exist: its partials go into the
+  same workspace sum; w13 is not split (its activation needs the whole sum).
 """
 
 # Triton idiom: compile-time parameters are UPPER_CASE, kernels take many arguments and
@@ -115,7 +115,7 @@ def fused_moe_v4(
     if poison:
         inter.fill_(float("nan"))
     dummy = t["w13_scales"]  # a valid pointer for absent optional tensors (never read)
-    q13 = t["w13_qweight"].view(torch.int32)
+    q13 = t["w13_qweight"].view(torch.int64)
     s13, z13, b13 = t["w13_scales"], t.get("w13_qzeros", dummy), t.get("w13_bias", dummy)
     c1 = config.w13
     g13 = h if spec.group_size == -1 else spec.group_size
@@ -147,7 +147,7 @@ def fused_moe_v4(
     else:
         reduce = 0
         acc, counters = result, flat_ids
-    q2 = t["w2_qweight"].view(torch.int32)
+    q2 = t["w2_qweight"].view(torch.int64)
     s2, z2, b2 = t["w2_scales"], t.get("w2_qzeros", dummy), t.get("w2_bias", dummy)
     _v4_w2_kernel[(slots, n_tiles, c2.split_k)](
         inter, q2, s2, z2, b2, topk_weights, acc, result, counters,
@@ -201,16 +201,22 @@ def _fused_routes(ids_ptr, num_routes, num_experts, BLOCK_M: tl.constexpr,
 @triton.jit
 def _codes(q_ptr, rows, row_mask, k0, stride_qn, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
            BLOCK_K: tl.constexpr):  # fmt: skip
-    """int32 codes [BLOCK_N, BLOCK_K] of `rows`, inputs k0 .. k0+BLOCK_K, from int32 words
-    (little-endian: the code of input 8w+j of an int4 row sits at bits 4j of word w)."""
-    PER: tl.constexpr = 32 // BITS
+    """int32 codes [BLOCK_N, BLOCK_K] of `rows`, inputs k0 .. k0+BLOCK_K, from 64-bit words
+    (little-endian: the code of input 16w+j of an int4 row sits at bits 4j of word w).
+
+    64-bit words make 8-byte cp.async copies (32-bit words gave 4-byte ones and more
+    registers at decode tiles: 192 against 148 at bm16 bn32 bk128)."""
+    PER: tl.constexpr = 64 // BITS
     kw = k0 // PER + tl.arange(0, BLOCK_K // PER)
     words = tl.load(
         q_ptr + rows[:, None] * stride_qn + kw[None, :], mask=row_mask[:, None], other=0
     )
-    # Halves, then bytes, then (int4) nibbles, each split a join: the new axis is always
-    # within one thread, so the unpack is register-only shifts and masks.
-    halves = tl.join(words & 0xFFFF, (words >> 16) & 0xFFFF)
+    # 32-bit halves, 16-bit halves, bytes, then (int4) nibbles, each split a join: the new
+    # axis is always within one thread, so the unpack is register-only shifts and masks.
+    lo = (words & 0xFFFFFFFF).to(tl.int32)
+    hi = (words >> 32).to(tl.int32)
+    w32 = tl.join(lo, hi)
+    halves = tl.join(w32 & 0xFFFF, (w32 >> 16) & 0xFFFF)
     q = tl.join(halves & 0xFF, halves >> 8)
     if BITS == 4:
         q = tl.join(q & 0xF, q >> 4)
