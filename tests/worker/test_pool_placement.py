@@ -64,12 +64,11 @@ def test_two_workers_place_route_and_lose_only_their_own_layers() -> None:
             assert "SIGKILL" in message
             assert (await pool.holder("big")).index == 0
             assert pool.held_bytes() == {0: 1000}
-            assert await until(lambda: pool.all_ready)
-            with pytest.raises(LayerLostError):
-                await pool.holder("small")  # still explained after the restart
-            described = await pool.describe()
-            assert [s.index for s in described] == [0, 1]
-            assert all(s.layer_ids == () and s.layer_bytes == 0 for s in described)
+            described = await pool.describe()  # the restarting worker lists nothing
+            assert [(s.index, s.layer_ids, s.layer_bytes) for s in described] == [
+                (0, (), 0),
+                (1, (), 0),
+            ]
             # An id the directory does not know is looked for on every worker (a listing,
             # which also prunes ids a worker no longer holds: "big" was never really loaded
             # there, and the worker's store is the truth).
