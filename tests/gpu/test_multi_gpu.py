@@ -149,8 +149,8 @@ def test_layers_land_on_both_gpus_and_run_on_each(
         assert response.backend == "TRITON"
         assert response.max_abs_error < 0.1
         outputs.append(tensor_from_pb(response.output).float())
-    # The same weights on two GPUs give the same answer.
-    assert float((outputs[0] - outputs[1]).abs().max()) < 1e-2
+    # The same weights on two GPUs give the same answer (to bf16 rounding).
+    assert float((outputs[0] - outputs[1]).norm() / outputs[1].norm()) < 1e-2
 
 
 def test_checkpoint_spreads_over_both_gpus(server: ServerProcess, root: Path) -> None:
