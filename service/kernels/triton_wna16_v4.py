@@ -115,7 +115,7 @@ def fused_moe_v4(
     if poison:
         inter.fill_(float("nan"))
     dummy = t["w13_scales"]  # a valid pointer for absent optional tensors (never read)
-    q13 = t["w13_qweight"].view(torch.int64)
+    q13 = _words(t["w13_qweight"])
     s13, z13, b13 = t["w13_scales"], t.get("w13_qzeros", dummy), t.get("w13_bias", dummy)
     c1 = config.w13
     g13 = h if spec.group_size == -1 else spec.group_size
@@ -147,7 +147,7 @@ def fused_moe_v4(
     else:
         reduce = 0
         acc, counters = result, flat_ids
-    q2 = t["w2_qweight"].view(torch.int64)
+    q2 = _words(t["w2_qweight"])
     s2, z2, b2 = t["w2_scales"], t.get("w2_qzeros", dummy), t.get("w2_bias", dummy)
     _v4_w2_kernel[(slots, n_tiles, c2.split_k)](
         inter, q2, s2, z2, b2, topk_weights, acc, result, counters,
@@ -165,6 +165,14 @@ def fused_moe_v4(
     if reduce == 1:
         result.copy_(acc)
     return result
+
+
+def _words(packed: torch.Tensor) -> torch.Tensor:
+    """The packed uint8 weights as 64-bit words (rows of K/2 or K bytes are multiples of 8:
+    K is a multiple of 16); a copy only if the tensor does not start on an 8-byte boundary."""
+    if packed.data_ptr() % 8:
+        packed = packed.clone()
+    return packed.view(torch.int64)
 
 
 # --- device code ------------------------------------------------------------------------------
