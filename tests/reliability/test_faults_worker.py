@@ -40,6 +40,9 @@ def server(root: Path) -> Iterator[ServerProcess]:
         "--data-root", str(root / "root"),
         "--segment-dir", str(root / "segments"),
         "--worker-restart-backoff-s", "0.2",
+        # A primary and a replica, as on a 2-core machine by default: calls reaching the
+        # worker through the replica's forwarding must fail the same way.
+        "--server-processes", "2",
     )  # fmt: skip
     wait_ready(process)
     yield process
@@ -88,15 +91,31 @@ def assert_retryable(error: grpc.RpcError) -> None:
     assert "died" in (error.details() or "")
 
 
+#: Calls in flight at the kill, each on its own connection (the kernel spreads connections
+#: over the two server processes, so some go through the replica).
+CALLS = 4
+
+
 def test_kill_during_run_moe(server: ServerProcess, stub: Any, root: Path) -> None:
     layer_id = faults.keep_layer(server, faults.checkpoint_tensors(), faults.spec_json())
     pid = worker(stub).pid
-    with ThreadPoolExecutor(1) as pool:
-        future = pool.submit(stub.RunMoE, faults.long_run(layer_id), timeout=60)
-        # The call is in the worker once the worker computes (its CPU time moves).
-        assert faults.busy_fraction(pid, 0.3) > 0.3, "the RunMoE never reached the worker"
-        kill_and_recover(server, stub, pid)
-        assert_retryable(in_flight_error(future))
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.insecure_channel(server.address, options=options) for _ in range(CALLS)]
+    try:
+        with ThreadPoolExecutor(CALLS) as pool:
+            request = faults.long_run(layer_id)
+            futures = [
+                pool.submit(pb_grpc.MoeControlServiceStub(ch).RunMoE, request, timeout=60)
+                for ch in channels
+            ]
+            # The calls are in the worker once the worker computes (its CPU time moves).
+            assert faults.busy_fraction(pid, 0.3) > 0.3, "the RunMoE never reached the worker"
+            kill_and_recover(server, stub, pid)
+            for future in futures:
+                assert_retryable(in_flight_error(future))
+    finally:
+        for ch in channels:
+            ch.close()
     assert faults.wait_empty(lambda: faults.files_under(root / "segments")) == []
     # Kept layers lived in the dead worker: the id is gone (NOT_FOUND, not a hang or a crash).
     assert list(stub.ListLayers(pb.ListLayersRequest(), timeout=10).layers) == []
