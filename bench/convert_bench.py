@@ -1,13 +1,15 @@
 """Conversion throughput: one Mixtral-8x7B MoE layer, and a whole synthetic checkpoint.
 
 Part 1 (layer): a Mixtral-8x7B expert layer (8 experts, hidden 4096, intermediate 14336,
-4-bit, group 128, symmetric) as a GPTQ and as an AWQ checkpoint stores it, converted into
-each target (TRITON, MARLIN) by the same code the service runs (`inline.convert_layer`:
-reader -> canonical -> writer), on --device with the tensors already there. Throughput is
-checkpoint bytes read per second; the floor is the time the bytes read plus the bytes
-written take at the device's measured copy bandwidth, so `floor / time` is the fraction of
-memory bandwidth the conversion reaches. Read (decode to canonical) and write (kernel layout)
-are timed apart so it is clear which side to work on.
+4-bit, group 128, symmetric) as a GPTQ and as an AWQ checkpoint stores it (per-expert
+tensors, already on --device), converted into each target (TRITON, MARLIN) by each route:
+`canonical` (reader -> one byte per code -> writer) and `direct` (`service.formats.direct`:
+packed words to packed words), each checked byte for byte against the canonical result.
+Each figure is the median of --rounds timings after one warm-up, timed with CUDA events on a
+GPU. Throughput is checkpoint bytes read per second; the floor is the time the bytes read
+plus the bytes written take at the device's copy bandwidth measured in the same run (a
+1 GiB `copy_`, read + write counted), so `floor / time` is the fraction of memory bandwidth
+the conversion reaches.
 
 Part 2 (checkpoint): a synthetic 8-layer checkpoint of Mixtral's shape (GPTQ, 3 shards,
 attention, norms, router and embeddings too), converted into each target by
@@ -18,27 +20,31 @@ kept). Beside it, the disk's read speed (O_DIRECT, so the page cache does not fl
     .venv/bin/python bench/convert_bench.py                 # CPU, everything
     .venv/bin/python bench/convert_bench.py --device cuda:0 --skip-checkpoint
     .venv/bin/python bench/convert_bench.py --quick         # smaller shapes, a smoke run
+    scripts/gpu_convert_bench.sh                            # on the H200 (layer part)
 
-Prints a Markdown table per part and, with --json, the raw figures.
+Prints a Markdown table per part (also written to --markdown PATH) and, with --json, the
+raw figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import mmap
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from service.formats import registry
+from service.formats import direct, registry
 from service.formats.checkpoint import convert_checkpoint, plan_job
 from service.formats.paths import DataRoot
 from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint
@@ -60,80 +66,118 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class Timer:
+    """Seconds of one call: CUDA events on a GPU (device time, after a synchronize so the
+    host's queue is empty), perf_counter on the CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def __call__(self, fn: Callable[[], object]) -> float:
+        if self.device.type != "cuda":
+            began = time.perf_counter()
+            fn()
+            return time.perf_counter() - began
+        torch.cuda.synchronize(self.device)
+        start = torch.cuda.Event(enable_timing=True)
+        stop = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        return float(start.elapsed_time(stop)) / 1000.0
+
+
 def copy_bandwidth(device: torch.device, size: int = 1 << 30, rounds: int = 5) -> float:
-    """Bytes moved per second (read + write) by a device-local copy of `size` bytes."""
+    """Bytes moved per second (read + write) by a device-local copy of `size` bytes
+    (median of `rounds`, after one warm-up)."""
     source = torch.empty(size, dtype=torch.uint8, device=device)
     source.fill_(1)
     target = torch.empty_like(source)
-    best = float("inf")
-    for _ in range(rounds):
-        sync(device)
-        began = time.perf_counter()
-        target.copy_(source)
-        sync(device)
-        best = min(best, time.perf_counter() - began)
-    return 2 * size / best
+    timer = Timer(device)
+    timer(lambda: target.copy_(source))
+    times = [timer(lambda: target.copy_(source)) for _ in range(rounds)]
+    return 2 * size / statistics.median(times)
 
 
-def nbytes(tensors: dict[str, torch.Tensor]) -> int:
+def nbytes(tensors: Mapping[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-@dataclass
-class LayerFigure:
-    source: str
-    target: str
-    bytes_in: int
-    bytes_out: int
-    read_s: float
-    write_s: float
+ROUTES: dict[str, Callable[..., registry.ConvertedLayer | None]] = {
+    "canonical": direct.canonical,
+    "direct": direct.try_direct,
+    "compiled": functools.partial(direct.try_direct, compile_weights=True),
+}
+"""Route name -> conversion of per-expert tensors (`direct.try_direct` answers None where it
+has no route for the pair; `compiled` is the direct route through torch.compile, whose
+warm-up call compiles)."""
 
-    @property
-    def total_s(self) -> float:
-        return self.read_s + self.write_s
 
-    def row(self, bandwidth: float) -> dict[str, Any]:
-        floor = (self.bytes_in + self.bytes_out) / bandwidth
-        return {
-            "source": self.source,
-            "target": self.target,
-            "GB_in": round(self.bytes_in / GB, 3),
-            "GB_out": round(self.bytes_out / GB, 3),
-            "read_s": round(self.read_s, 3),
-            "write_s": round(self.write_s, 3),
-            "total_s": round(self.total_s, 3),
-            "GB_per_s": round(self.bytes_in / self.total_s / GB, 3),
-            "floor_s": round(floor, 4),
-            "fraction_of_bandwidth": round(floor / self.total_s, 4),
-        }
+def identical(a: registry.ConvertedLayer, b: registry.ConvertedLayer) -> bool:
+    """Same names in the same order, same dtypes, shapes and bytes, same descriptor."""
+    if list(a.tensors) != list(b.tensors) or a.descriptor != b.descriptor:
+        return False
+    return all(
+        x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
+        for x, y in zip(a.tensors.values(), b.tensors.values(), strict=True)
+    )
 
 
 def time_layer(
     *,
     source: str,
     target: str,
+    route: str,
     tensors: dict[str, torch.Tensor],
     shape: dict[str, int],
     device: torch.device,
     rounds: int,
-) -> LayerFigure:
+    reference: registry.ConvertedLayer | None,
+) -> tuple[dict[str, Any], registry.ConvertedLayer | None]:
+    """Median device seconds of `rounds` conversions after one warm-up (whose result is
+    compared with `reference`, the canonical route's)."""
     quant = SourceQuantization(bits=4, group_size=shape["group_size"])
-    best_read = best_write = float("inf")
-    out_bytes = 0
-    for _ in range(rounds):
-        sync(device)
-        began = time.perf_counter()
-        layer = registry.read_layer(source, tensors, quant, num_experts=shape["num_experts"])
-        sync(device)
-        middle = time.perf_counter()
-        converted = registry.convert(layer, target, source=source)
-        sync(device)
-        ended = time.perf_counter()
-        best_read = min(best_read, middle - began)
-        best_write = min(best_write, ended - middle)
-        out_bytes = nbytes(converted.tensors)
-        del layer, converted
-    return LayerFigure(source, target, nbytes(tensors), out_bytes, best_read, best_write)
+    fn = ROUTES[route]
+
+    def once() -> registry.ConvertedLayer | None:
+        return fn(source, tensors, quant, target, num_experts=shape["num_experts"])
+
+    first = once()
+    if first is None:
+        return {"source": source, "target": target, "route": route, "skipped": "no route"}, None
+    timer = Timer(device)
+    times = [timer(once) for _ in range(rounds)]
+    row: dict[str, Any] = {
+        "source": source,
+        "target": target,
+        "route": route,
+        "GB_in": nbytes(tensors) / GB,
+        "GB_out": nbytes(first.tensors) / GB,
+        "seconds": statistics.median(times),
+        "min_s": min(times),
+        "identical": "-" if reference is None else identical(first, reference),
+    }
+    return row, first
+
+
+def finish_row(row: dict[str, Any], bandwidth: float) -> dict[str, Any]:
+    if "skipped" in row:
+        return row
+    floor = (row["GB_in"] + row["GB_out"]) * GB / bandwidth
+    return {
+        "source": row["source"],
+        "target": row["target"],
+        "route": row["route"],
+        "GB in": round(row["GB_in"], 3),
+        "GB out": round(row["GB_out"], 3),
+        "ms (median)": round(row["seconds"] * 1e3, 2),
+        "ms (min)": round(row["min_s"] * 1e3, 2),
+        "GB/s": round(row["GB_in"] / row["seconds"], 2),
+        "floor ms": round(floor * 1e3, 3),
+        "fraction of bandwidth": f"{100 * floor / row['seconds']:.1f} %",
+        "identical to canonical": row["identical"],
+    }
 
 
 def layer_part(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -153,23 +197,27 @@ def layer_part(args: argparse.Namespace, device: torch.device) -> dict[str, Any]
         quant = SourceQuantization(bits=4, group_size=shape["group_size"])
         tensors = write_checkpoint(LAYOUTS[source], layer, quant, naming="mixtral")
         for target in args.targets:
-            if target not in registry.TARGET_BACKENDS:
-                rows.append({"source": source, "target": target, "skipped": "no writer yet"})
-                continue
-            print(f"  {source} -> {target} ...", file=sys.stderr, flush=True)
-            try:
-                figure = time_layer(
-                    source=source,
-                    target=target,
-                    tensors=tensors,
-                    shape=shape,
-                    device=device,
-                    rounds=args.rounds,
-                )
-            except registry.ConversionUnsupported as exc:
-                rows.append({"source": source, "target": target, "skipped": exc.reason})
-                continue
-            rows.append(figure.row(bandwidth))
+            reference: registry.ConvertedLayer | None = None
+            for route in args.routes:
+                print(f"  {source} -> {target} ({route}) ...", file=sys.stderr, flush=True)
+                try:
+                    row, result = time_layer(
+                        source=source,
+                        target=target,
+                        route=route,
+                        tensors=tensors,
+                        shape=shape,
+                        device=device,
+                        rounds=args.rounds,
+                        reference=reference,
+                    )
+                except registry.ConversionUnsupported as exc:
+                    row, result = {"source": source, "target": target, "skipped": exc.reason}, None
+                if route == "canonical":
+                    reference = result
+                del result
+                rows.append(finish_row(row, bandwidth))
+            del reference
         del tensors
     return {"shape": shape, "device": str(device), "copy_GB_per_s": bandwidth / GB, "rows": rows}
 
@@ -314,7 +362,10 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--sources", nargs="+", default=["gptq", "awq"])
     parser.add_argument("--targets", nargs="+", default=["TRITON", "MARLIN"])
-    parser.add_argument("--rounds", type=int, default=2, help="best of this many timings")
+    parser.add_argument(
+        "--routes", nargs="+", default=["canonical", "direct"], choices=list(ROUTES)
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="median of this many timings")
     parser.add_argument("--layers", type=int, default=8, help="checkpoint part: decoder layers")
     parser.add_argument("--quick", action="store_true", help="smaller shapes (a smoke run)")
     parser.add_argument("--skip-layer", action="store_true")
@@ -322,28 +373,37 @@ def main() -> int:
     parser.add_argument("--workdir", help="checkpoint part: reuse/keep files here")
     parser.add_argument("--keep", action="store_true", help="keep the written checkpoints")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--markdown", help="also write the tables to this file")
     args = parser.parse_args()
     device = torch.device(args.device)
     results: dict[str, Any] = {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    where = f"torch {torch.__version__}, {torch.get_num_threads()} threads"
     if device.type == "cuda":
         results["gpu"] = torch.cuda.get_device_name(device)
+        where = f"{results['gpu']}, {where}"
+    report: list[str] = []
     if not args.skip_layer:
         results["layer"] = layer_part(args, device)
         part = results["layer"]
-        print(
-            f"\nLayer {part['shape']} on {part['device']}, copy bandwidth "
-            f"{part['copy_GB_per_s']:.1f} GB/s\n"
-        )
-        print(markdown(part["rows"]))
+        report += [
+            f"Layer {part['shape']} (4-bit, symmetric) on {part['device']} ({where}); copy "
+            f"bandwidth {part['copy_GB_per_s']:.1f} GB/s; median of {args.rounds} after a "
+            "warm-up\n",
+            markdown(part["rows"]),
+        ]
     if not args.skip_checkpoint:
         results["checkpoint"] = checkpoint_part(args, device)
         part = results["checkpoint"]
-        print(
+        report += [
             f"\nCheckpoint: {part['layers']} layers, {part['checkpoint_GB']} GB, disk read "
             f"{part['disk_read_GB_per_s']} GB/s (O_DIRECT), write+fsync "
-            f"{part['disk_write_GB_per_s']} GB/s; input evicted from the page cache first\n"
-        )
-        print(markdown(part["rows"]))
+            f"{part['disk_write_GB_per_s']} GB/s; input evicted from the page cache first\n",
+            markdown(part["rows"]),
+        ]
+    text = "\n".join(report) + "\n"
+    print("\n" + text)
+    if args.markdown:
+        Path(args.markdown).write_text(text)
     if args.json:
         print(json.dumps(results, indent=1))
     return 0

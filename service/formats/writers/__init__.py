@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
+from service.formats.canonical import QuantizedMoELayer
 
 
 class ConversionUnsupported(Exception):  # noqa: N818 - a domain name, like FormatError
@@ -83,13 +83,36 @@ class ConvertedLayer:
     descriptor: TargetDescriptor
 
 
+class ProjectionFacts(Protocol):
+    """What a descriptor needs of one projection: a canonical `QuantizedExperts`, or the
+    packed projection a direct route (`service.formats.direct`) carries without codes."""
+
+    @property
+    def bits(self) -> int: ...
+    @property
+    def group_size(self) -> int: ...
+    @property
+    def symmetric(self) -> bool: ...
+    @property
+    def g_idx(self) -> torch.Tensor | None: ...
+    @property
+    def bias(self) -> torch.Tensor | None: ...
+
+
+class LayerFacts(Protocol):
+    @property
+    def w13(self) -> ProjectionFacts: ...
+    @property
+    def w2(self) -> ProjectionFacts: ...
+
+
 class Writer(Protocol):
     def __call__(
         self, layer: QuantizedMoELayer, *, source: str, options: ConversionOptions
     ) -> ConvertedLayer: ...
 
 
-def weight_type(experts: QuantizedExperts) -> str:
+def weight_type(experts: ProjectionFacts) -> str:
     """vLLM's scalar type name for these codes (see `TargetDescriptor`)."""
     if experts.symmetric:
         return f"uint{experts.bits}b{1 << (experts.bits - 1)}"
@@ -105,7 +128,7 @@ def finish(
     *,
     backend: str,
     source: str,
-    layer: QuantizedMoELayer,
+    layer: LayerFacts,
     weight_type_name: str,
     options: ConversionOptions,
 ) -> ConvertedLayer:

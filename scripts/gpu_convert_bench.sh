@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Weight-conversion throughput on the H200, in one device call (about a minute).
+#
+# Runs bench/convert_bench.py's layer part on cuda:0: a Mixtral-8x7B MoE layer (8 experts,
+# hidden 4096, intermediate 14336, int4 g128 symmetric) as GPTQ and AWQ checkpoints store it,
+# into TRITON and MARLIN by the canonical route and by the direct routes
+# (service/formats/direct.py); CUDA-event timings, median of --rounds after a warm-up; the
+# floor is (bytes read + written) over the device-to-device copy bandwidth measured in the
+# same run; every direct result is compared byte for byte with the canonical one.
+#
+# From the CPU machine (the device tool carries the working tree; .gpu/ as for gpu_test.sh):
+#     bash scripts/gpu_convert_bench.sh            # carry [".gpu"]
+# Extra arguments go to both bench runs (e.g. --rounds 20, --sources gptq, --quick).
+# Then, within a 100 s limit, the same with the direct transforms through torch.compile
+# (route `compiled`; its warm-up call compiles each transform per shape).
+# Writes convert_bench.md (the table), convert_bench_compiled.md, the .json and .log files
+# under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-/tmp/moe-control-gpu}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+
+# The same environment as scripts/gpu_test.sh. The conversion itself needs only torch, but
+# importing the service package pulls the companions the wheels provide.
+if [[ -d .gpu/wheels ]]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .gpu/wheels/*.whl || exit 2
+fi
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+"$PY" bench/convert_bench.py --device cuda:0 --skip-checkpoint --rounds 10 \
+    --markdown "$OUT/convert_bench.md" --json "$@" 2>&1 | tee "$OUT/convert_bench.log"
+status=${PIPESTATUS[0]}
+# The JSON is the tail of the log after the tables.
+sed -n '/^{/,$p' "$OUT/convert_bench.log" > "$OUT/convert_bench.json"
+timeout 100 "$PY" bench/convert_bench.py --device cuda:0 --skip-checkpoint --rounds 10 \
+    --routes canonical compiled --markdown "$OUT/convert_bench_compiled.md" "$@" 2>&1 \
+    | tee "$OUT/convert_bench_compiled.log"
+echo "compiled route: exit ${PIPESTATUS[0]} (124: past the 100 s limit)"
+echo "gpu-convert-bench: $([[ $status == 0 ]] && echo DONE || echo FAILED) ($OUT/convert_bench.md)"
+exit "$status"

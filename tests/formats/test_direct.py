@@ -1,0 +1,291 @@
+"""The direct packed -> packed routes give the canonical route's bytes, or step aside.
+
+Every variant builds a random layer, stores it in a checkpoint layout with our own packers,
+and converts it both ways: `direct.try_direct` must answer (where `ROUTES` covers the
+variant) with the same tensor names in the same order, dtypes, shapes, bytes and descriptor
+as `direct.canonical` (reader -> canonical -> writer, the route the vLLM exactness tests
+check). Variants a route does not cover must take the canonical route through
+`direct.convert`, errors included.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from service.formats import direct
+from service.formats.canonical import FormatError, QuantizedExperts, QuantizedMoELayer
+from service.formats.quantize import act_order_g_idx
+from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint
+from service.formats.writers import ConversionOptions, ConversionUnsupported, ConvertedLayer
+
+E, H, INTER = 2, 256, 128
+
+
+def _experts(
+    n: int,
+    k: int,
+    *,
+    bits: int,
+    group: int,
+    sym: bool,
+    bias: bool,
+    dtype: torch.dtype,
+    act: bool,
+    gen: torch.Generator,
+) -> QuantizedExperts:
+    groups = 1 if group == -1 else k // group
+    codes = torch.randint(0, 1 << bits, (E, n, k), dtype=torch.uint8, generator=gen)
+    scales = (torch.rand(E, n, groups, generator=gen) + 0.01).to(dtype)
+    zeros = None
+    if not sym:
+        # GPTQ v1 cannot store a zero point of 0 (it stores zero - 1).
+        zeros = torch.randint(1, 1 << bits, (E, n, groups), dtype=torch.uint8, generator=gen)
+    g_idx = act_order_g_idx(E, k, group, gen) if act else None
+    bias_t = torch.randn(E, n, generator=gen).to(dtype) if bias else None
+    return QuantizedExperts(codes, scales, bits, group, zeros, g_idx, bias_t)
+
+
+def _checkpoint(
+    layout: str,
+    *,
+    bits: int = 4,
+    group: int = 64,
+    sym: bool = True,
+    bias: bool = False,
+    dtype: torch.dtype = torch.float16,
+    act: bool = False,
+    inter: int = INTER,
+    gated: bool = True,
+    naming: str = "mixtral",
+    seed: int = 0,
+    v2: bool = False,
+) -> tuple[dict[str, torch.Tensor], SourceQuantization]:
+    gen = torch.Generator().manual_seed(seed)
+    kw = {"bits": bits, "group": group, "sym": sym, "bias": bias, "dtype": dtype, "act": act}
+    layer = QuantizedMoELayer(
+        w13=_experts((2 if gated else 1) * inter, H, gen=gen, **kw),  # type: ignore[arg-type]
+        w2=_experts(H, inter, gen=gen, **kw),  # type: ignore[arg-type]
+    )
+    quant = SourceQuantization(bits=bits, group_size=group, symmetric=sym, desc_act=act, gptq_v2=v2)
+    tensors = write_checkpoint(LAYOUTS[layout], layer, quant, naming=naming, gated=gated)
+    return tensors, quant
+
+
+def _same(a: ConvertedLayer, b: ConvertedLayer) -> None:
+    assert list(a.tensors) == list(b.tensors)
+    assert a.descriptor == b.descriptor
+    for name in a.tensors:
+        x, y = a.tensors[name], b.tensors[name]
+        assert (x.dtype, x.shape, x.device) == (y.dtype, y.shape, y.device), name
+        assert x.is_contiguous(), name
+        assert torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)), name
+
+
+def _routes(layout: str, backend: str, bits: int) -> bool:
+    return direct.direct_route(layout, backend, bits) is not None
+
+
+# The grid: every source layout x both targets x 4/8 bit x channelwise and grouped x
+# symmetric/asymmetric; bias, scale dtype and naming vary along with the group size.
+GRID = [
+    pytest.param(
+        layout,
+        backend,
+        bits,
+        group,
+        sym,
+        id=f"{layout}-{backend}-int{bits}-g{group}-{'sym' if sym else 'asym'}",
+    )
+    for layout, backend, bits, group, sym in itertools.product(
+        ("gptq", "awq", "compressed-tensors", "moe_wna16"),
+        ("TRITON", "MARLIN"),
+        (4, 8),
+        (-1, 32, 128),
+        (True, False),
+    )
+]
+
+
+@pytest.mark.parametrize(("layout", "backend", "bits", "group", "sym"), GRID)
+def test_direct_equals_canonical(
+    layout: str, backend: str, bits: int, group: int, sym: bool
+) -> None:
+    tensors, quant = _checkpoint(
+        layout,
+        bits=bits,
+        group=group,
+        sym=sym,
+        bias=group != 32,
+        dtype=torch.bfloat16 if group == 128 else torch.float16,
+        naming="hf" if sym else "mixtral",
+        seed=bits * 1000 + group,
+    )
+    got = direct.try_direct(layout, tensors, quant, backend, num_experts=E)
+    want = direct.canonical(layout, tensors, quant, backend, num_experts=E)
+    if not _routes(layout, backend, bits):
+        assert got is None
+        return
+    assert got is not None, "a route exists for this pair: it must take this plain layer"
+    _same(got, want)
+    _same(direct.convert(layout, tensors, quant, backend, num_experts=E), want)
+
+
+def test_every_hot_route_is_in_the_table() -> None:
+    """The routes the brief names are direct, for 4-bit (the Mixtral checkpoints) at least."""
+    for layout, backend in itertools.product(("gptq", "awq", "compressed-tensors"), ("TRITON",)):
+        assert _routes(layout, backend, 4)
+    for layout in ("gptq", "awq"):
+        assert _routes(layout, "MARLIN", 4)
+        assert _routes(layout, "BATCHED_MARLIN", 4)
+    assert _routes("gptq", "MARLIN", 8) and not _routes("moe_wna16", "MARLIN", 4)
+
+
+Variant = Callable[[], tuple[dict[str, torch.Tensor], SourceQuantization, dict[str, object]]]
+
+# (layout, backend, build, direct expected): the shapes and options beyond the grid.
+SPECIAL: dict[str, tuple[str, str, Variant, bool]] = {
+    "gptq-v2-asym-marlin": (
+        "gptq",
+        "MARLIN",
+        lambda: (*_checkpoint("gptq", sym=False, v2=True), {}),
+        True,
+    ),
+    "gptq-nongated-triton": (
+        "gptq",
+        "TRITON",
+        lambda: (*_checkpoint("gptq", gated=False), {"gated": False}),
+        True,
+    ),
+    "awq-nongated-marlin": (
+        "awq",
+        "MARLIN",
+        lambda: (*_checkpoint("awq", gated=False, sym=False), {"gated": False}),
+        True,
+    ),
+    "awq-batched-marlin": (
+        "awq",
+        "BATCHED_MARLIN",
+        lambda: (*_checkpoint("awq", group=128, bias=True), {}),
+        True,
+    ),
+    "ct-int8-batched-marlin-channelwise": (
+        "compressed-tensors",
+        "BATCHED_MARLIN",
+        lambda: (*_checkpoint("compressed-tensors", bits=8, group=-1, sym=False), {}),
+        True,
+    ),
+    "gptq-device-option": (
+        "gptq",
+        "MARLIN",
+        lambda: (*_checkpoint("gptq"), {"options": ConversionOptions(device="cpu")}),
+        True,
+    ),
+    # Marlin pads I=96 to 128 (lcm(64, 32)): the canonical writer's job.
+    "gptq-marlin-padded": (
+        "gptq",
+        "MARLIN",
+        lambda: (*_checkpoint("gptq", group=32, inter=96), {}),
+        False,
+    ),
+    "awq-marlin-int8-activations": (
+        "awq",
+        "MARLIN",
+        lambda: (*_checkpoint("awq"), {"options": ConversionOptions(activation_dtype=torch.int8)}),
+        False,
+    ),
+    "gptq-act-order-marlin-sorted": (
+        "gptq",
+        "MARLIN",
+        lambda: (
+            *_checkpoint("gptq", act=True, group=32),
+            {"options": ConversionOptions(extra={"act_order": "sort"})},
+        ),
+        False,
+    ),
+    "ct-act-order-marlin-sorted-int8": (
+        "compressed-tensors",
+        "MARLIN",
+        lambda: (
+            *_checkpoint("compressed-tensors", bits=8, act=True, group=64, sym=False),
+            {"options": ConversionOptions(extra={"act_order": "sort"})},
+        ),
+        False,
+    ),
+    "awq-int8-triton": ("awq", "TRITON", lambda: (*_checkpoint("awq", bits=8), {}), False),
+    # act-order stored but trivial (GPTQ always writes g_idx): dropped, so direct.
+    "gptq-trivial-g_idx-triton": (
+        "gptq",
+        "TRITON",
+        lambda: (*_checkpoint("gptq", group=128, sym=False, bias=True), {}),
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPECIAL))
+def test_special_variants(name: str) -> None:
+    layout, backend, build, takes_direct = SPECIAL[name]
+    tensors, quant, kwargs = build()
+    got = direct.try_direct(layout, tensors, quant, backend, num_experts=E, **kwargs)  # type: ignore[arg-type]
+    want = direct.canonical(layout, tensors, quant, backend, num_experts=E, **kwargs)  # type: ignore[arg-type]
+    assert (got is not None) == takes_direct
+    _same(direct.convert(layout, tensors, quant, backend, num_experts=E, **kwargs), want)  # type: ignore[arg-type]
+    if got is not None:
+        _same(got, want)
+
+
+@pytest.mark.parametrize("backend", ["TRITON", "MARLIN"])
+def test_refusals_are_the_canonical_routes(backend: str) -> None:
+    """Act-order weights: TRITON and (without act_order=sort) MARLIN refuse them, with the
+    canonical writer's words."""
+    tensors, quant = _checkpoint("gptq", act=True, group=32)
+    with pytest.raises(ConversionUnsupported) as canonical_error:
+        direct.canonical("gptq", tensors, quant, backend, num_experts=E)
+    with pytest.raises(ConversionUnsupported) as error:
+        direct.convert("gptq", tensors, quant, backend, num_experts=E)
+    assert str(error.value) == str(canonical_error.value)
+
+
+def _corrupt(tensors: dict[str, torch.Tensor], how: str) -> dict[str, torch.Tensor]:
+    out = dict(tensors)
+    if how == "dtype":
+        out["0.w1.qweight"] = out["0.w1.qweight"].to(torch.int64)
+    elif how == "shape":
+        out["1.w2.qweight"] = out["1.w2.qweight"][:-1]
+    elif how == "missing":
+        del out["1.w3.scales"]
+    elif how == "unknown":
+        out["0.w1.qweightt"] = out.pop("0.w1.qweight")
+    elif how == "asym-zero":
+        # a GPTQ v1 stored zero of 15 means 16: not representable
+        out["0.w1.qzeros"] = torch.full_like(out["0.w1.qzeros"], -1)
+    return out
+
+
+@pytest.mark.parametrize("how", ["dtype", "shape", "missing", "unknown", "asym-zero"])
+def test_bad_input_gets_the_canonical_error(how: str) -> None:
+    tensors, quant = _checkpoint("gptq", sym=False)
+    bad = _corrupt(tensors, how)
+    with pytest.raises(FormatError) as canonical_error:
+        direct.canonical("gptq", bad, quant, "MARLIN", num_experts=E)
+    with pytest.raises(FormatError) as error:
+        direct.convert("gptq", bad, quant, "MARLIN", num_experts=E)
+    assert (error.value.field, str(error.value)) == (
+        canonical_error.value.field,
+        str(canonical_error.value),
+    )
+
+
+def test_exchange_nibbles_pairs_low_and_high() -> None:
+    """The one arithmetic step the routes share, on words whose nibbles are their own
+    positions: a = 0x76543210, b = 0xFEDCBA98."""
+    a = torch.tensor([0x76543210], dtype=torch.int32)
+    b = torch.tensor([0xFEDCBA98 - (1 << 32)], dtype=torch.int32)
+    low, high = torch.empty_like(a), torch.empty_like(a)
+    direct._exchange_nibbles(a, b, low, high)
+    assert int(low) & 0xFFFFFFFF == 0xE6C4A280
+    assert int(high) & 0xFFFFFFFF == 0xF7D5B391
