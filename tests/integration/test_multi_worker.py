@@ -209,15 +209,32 @@ def test_checkpoint_spreads_over_both_workers_identical_to_one(
 
 
 def test_killing_one_worker_leaves_the_other_serving(
-    server: ServerProcess, stub: Any, tensors: dict[str, torch.Tensor]
+    server: ServerProcess, stub: Any, tensors: dict[str, torch.Tensor], root: Path
 ) -> None:
-    """Last in the module: it kills worker 1."""
+    """Last in the module: it kills worker 1, in the middle of a spread conversion."""
     on_zero, on_one = keep(server, tensors, worker=0), keep(server, tensors, worker=1)
     victim = workers(stub)[1]
-    os.kill(victim.pid, signal.SIGKILL)
-    assert wait_for(lambda: workers(stub)[1].state != platform_pb2.WORKER_STATE_READY, 30)
-    with server.channel() as channel:  # readiness: one worker of two is enough
-        assert health_status(channel, SERVICE) == "SERVING"
+    seen: dict[str, str] = {}
+
+    def kill_once(event: dict[str, Any]) -> None:
+        if seen or event["stage"] != "converted":
+            return
+        os.kill(victim.pid, signal.SIGKILL)
+        assert wait_for(lambda: workers(stub)[1].state != platform_pb2.WORKER_STATE_READY, 30)
+        with server.channel() as channel:  # readiness: one worker of two is enough
+            seen["health"] = health_status(channel, SERVICE)
+
+    connection = Connection(server.address, timeout=120)
+    header = header_for(backend="TRITON", checkpoint=("mixtral", "out/killed"))
+    summary = convert_checkpoint_remote(connection, header, kill_once)
+    assert seen == {"health": "SERVING"}
+    # The dead worker's range went back to the queue; the other worker finished the job.
+    assert summary.layers_converted + summary.layers_skipped == CHECKPOINT.num_layers
+    if not (root / "out" / "one").exists():
+        single = header_for(backend="TRITON", checkpoint=("mixtral", "out/one"), worker_index=0)
+        convert_checkpoint_remote(connection, single)
+    assert tree(root / "out" / "killed") == tree(root / "out" / "one")
+
     assert wait_for(lambda: workers(stub)[1].restarts == victim.restarts + 1, timeout=30)
     assert run(stub, on_zero).worker_index == 0
     with pytest.raises(grpc.RpcError) as caught:
