@@ -319,11 +319,12 @@ Converter = Callable[[MoELayerPlan, Mapping[str, "torch.Tensor"]], tuple[dict[st
 
 
 def registry_converter(job: CheckpointJob) -> Converter:
-    """Per-expert tensors of one layer -> (kernel tensors on the CPU, descriptor JSON),
-    through the format registry (reader -> canonical -> writer)."""
+    """Per-expert tensors of one layer -> (kernel tensors on the CPU, descriptor JSON):
+    a direct packed -> packed route where `direct.ROUTES` has one for the layer, else the
+    format registry (reader -> canonical -> writer); the same bytes either way."""
     import torch
 
-    from service.formats import registry
+    from service.formats import direct, registry
 
     quant = registry.SourceQuantization(
         bits=job.source.bits,
@@ -340,14 +341,14 @@ def registry_converter(job: CheckpointJob) -> Converter:
     ) -> tuple[dict[str, Any], Any]:
         if device.type != "cpu":
             tensors = {k: v.to(device, non_blocking=True) for k, v in tensors.items()}
-        canonical = registry.read_layer(
+        converted = direct.convert(
             job.source.layout,
             tensors,
             quant,
+            job.target.backend,
             num_experts=job.num_experts or layer.num_experts,
             gated=job.gated,
         )
-        converted = registry.convert(canonical, job.target.backend, source=job.source.layout)
         out = {
             k: v.to("cpu") if v.device.type != "cpu" else v for k, v in converted.tensors.items()
         }
