@@ -13,7 +13,7 @@ PORT ?= 50151
 METRICS_PORT ?= 9464
 LOG_LEVEL ?= WARNING
 
-.PHONY: soak fuzz-long run test lint typecheck unit parity install install-vllm clean help bench protos proto-lint load-bench gpu-test bench-gpu
+.PHONY: soak fuzz-long run test lint typecheck unit parity install install-vllm clean help bench protos proto-lint load-bench gpu-test bench-gpu gpu-multi
 
 help:
 	@echo "make run   - install on first use and serve on $(HOST):$(PORT) (metrics on :$(METRICS_PORT))"
@@ -93,6 +93,12 @@ load-bench: $(VENV)/.stamp
 gpu-test: $(VENV)/.stamp
 	PYTHON=$(BIN)/python scripts/prepare_gpu_deps.sh
 	@echo "Now run on the H200 (device run, carry [\".gpu\"]): bash scripts/gpu_test.sh"
+
+# Two GPUs on one node (2xH200, one device call): the multi-GPU test and the 1-vs-2-worker
+# conversion bench (tests/gpu/test_multi_gpu.py, bench/multi_gpu_bench.py).
+gpu-multi: $(VENV)/.stamp
+	PYTHON=$(BIN)/python scripts/prepare_gpu_deps.sh
+	@echo "Now run on the 2xH200 (device kind nvidia-h200-x2, carry [\".gpu\"]): bash scripts/gpu_multi.sh"
 
 # The MoE forward benchmark (H200, one device call): prepare .gpu/ as for gpu-test, then run
 # the printed command there; `bench/moe_bench.py --dry-run` shows the plan and floors here.
