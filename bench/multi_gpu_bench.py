@@ -130,12 +130,18 @@ def convert(
 ) -> dict[str, Any]:
     events: list[dict[str, Any]] = []
     header = header_for(backend=target, checkpoint=(source, out))
+    logged_before = len(spread_lines(server))
     began = time.perf_counter()
     summary = convert_checkpoint_remote(
         Connection(server.address, timeout=1800), header, events.append
     )
     seconds = time.perf_counter() - began
-    spread = [json.loads(line) for line in server.stderr if "convert_spread" in line]
+    deadline = time.monotonic() + 5  # the log line may still be on its way through the pipe
+    while workers > 1 and len(spread_lines(server)) <= logged_before:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    spread = [json.loads(line) for line in spread_lines(server)[logged_before:]]
     return {
         "seconds": seconds,
         "bytes_in": summary.bytes_in,
@@ -145,6 +151,11 @@ def convert(
         "ranges_by_worker": _count(spread[-1]["workers"]) if workers > 1 and spread else None,
         "progress_events": len(events),
     }
+
+
+def spread_lines(server: Server) -> list[str]:
+    """The server's log lines of spread conversions (which worker ran each range)."""
+    return [line for line in list(server.stderr) if "convert_spread" in line]
 
 
 def _count(indices: list[int]) -> dict[str, int]:
