@@ -29,6 +29,8 @@ import logging
 import os
 import tempfile
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -54,6 +56,8 @@ MAX_BUCKETS = 16
 #: The backends a worker has kernels for (service/worker/run.py).
 RUNNABLE = ("HUMMING", "MARLIN", "TRITON", "EMULATION")
 CACHE_FILE = "measured_backends.json"
+#: Cache-served answers kept as bytes, by request bytes (least recently used dropped).
+MAX_KEPT_ANSWERS = 1024
 CACHE_VERSION = 1
 
 
@@ -81,6 +85,8 @@ class MeasureStore:
     def __init__(self, directory: Path | None) -> None:
         self.path = None if directory is None else Path(directory) / CACHE_FILE
         self.entries: dict[str, dict[str, Any]] = {}
+        #: Moves on with every put (answers kept as bytes are stale after one).
+        self.revision = 0
         if self.path is not None and self.path.exists():
             try:
                 loaded = json.loads(self.path.read_text())
@@ -95,6 +101,7 @@ class MeasureStore:
 
     def put(self, key: str, entry: dict[str, Any]) -> None:
         self.entries[key] = entry
+        self.revision += 1
         if self.path is not None:
             self._save(self.path)
 
@@ -204,6 +211,17 @@ def make_job(
 # The policy
 
 
+@dataclass(frozen=True)
+class KeptAnswer:
+    """A cache-served MEASURED answer's bytes, valid under one worker generation and one
+    store revision, and how to count its static decision again."""
+
+    generation: int
+    revision: int
+    payload: bytes
+    recount: Callable[[], None]
+
+
 class MeasuredPolicy:
     """The primary's MEASURED answers: static decision + cached or fresh worker timings."""
 
@@ -220,23 +238,56 @@ class MeasuredPolicy:
         self.budget_s = budget_s
         self.timeout_s = timeout_s
         self._lock = asyncio.Lock()  # one measurement at a time: they share the device
+        self._answers: OrderedDict[bytes, KeptAnswer] = OrderedDict()
 
     async def answer_bytes(
         self, selection: Selection, data: bytes, request: pb.SelectBackendRequest, context: Any
     ) -> bytes:
-        response = await self.answer(selection, request)
+        """The answer's bytes; a repeat of a request answered from the cache is served as
+        kept bytes (no decision, no parsing) while no worker and no timing has changed, and
+        counted in the metrics exactly like a fresh answer."""
+        generation, revision = selection.generation, self.store.revision
+        kept = self._answers.get(data)
+        fresh = kept is not None and (kept.generation, kept.revision) == (generation, revision)
+        if kept is not None and fresh and not request.refresh:
+            self._answers.move_to_end(data)
+            kept.recount()
+            return kept.payload
+        response, recount = await self._answer(selection, request)
         payload: bytes = response.SerializeToString()
+        if response.measured.from_cache and self.store.revision == revision:
+            self._answers[data] = KeptAnswer(generation, revision, payload, recount)
+            while len(self._answers) > MAX_KEPT_ANSWERS:
+                self._answers.popitem(last=False)
         return payload
 
     async def answer(
         self, selection: Selection, request: pb.SelectBackendRequest
     ) -> pb.SelectBackendResponse:
+        response, _ = await self._answer(selection, request)
+        return response
+
+    async def _answer(
+        self, selection: Selection, request: pb.SelectBackendRequest
+    ) -> tuple[pb.SelectBackendResponse, Callable[[], None]]:
+        """The measured answer and how to count its static decision again."""
         from service.api import codec
 
+        recount: Callable[[], None]
         try:
-            response = selection.answer(request)  # the static decision, counted as always
+            response, counters = selection.decide(request)  # counted as always
+
+            def recount() -> None:
+                for counter in counters:
+                    counter.inc()
+
         except SelectionError as exc:
             response = failed_static(request, exc)
+            candidates = exc.candidates
+
+            def recount() -> None:
+                selection.count_rejections(candidates)
+
         spec_json = codec.deployment_to_json(request)
         job = make_job(request, response, spec_json, self._workers)
         started = time.perf_counter()
@@ -249,12 +300,11 @@ class MeasuredPolicy:
                 if missing:
                     entry = await self._measure(job, entry, missing)
         assert entry is not None
-        fill(
-            response.measured, job, entry, response.backend if response.HasField("backend") else ""
-        )
+        static = response.backend if response.HasField("backend") else ""
+        fill(response.measured, job, entry, static)
         response.measured.from_cache = not missing
         response.measured.measure_seconds = time.perf_counter() - started if missing else 0.0
-        return response
+        return response, recount
 
     async def _measure(
         self, job: Job, entry: dict[str, Any] | None, tokens: list[int]

@@ -127,6 +127,20 @@ class Selection:
         response, _ = self._decide(request)
         return response
 
+    @property
+    def generation(self) -> int:
+        """Moves on whenever a worker changes (answers kept under an older one are stale)."""
+        return self._platforms.generation
+
+    def decide(self, request: pb.SelectBackendRequest) -> tuple[pb.SelectBackendResponse, Any]:
+        """`answer`, with the metric children it incremented (a caller that keeps the answer
+        increments them again when it serves it again); domain errors propagate, counted."""
+        return self._decide(request)
+
+    def count_rejections(self, candidates: Any) -> None:
+        """Count a failed decision's rejections again (a kept answer served again)."""
+        self._metrics.count_rejections(candidates)
+
     async def answer_async(self, request: pb.SelectBackendRequest) -> pb.SelectBackendResponse:
         """`answer`, or the measured answer for policy MEASURED."""
         if request.policy == measured_pb2.SELECTION_POLICY_MEASURED:

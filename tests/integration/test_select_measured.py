@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,18 @@ def call(server: ServerProcess, message: pb.SelectBackendRequest) -> pb.SelectBa
             message, timeout=120
         )
         return answer
+
+
+def rejections(server: ServerProcess) -> float:
+    """moe_control_backend_rejections_total, summed over its children."""
+    assert server.metrics_url is not None
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("moe_control_backend_rejections_total{")
+    )
 
 
 def timings(bucket: measured_pb2.TokenBucketMeasurement) -> dict[str, Any]:
@@ -84,6 +97,11 @@ def test_measured_answers_then_caches_and_persists(
     assert time.perf_counter() - began < 5
     assert again.measured.from_cache and again.measured.measure_seconds == 0
     assert [timings(b) for b in again.measured.buckets] == [timings(b) for b in measured.buckets]
+    # repeats are served as kept bytes, and still counted like fresh decisions
+    before = rejections(server)
+    repeats = [call(server, request([8, 1])) for _ in range(3)]
+    assert all(r == again for r in repeats)
+    assert rejections(server) == before + 3 * 2  # ZEN_CPU and CPU, each time
 
     # a new token count is measured alone; the known one keeps its time
     more = call(server, request([1, 2]))
