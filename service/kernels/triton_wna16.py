@@ -185,10 +185,19 @@ def choose_config_v4(num_tokens: int, top_k: int, spec: LayerSpec, num_sms: int)
     accumulator then stays in the wgmma chain)."""
     base = choose_config(num_tokens, top_k, spec, num_sms)
     small = base.block_m <= _SPLIT_K_MAX_BLOCK_M
+    w13, w2 = replace(base.w13, scale_after=small), replace(base.w2, scale_after=small)
+    if not small:
+        # v3's 64+-row tiles spill in v4 (K 128 in w13, N 128 in w2; compiler report):
+        # 64x64 tiles, stages as v3's.
+        h, i = spec.hidden_size, spec.intermediate_size
+        g13 = h if spec.group_size == -1 else spec.group_size
+        g2 = i if spec.group_size == -1 else spec.group_size
+        w13 = replace(w13, block_n=min(64, w13.block_n), block_k=fit_block_k(64, h, g13))
+        w2 = replace(w2, block_n=min(64, w2.block_n), block_k=fit_block_k(64, i, g2))
     return KernelConfig(
         base.block_m,
-        replace(base.w13, scale_after=small),
-        replace(base.w2, scale_after=small),
+        w13,
+        w2,
         version="v4",
         fused_routes=num_tokens * top_k <= _FUSED_DEFAULT_ROUTES,
     )
