@@ -16,6 +16,7 @@ an error the caller sees instead.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 import re
@@ -75,11 +76,48 @@ class Segment:
         self.close()
 
 
+#: A server's segment directory is `moe-control-seg-<random>`, flock()ed for as long as the
+#: server runs. A server killed outright (SIGKILL, the OOM killer) deletes nothing, and in a
+#: pod a restarted container finds the same memory-backed /dev/shm, so the segments of the
+#: calls then in flight would stay, counted against the pod's memory, until the pod goes;
+#: the next server removes every such directory it can lock (a lock, unlike a pid, holds
+#: across pid namespaces). Made under another name and renamed once locked, so a sweep
+#: never sees a live directory unlocked.
+_PREFIX = "moe-control-seg-"
+_NEW_PREFIX = "moe-control-new-"
+
+
+def sweep_dead(base: str | os.PathLike[str]) -> list[str]:
+    """Remove the segment directories under `base` whose server is gone; returns them."""
+    removed: list[str] = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(base):
+            if not entry.name.startswith(_PREFIX) or not entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                if os.fstat(fd).st_uid != os.getuid():
+                    continue
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # locked: its server runs
+            else:
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.path)
+            finally:
+                os.close(fd)
+    return removed
+
+
 class SegmentDir:
     """The private segment directory of one server (or, in a worker, the one it was told)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._lock: int | None = None
 
     @classmethod
     def create(
@@ -93,9 +131,16 @@ class SegmentDir:
                 stats = os.statvfs(SHM)
                 if stats.f_bavail * stats.f_frsize >= prefer_shm:
                     base = str(SHM)
-        path = Path(tempfile.mkdtemp(prefix="moe-control-", dir=base))
-        os.chmod(path, 0o700)
-        return cls(path)
+        sweep_dead(base)
+        made = Path(tempfile.mkdtemp(prefix=_NEW_PREFIX, dir=base))
+        os.chmod(made, 0o700)
+        lock = os.open(made, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        path = made.with_name(_PREFIX + made.name.removeprefix(_NEW_PREFIX))
+        os.rename(made, path)
+        segments = cls(path)
+        segments._lock = lock
+        return segments
 
     def file(self, name: str) -> Path:
         return self.path / _check_name(name)
@@ -143,3 +188,6 @@ class SegmentDir:
 
     def destroy(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None

@@ -1,4 +1,4 @@
-"""SIGTERM while ConvertWeights streams are open, against the real server.
+"""Stopping the server while ConvertWeights streams are open, against the real server.
 
 Two streams are in flight when the signal comes: an inline upload whose client is slow
 (half its tensors sent) and a whole-checkpoint conversion in the worker. The server drains
@@ -27,6 +27,7 @@ from reliability import faults
 from service.api.convert_client import (
     Connection,
     convert_checkpoint_remote,
+    convert_layer_remote,
     header_for,
     tensor_requests,
 )
@@ -113,3 +114,42 @@ def test_sigterm_during_convert_streams(tmp_path: Path) -> None:
         if "tensors" in unit:
             actual = faults.complete_safetensors(out / unit["file"])
             assert actual == {n: t["sha256"] for n, t in unit["tensors"].items()}
+
+
+def test_sigkill_leaves_segments_the_next_server_sweeps(tmp_path: Path) -> None:
+    """A server killed outright deletes nothing: the segments of its calls in flight stay
+    (in a pod's memory-backed /dev/shm, until the pod goes). The next server on the same
+    segment base removes them as it makes its own directory."""
+    base = tmp_path / "segments"
+    base.mkdir()
+    wire = faults.checkpoint_tensors()
+    header = header_for(deployment_json=faults.spec_json(), backend="EMULATION")
+    messages = list(tensor_requests(header, wire, chunk_bytes=4096))
+    first = launch("--segment-dir", str(base))
+    release = threading.Event()
+    try:
+        wait_ready(first)
+        with first.channel() as channel, ThreadPoolExecutor(1) as pool:
+            call = pb_grpc.MoeControlServiceStub(channel).ConvertWeights(
+                faults.stalled(messages, len(messages) // 2, release), timeout=30
+            )
+            ended = pool.submit(faults.code_of, lambda: call)
+            assert wait_for(lambda: any("-in-" in p.name for p in base.rglob("*")), 10)
+            first.process.kill()
+            release.set()
+            assert ended.result(timeout=30) is grpc.StatusCode.UNAVAILABLE
+    finally:
+        release.set()
+        first.stop(signal.SIGKILL)
+    (dead,) = list(base.iterdir())
+    assert faults.files_under(dead), "the killed server's segments should still be there"
+    second = launch("--segment-dir", str(base))
+    try:
+        wait_ready(second)
+        result = convert_layer_remote(Connection(second.address, timeout=60), header, wire)
+        assert result.summary is not None
+        assert not dead.exists(), "the dead server's segments were not swept"
+        assert list(base.iterdir()) != [] and faults.files_under(base) == []
+    finally:
+        second.stop()
+    assert list(base.iterdir()) == []
