@@ -190,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-format", default="json", choices=("json", "text"))
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    # Before any thread starts: one malloc arena per job thread grew the heap (memory.py).
+    from service.worker.memory import limit_malloc_arenas
+
+    limit_malloc_arenas()
     from service.logs import configure_logging
 
     configure_logging(args.log_level, args.log_format)
