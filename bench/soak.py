@@ -647,6 +647,8 @@ class Soak:
                 wanted = PROBES[method]
                 if code == "RESOURCE_EXHAUSTED" and wanted.lower() in details.lower():
                     self.tally.ok(method, start, end)
+                elif code == "RESOURCE_EXHAUSTED" and CONCURRENCY_MESSAGE in details:
+                    self.tally.refused(method, start, end, details)  # a burst's, not its own
                 else:
                     self.tally.fail(method, code, details)
             elif code == "RESOURCE_EXHAUSTED":
@@ -769,7 +771,12 @@ class Soak:
             if pb.UnloadLayerResponse.FromString(raw).freed_bytes <= 0:
                 raise WrongAnswerError("UnloadLayer freed nothing")
 
-        await self.timed("UnloadLayer", lambda: unload(request_unload, timeout=30), freed)
+        # A refusal (a Watch burst holds every slot) is retried, as any client would: the
+        # layer is ours to drop.
+        for _ in range(50):
+            if await self.timed("UnloadLayer", lambda: unload(request_unload, timeout=30), freed):
+                break
+            await asyncio.sleep(0.2)
 
     async def checkpoint_client(self) -> None:
         call = self.channel().stream_stream(SERVICE + "ConvertWeights")
@@ -1056,7 +1063,7 @@ async def soak(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "health": runner.health_client,
             "prober": runner.prober,
         }
-        for kind, count in CLIENTS.items():
+        for kind, count in args.clients.items():
             tasks += [asyncio.create_task(kinds[kind]()) for _ in range(count)]
         await asyncio.gather(*tasks)
         ended = time.monotonic()
@@ -1223,7 +1230,7 @@ def report(
         "command": " ".join(["bench/soak.py", *sys.argv[1:]]),
         "seconds": round(ended - started, 1),
         "warmup_s": args.warmup,
-        "clients": CLIENTS,
+        "clients": args.clients,
         "limits": LIMITS,
         "calls": tally.calls,
         "rows": rows,
@@ -1231,6 +1238,15 @@ def report(
         "fds": fds,
         "peak": peak,
         "samples": len(samples),
+        "timeline": [
+            {
+                "t": round(x["t"] - started, 1),
+                "rss_mib": {k: round(v, 1) for k, v in x["rss_mib"].items()},
+                "fds": x["fds"],
+                "segments": x["segments"],
+            }
+            for x in samples
+        ],
         "final": final,
         "server_error_logs": server_errors(log),
         "client_lost_status": dict(runner.lost_status),
@@ -1295,6 +1311,16 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _clients(text: str) -> dict[str, int]:
+    counts = dict(CLIENTS)
+    for part in filter(None, text.split(",")):
+        kind, _, count = part.partition("=")
+        if kind not in CLIENTS:
+            raise argparse.ArgumentTypeError(f"unknown client kind {kind!r}")
+        counts[kind] = int(count)
+    return counts
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="how long the clients run")
@@ -1311,6 +1337,14 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, help="write the tables here")
     parser.add_argument("--json", type=Path, help="write the whole report here")
     parser.add_argument("--workdir", type=Path, help="keep the data root and log here")
+    parser.add_argument(
+        "--clients",
+        type=_clients,
+        default=dict(CLIENTS),
+        help="clients per kind, e.g. run=6,select=0 (the others keep their defaults: "
+        + ", ".join(f"{k}={v}" for k, v in CLIENTS.items())
+        + ")",
+    )
     parser.add_argument("server_args", nargs="*", help="extra `serve` flags (after --)")
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.warmup is None:

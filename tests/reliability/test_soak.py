@@ -99,9 +99,11 @@ def test_every_limit_was_provoked_and_refused(report: dict[str, Any]) -> None:
     for limit in LIMITS:
         assert any(limit in name for name in probes), f"{limit} never provoked"
     for name, row in probes.items():
-        # For a probe, "OK" means: answered RESOURCE_EXHAUSTED with the limit's message.
+        # For a probe, "OK" means: answered RESOURCE_EXHAUSTED with the limit's message;
+        # the concurrent-RPC limit may refuse it first while a burst holds every slot.
         assert row["codes"].get("OK", 0) >= 1, name
-        assert set(row["codes"]) == {"OK"}, (name, row["codes"])
+        assert set(row["codes"]) <= {"OK", "RESOURCE_EXHAUSTED"}, (name, row["codes"])
+        assert row["codes"].get("RESOURCE_EXHAUSTED", 0) == row["refused_in_burst"], name
 
 
 def test_refusals_only_at_a_provoked_limit(report: dict[str, Any]) -> None:
