@@ -56,7 +56,7 @@ SHAPES: dict[str, Shape] = {
     "small": Shape("small", experts=8, top_k=2, hidden=512, intermediate=256),
 }
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096)
-BACKENDS = ("TRITON", "HUMMING", "MARLIN", "EMULATION")
+BACKENDS = ("TRITON", "HUMMING", "MARLIN", "BATCHED_MARLIN", "EMULATION")
 #: EMULATION loops over experts in float32 on the host's command: only where that is short.
 EMULATION_MAX_TOKENS = 16
 PRIMARY = "int4-g128-sym"

@@ -54,7 +54,7 @@ DEFAULT_TOKENS = (1, 16, 256, 4096)
 MAX_TOKENS = 16384
 MAX_BUCKETS = 16
 #: The backends a worker has kernels for (service/worker/run.py).
-RUNNABLE = ("HUMMING", "MARLIN", "TRITON", "EMULATION")
+RUNNABLE = ("HUMMING", "MARLIN", "BATCHED_MARLIN", "TRITON", "EMULATION")
 CACHE_FILE = "measured_backends.json"
 #: Cache-served answers kept as bytes, by request bytes (least recently used dropped).
 MAX_KEPT_ANSWERS = 1024

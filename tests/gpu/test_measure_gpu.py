@@ -26,7 +26,7 @@ def test_every_backend_is_timed_on_the_gpu() -> None:
         {
             "shape": {"num_experts": 8, "top_k": 2, "hidden_size": 512, "intermediate_size": 256},
             "source": {"layout": "gptq", "bits": 4, "group_size": 128, "symmetric": True},
-            "backends": ["HUMMING", "MARLIN", "TRITON", "EMULATION"],
+            "backends": ["HUMMING", "MARLIN", "BATCHED_MARLIN", "TRITON", "EMULATION"],
             "token_counts": [1, 64],
             "budget_s": 0.05,
         },
@@ -36,7 +36,7 @@ def test_every_backend_is_timed_on_the_gpu() -> None:
     by = {r["backend"]: r for r in answer["results"]}
     for name in ("TRITON", "EMULATION"):
         assert set(by[name]["seconds"]) == {"1", "64"}, by[name]
-    for name in ("HUMMING", "MARLIN"):  # present where .gpu/ was carried
+    for name in ("HUMMING", "MARLIN", "BATCHED_MARLIN"):  # present where .gpu/ was carried
         result = by[name]
         assert set(result["seconds"]) == {"1", "64"} or "unavailable" in result["error"], result
     for result in by.values():

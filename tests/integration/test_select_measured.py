@@ -85,7 +85,7 @@ def test_measured_answers_then_caches_and_persists(
     assert [b.tokens for b in measured.buckets] == [1, 8]
     for bucket in measured.buckets:
         found = timings(bucket)
-        assert set(found) == {"HUMMING", "MARLIN", "TRITON", "EMULATION"}
+        assert set(found) == {"HUMMING", "MARLIN", "BATCHED_MARLIN", "TRITON", "EMULATION"}
         assert isinstance(found["EMULATION"], float) and found["EMULATION"] > 0
         assert "CUDA" in found["MARLIN"] and "CUDA" in found["HUMMING"]
         assert bucket.fastest_backend == "EMULATION"
