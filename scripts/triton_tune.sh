@@ -38,9 +38,9 @@ timeout "${TEST_TIMEOUT_S:-110}" "$PY" -m pytest -q -x tests/kernels/test_triton
     -p no:cacheprovider 2>&1 | tee "$OUT/pytest_v4.log" | tail -5
 (( ${PIPESTATUS[0]} == 0 )) || status=1
 echo "tests: $((SECONDS - start)) s"
-budget=$(( ${TUNE_BUDGET_S:-290} - (SECONDS - start) ))
+budget=$(( ${TUNE_BUDGET_S:-280} - (SECONDS - start) ))
 (( budget < 60 )) && budget=60
-timeout $(( budget + 45 )) "$PY" bench/tune_triton.py --out "$OUT" --budget-s "$budget" "$@" \
+timeout $(( budget + 40 )) "$PY" bench/tune_triton.py --out "$OUT" --budget-s "$budget" "$@" \
     2>&1 | tee "$OUT/tune.log" | grep -v "^\[" | tail -40
 (( ${PIPESTATUS[0]} == 0 )) || status=1
 grep -c "FAIL" "$OUT/tune.log" | xargs echo "failed trials:"
