@@ -25,6 +25,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 from google.protobuf import any_pb2, duration_pb2
 from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
@@ -51,6 +55,8 @@ class UnauthenticatedError(Exception):
 ERROR_DOMAIN = "moe-control"
 INTERNAL_MESSAGE = "internal error (the server log has the details)"
 
+Details = Callable[[Any], tuple[Message, ...]]
+
 
 def _status(code: int, message: str, *details: Message) -> status_pb2.Status:
     packed = []
@@ -65,119 +71,135 @@ def _error_info(reason: str, **metadata: str) -> error_details_pb2.ErrorInfo:
     return error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=metadata)
 
 
-def _bad_request(field: str, description: str) -> error_details_pb2.BadRequest:
+def _bad_request(*violations: tuple[str, str]) -> error_details_pb2.BadRequest:
     return error_details_pb2.BadRequest(
         field_violations=[
             error_details_pb2.BadRequest.FieldViolation(field=field, description=description)
+            for field, description in violations
         ]
     )
 
 
-def status_for(exc: BaseException) -> status_pb2.Status:
-    """The status (with details) a domain exception maps to."""
-    if isinstance(exc, InvalidSpecError):
-        bad_request = error_details_pb2.BadRequest(
-            field_violations=[
-                error_details_pb2.BadRequest.FieldViolation(
-                    field=v.field, description=v.description
-                )
-                for v in exc.violations
-            ]
+def _precondition(*violations: tuple[str, str, str]) -> error_details_pb2.PreconditionFailure:
+    return error_details_pb2.PreconditionFailure(
+        violations=[
+            error_details_pb2.PreconditionFailure.Violation(
+                type=kind, subject=subject, description=description
+            )
+            for kind, subject, description in violations
+        ]
+    )
+
+
+def _field_error(reason: str, description: str = "description") -> Details:
+    """The details of an error about one request field (`exc.field`; the text is the
+    attribute named `description`): BadRequest naming it, and ErrorInfo."""
+
+    def details(exc: Any) -> tuple[Message, ...]:
+        return (
+            _bad_request((exc.field, getattr(exc, description))),
+            _error_info(reason, field=exc.field),
         )
-        return _status(
-            code_pb2.INVALID_ARGUMENT,
-            f"invalid deployment: {exc}",
-            bad_request,
-            _error_info("INVALID_DEPLOYMENT_SPEC"),
+
+    return details
+
+
+def _resource(kind: str, name: Callable[[Any], str]) -> Details:
+    def details(exc: Any) -> tuple[Message, ...]:
+        return (
+            error_details_pb2.ResourceInfo(
+                resource_type=kind, resource_name=name(exc), description=str(exc)
+            ),
         )
-    if isinstance(exc, SelectionError):
-        precondition = error_details_pb2.PreconditionFailure(
-            violations=[
-                error_details_pb2.PreconditionFailure.Violation(
-                    type=c.backend, subject=c.reason_code, description=c.reason
-                )
-                for c in exc.candidates
-            ]
-        )
-        info = _error_info(
+
+    return details
+
+
+def _invalid_spec(exc: InvalidSpecError) -> tuple[Message, ...]:
+    violations = [(v.field, v.description) for v in exc.violations]
+    return _bad_request(*violations), _error_info("INVALID_DEPLOYMENT_SPEC")
+
+
+def _selection_failed(exc: SelectionError) -> tuple[Message, ...]:
+    return (
+        _precondition(*((c.backend, c.reason_code, c.reason) for c in exc.candidates)),
+        _error_info(
             "BACKEND_SELECTION_FAILED", stage=exc.error.stage, vllm_exception=exc.error.type
-        )
-        return _status(
-            code_pb2.FAILED_PRECONDITION,
-            f"vLLM would fail this deployment ({exc.error.stage}): "
-            f"{exc.error.type}: {exc.error.message}",
-            precondition,
-            info,
-            codec.selection_failure_to_pb(exc),
-        )
-    if isinstance(exc, OracleError):
-        return _status(code_pb2.INVALID_ARGUMENT, str(exc), _error_info(type(exc).__name__.upper()))
-    if isinstance(exc, ConvertInputError):
-        return _status(
-            code_pb2.INVALID_ARGUMENT,
-            str(exc),
-            _bad_request(exc.field, exc.description),
-            _error_info("INVALID_CONVERT_INPUT", field=exc.field),
-        )
-    if isinstance(exc, PermissionDeniedError):
-        return _status(
-            code_pb2.PERMISSION_DENIED,
-            str(exc),
-            _bad_request(exc.field, exc.reason),
-            _error_info("PATH_NOT_ALLOWED", field=exc.field),
-        )
-    if isinstance(exc, RunInputError):
-        return _status(
-            code_pb2.INVALID_ARGUMENT,
-            str(exc),
-            _bad_request(exc.field, exc.description),
-            _error_info("INVALID_RUN_MOE_INPUT", field=exc.field),
-        )
-    if isinstance(exc, RunResourceError):
-        return _status(
-            code_pb2.RESOURCE_EXHAUSTED,
-            str(exc),
-            _bad_request(exc.field, exc.description),
-            _error_info("RUN_MOE_LIMIT", field=exc.field),
-        )
-    if isinstance(exc, BackendUnavailableError):
-        return _status(
-            code_pb2.FAILED_PRECONDITION,
-            str(exc),
-            error_details_pb2.PreconditionFailure(
-                violations=[
-                    error_details_pb2.PreconditionFailure.Violation(
-                        type="backend", subject=exc.backend, description=exc.description
-                    )
-                ]
-            ),
-        )
-    if isinstance(exc, ConvertResourceError):
-        return _status(code_pb2.RESOURCE_EXHAUSTED, str(exc))
-    if isinstance(exc, WorkerNotFoundError):
-        return _status(
-            code_pb2.NOT_FOUND,
-            str(exc),
-            error_details_pb2.ResourceInfo(
-                resource_type="worker", resource_name=str(exc.index), description=str(exc)
-            ),
-        )
-    if isinstance(exc, LayerNotFoundError):
-        return _status(
-            code_pb2.NOT_FOUND,
-            str(exc),
-            error_details_pb2.ResourceInfo(
-                resource_type="layer", resource_name=exc.layer_id, description=str(exc)
-            ),
-        )
-    if isinstance(exc, WorkerUnavailableError):
-        return _status(
-            code_pb2.UNAVAILABLE,
-            str(exc),
-            error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=1)),
-        )
-    if isinstance(exc, UnauthenticatedError):
-        return _status(code_pb2.UNAUTHENTICATED, str(exc))
-    if isinstance(exc, NotImplementedError):
-        return _status(code_pb2.UNIMPLEMENTED, str(exc) or "not implemented")
+        ),
+        codec.selection_failure_to_pb(exc),
+    )
+
+
+def _selection_message(exc: SelectionError) -> str:
+    return (
+        f"vLLM would fail this deployment ({exc.error.stage}): "
+        f"{exc.error.type}: {exc.error.message}"
+    )
+
+
+def _no_details(exc: Any) -> tuple[Message, ...]:
+    return ()
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    """One row of the table: what an exception of `exception`'s type becomes."""
+
+    exception: type[BaseException]
+    code: int
+    details: Details = _no_details
+    message: Callable[[Any], str] = str
+
+
+#: Domain exception -> status, first match wins (subclasses come before their bases:
+#: InvalidSpecError and SelectionError before OracleError). Anything not listed is INTERNAL.
+MAPPINGS: tuple[Mapping, ...] = (
+    Mapping(
+        InvalidSpecError,
+        code_pb2.INVALID_ARGUMENT,
+        _invalid_spec,
+        lambda exc: f"invalid deployment: {exc}",
+    ),
+    Mapping(SelectionError, code_pb2.FAILED_PRECONDITION, _selection_failed, _selection_message),
+    Mapping(
+        OracleError,
+        code_pb2.INVALID_ARGUMENT,
+        lambda exc: (_error_info(type(exc).__name__.upper()),),
+    ),
+    Mapping(ConvertInputError, code_pb2.INVALID_ARGUMENT, _field_error("INVALID_CONVERT_INPUT")),
+    Mapping(
+        PermissionDeniedError,
+        code_pb2.PERMISSION_DENIED,
+        _field_error("PATH_NOT_ALLOWED", description="reason"),
+    ),
+    Mapping(RunInputError, code_pb2.INVALID_ARGUMENT, _field_error("INVALID_RUN_MOE_INPUT")),
+    Mapping(RunResourceError, code_pb2.RESOURCE_EXHAUSTED, _field_error("RUN_MOE_LIMIT")),
+    Mapping(
+        BackendUnavailableError,
+        code_pb2.FAILED_PRECONDITION,
+        lambda exc: (_precondition(("backend", exc.backend, exc.description)),),
+    ),
+    Mapping(ConvertResourceError, code_pb2.RESOURCE_EXHAUSTED),
+    Mapping(WorkerNotFoundError, code_pb2.NOT_FOUND, _resource("worker", lambda e: str(e.index))),
+    Mapping(LayerNotFoundError, code_pb2.NOT_FOUND, _resource("layer", lambda e: e.layer_id)),
+    Mapping(
+        WorkerUnavailableError,
+        code_pb2.UNAVAILABLE,
+        lambda exc: (error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=1)),),
+    ),
+    Mapping(UnauthenticatedError, code_pb2.UNAUTHENTICATED),
+    Mapping(
+        NotImplementedError,
+        code_pb2.UNIMPLEMENTED,
+        message=lambda exc: str(exc) or "not implemented",
+    ),
+)
+
+
+def status_for(exc: BaseException) -> status_pb2.Status:
+    """The status (with details) a domain exception maps to: the first row of MAPPINGS
+    whose type it is an instance of, else INTERNAL with a fixed message."""
+    for row in MAPPINGS:
+        if isinstance(exc, row.exception):
+            return _status(row.code, row.message(exc), *row.details(exc))
     return _status(code_pb2.INTERNAL, INTERNAL_MESSAGE)
