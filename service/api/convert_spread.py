@@ -206,11 +206,25 @@ async def run_spread(
             raise error
         queue.appendleft((number, span))
 
+    #: Ranges running now; a worker with nothing to pull waits while any runs elsewhere,
+    #: since a range whose worker dies comes back to the queue.
+    running = 0
+    changed = asyncio.Condition()
+
+    def pullable() -> bool:
+        return bool(queue) or running == 0
+
     async def pull(worker: WorkerHandle, first: bool) -> None:
+        nonlocal running
         if not first:
             await prepared.wait()
-        while queue and worker.ready:
-            number, span = queue.popleft()
+        while worker.ready:
+            async with changed:
+                await changed.wait_for(pullable)
+                if not queue:
+                    return
+                number, span = queue.popleft()
+                running += 1
             try:
                 await run_range(worker, number, span)
             except WorkerUnavailableError as exc:
@@ -219,6 +233,9 @@ async def run_spread(
             finally:
                 if number == 0:
                     prepared.set()  # even when it failed: the others must not wait forever
+                running -= 1
+                async with changed:
+                    changed.notify_all()
 
     ready = pool.ready_workers()
     pullers = [asyncio.create_task(pull(w, i == 0)) for i, w in enumerate(ready)]
