@@ -281,6 +281,52 @@ def table(points: list[Point], backends: tuple[str, ...] = BACKENDS) -> str:
 SHAPES_BY_NAME = {s.name: s for s in SHAPES.values()}
 
 
+def _passed_us(point: Point, backend: str) -> float | None:
+    r = point.results.get(backend)
+    return r.us if r is not None and r.status == "pass" else None
+
+
+def goals(points: list[Point]) -> str:
+    """Issue 6's goals, each with the points that meet it and the worst value (primary
+    variant only; a point whose backend did not pass counts as missed)."""
+    primary = [p for p in points if p.variant == PRIMARY]
+    lines = []
+
+    def line(
+        text: str, values: list[tuple[Point, float | None]], limit: float, at_least: bool
+    ) -> None:
+        known = [(p, v) for p, v in values if v is not None]
+        met = [v for _, v in known if (v >= limit if at_least else v <= limit)]
+        worst = ""
+        if known:
+            p, v = (min if at_least else max)(known, key=lambda item: item[1])
+            worst = f"; worst {v:.2f} at {p.shape} M={p.tokens}"
+        lines.append(f"- {text}: {len(met)} of {len(values)} points{worst}")
+
+    vs_vllm: list[tuple[Point, float | None]] = []
+    vs_humming: list[tuple[Point, float | None]] = []
+    for p in primary:
+        ours, peer = _passed_us(p, "TRITON"), PEERS.get((p.shape, p.tokens))
+        vs_vllm.append((p, peer[0] / ours if ours and peer else None))
+        hum = _passed_us(p, "HUMMING")
+        vs_humming.append((p, ours / hum if ours and hum else None))
+    line("TRITON >= 5x faster than vLLM's Triton (peer figure)", vs_vllm, 5, at_least=True)
+    line("TRITON within 1.5x of humming (same run)", vs_humming, 1.5, at_least=False)
+    floor_ratios: list[tuple[Point, float | None]] = []
+    for p in primary:
+        if p.tokens >= 16:
+            best = p.fastest()
+            floor_ratios.append((p, best.us / p.floor_us if best and best.us else None))
+    line("fastest within 1.25x of the floor, M >= 16", floor_ratios, 1.25, at_least=False)
+    decode = [
+        (p, best.us if (best := p.fastest()) else None)
+        for p in primary
+        if p.tokens == 1 and p.shape in ("Qwen3-30B-A3B", "Qwen1.5-MoE-A2.7B")
+    ]
+    line("fastest forward at M = 1 on the Qwen shapes <= 15 µs", decode, 15, at_least=False)
+    return "\n".join(lines)
+
+
 def dry_run(cases: list[Case], bandwidth: float, rate: float) -> list[Point]:
     """The plan's points with floors from the given ceilings (expected distinct experts)."""
     points = []
@@ -515,8 +561,9 @@ def main(argv: list[str] | None = None) -> int:
             "skipped": skipped,
             "elapsed_s": time.perf_counter() - started,
         }
-        write_results(out_dir, "moe_bench", header + "\n\n" + table(points, backends), payload)
-    text = table(points, backends)
+        markdown = f"{header}\n\n{table(points, backends)}\n\nGoals:\n{goals(points)}"
+        write_results(out_dir, "moe_bench", markdown, payload)
+    text = table(points, backends) + "\n\nGoals (issue 6):\n" + goals(points)
     log(
         f"\nMoE forward on {env.get('gpu')} ({time.perf_counter() - started:.0f} s): "
         f"copy {bandwidth / 1e12:.3f} TB/s, matmul {rate / 1e12:.0f} TFLOP/s"

@@ -122,3 +122,26 @@ def test_device_path_runs_on_cpu_with_emulation(tmp_path: Path) -> None:
     assert [r["status"] for r in results] == ["pass", "pass"]
     assert all(0 < r["rel_err"] < 1e-2 and r["us"] > 0 for r in results)
     assert "| small | int4-g128-sym | 1 |" in (tmp_path / "moe_bench.md").read_text()
+
+
+def test_goals_count_the_points_that_meet_each_aim() -> None:
+    def point(shape: str, m: int, floor_us: float, **us: float) -> moe_bench.Point:
+        p = moe_bench.Point(shape, moe_bench.PRIMARY, m, 8.0, 8, floor_us, "mem")
+        for backend, value in us.items():
+            p.results[backend] = moe_bench.Result(backend, "pass", value, "graph", 3e-3, 3e-3)
+        return p
+
+    points = [
+        point("Qwen3-30B-A3B", 1, 4.5, TRITON=12.0, HUMMING=36.0),  # 80.2/12 = 6.7x
+        point("Qwen3-30B-A3B", 16, 46.8, TRITON=200.0, HUMMING=90.0),  # 681.5/200 = 3.4x
+        point("Mixtral-8x7B", 16, 168.0, TRITON=2000.0, HUMMING=200.0),
+    ]
+    points[2].results["TRITON"].status = "FAIL"
+    text = moe_bench.goals(points).splitlines()
+    assert text[0].startswith("- TRITON >= 5x faster than vLLM's Triton (peer figure): 1 of 3")
+    assert "worst 3.41 at Qwen3-30B-A3B M=16" in text[0]
+    assert text[1].startswith("- TRITON within 1.5x of humming (same run): 1 of 3")
+    assert "worst 2.22 at Qwen3-30B-A3B M=16" in text[1]
+    # fastest at M >= 16: Qwen3 humming 90 / 46.8 = 1.92, Mixtral humming 200 / 168 = 1.19
+    assert text[2].startswith("- fastest within 1.25x of the floor, M >= 16: 1 of 2")
+    assert text[3].startswith("- fastest forward at M = 1 on the Qwen shapes <= 15 µs: 1 of 1")
