@@ -209,6 +209,18 @@ def busy_fraction(pid: int, window_s: float = 0.5) -> float:
     return (cpu_seconds(pid) - before) / window_s
 
 
+def wait_busy(pid: int, cpu_s: float = 0.2, timeout: float = 20.0) -> bool:
+    """Wait until the process has used `cpu_s` more CPU time (it is computing; on a loaded
+    machine it may get only a sliver of a core, so this counts work, not a share)."""
+    start = cpu_seconds(pid)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cpu_seconds(pid) - start >= cpu_s:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def wait_idle(pid: int, timeout: float = 10.0, threshold: float = 0.1) -> float:
     """Wait until the process is (nearly) idle; the last busy fraction measured."""
     deadline = time.monotonic() + timeout

@@ -88,7 +88,6 @@ def assert_retryable(error: grpc.RpcError) -> None:
     assert error.code() is grpc.StatusCode.UNAVAILABLE, error
     delay = faults.retry_delay_s(error)
     assert delay is not None and 0 < delay <= 5, f"no RetryInfo: {error}"
-    assert "died" in (error.details() or "")
 
 
 #: Calls in flight at the kill, each on its own connection (the kernel spreads connections
@@ -109,7 +108,7 @@ def test_kill_during_run_moe(server: ServerProcess, stub: Any, root: Path) -> No
                 for ch in channels
             ]
             # The calls are in the worker once the worker computes (its CPU time moves).
-            assert faults.busy_fraction(pid, 0.3) > 0.3, "the RunMoE never reached the worker"
+            assert faults.wait_busy(pid), "the RunMoE calls never reached the worker"
             kill_and_recover(server, stub, pid)
             for future in futures:
                 assert_retryable(in_flight_error(future))
