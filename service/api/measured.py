@@ -273,6 +273,12 @@ class MeasuredPolicy:
         """The measured answer and how to count its static decision again."""
         from service.api import codec
 
+        if request.HasField("measure_worker_index") and not request.platform.WhichOneof("source"):
+            # decide for the worker that measures (the default would be worker 0's platform)
+            pinned = pb.SelectBackendRequest()
+            pinned.CopyFrom(request)
+            pinned.platform.worker_index = request.measure_worker_index
+            request = pinned
         recount: Callable[[], None]
         try:
             response, counters = selection.decide(request)  # counted as always

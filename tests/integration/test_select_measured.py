@@ -106,6 +106,11 @@ def test_measured_answers_then_caches_and_persists(
     assert all(r == again for r in repeats)
     assert rejections(server) == before + 3 * 2  # ZEN_CPU and CPU, each time
 
+    # naming the serving worker explicitly is the same request to the cache
+    named = call(server, request([1, 8], measure_worker_index=0))
+    assert named.measured.from_cache and named.measured.worker_index == 0
+    assert [timings(b) for b in named.measured.buckets] == [timings(b) for b in measured.buckets]
+
     # a new token count is measured alone; the known one keeps its time
     more = call(server, request([1, 2]))
     assert not more.measured.from_cache
