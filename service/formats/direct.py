@@ -205,11 +205,11 @@ def _projection(
     scales = _to_canonical(small["scales"], layout.scales, ("N", "G")).contiguous()
     _check_groups(quant, k, int(scales.shape[2]), fields["scales"])
     zeros = None
-    if "zeros" in small:
+    if "zeros" in small and not _midpoint_words(layout, small["zeros"], quant):
         raw = _unpack_as(layout.zeros, small["zeros"], quant.bits, ("N", "G"))
         zeros = layout._real_zeros(raw, quant, fields["zeros"])
     g_idx = None
-    if "g_idx" in small:
+    if "g_idx" in small and not _trivial_g_idx(small["g_idx"], quant, k):
         g_idx = _decode_g_idx(small["g_idx"], quant, k, int(scales.shape[2]), fields["g_idx"])
     bias = small.get("bias")
     if bias is not None and (not bias.dtype.is_floating_point or bias.dim() != 2):
@@ -226,6 +226,29 @@ def _projection(
         g_idx=g_idx,
         bias=None if bias is None else bias.contiguous(),
     )
+
+
+def _midpoint_words(layout: SourceLayout, stored: torch.Tensor, quant: SourceQuantization) -> bool:
+    """True when symmetric weights store every zero point as the midpoint (GPTQ writes it,
+    minus one in v1): checked on the packed words, one comparison instead of an unpack.
+    Any other content goes to the canonical check (and its error)."""
+    if not quant.symmetric:
+        return False
+    midpoint = 1 << (quant.bits - 1)
+    code = midpoint - 1 if layout.minus_one(quant) else midpoint
+    width = 8 * stored.element_size()
+    word = sum(code << shift for shift in range(0, width, quant.bits))
+    if word >= 1 << (width - 1) and stored.dtype != torch.uint8:
+        word -= 1 << width  # the same bits as a signed word
+    return bool((stored == word).all())
+
+
+def _trivial_g_idx(g_idx: torch.Tensor, quant: SourceQuantization, k: int) -> bool:
+    """True when the stored group indices are the plain k // group_size (GPTQ writes them
+    even without act-order): one comparison; anything else is decoded canonically."""
+    size = k if quant.group_size == -1 else quant.group_size
+    trivial = torch.arange(k, device=g_idx.device, dtype=g_idx.dtype) // size
+    return bool((g_idx == trivial).all())
 
 
 def _fuse(gate: PackedProjection, up: PackedProjection) -> PackedProjection:

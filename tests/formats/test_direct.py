@@ -260,15 +260,26 @@ def _corrupt(tensors: dict[str, torch.Tensor], how: str) -> dict[str, torch.Tens
         del out["1.w3.scales"]
     elif how == "unknown":
         out["0.w1.qweightt"] = out.pop("0.w1.qweight")
+    elif how == "sym-zero":
+        # declared symmetric, but one stored zero point is not the midpoint
+        zeros = out["1.w2.qzeros"].clone()
+        zeros[0, 0] = 0x77777778
+        out["1.w2.qzeros"] = zeros
+    elif how == "g_idx-range":
+        g_idx = out["0.w3.g_idx"].clone()
+        g_idx[0] = 1000
+        out["0.w3.g_idx"] = g_idx
     elif how == "asym-zero":
         # a GPTQ v1 stored zero of 15 means 16: not representable
         out["0.w1.qzeros"] = torch.full_like(out["0.w1.qzeros"], -1)
     return out
 
 
-@pytest.mark.parametrize("how", ["dtype", "shape", "missing", "unknown", "asym-zero"])
+@pytest.mark.parametrize(
+    "how", ["dtype", "shape", "missing", "unknown", "asym-zero", "sym-zero", "g_idx-range"]
+)
 def test_bad_input_gets_the_canonical_error(how: str) -> None:
-    tensors, quant = _checkpoint("gptq", sym=False)
+    tensors, quant = _checkpoint("gptq", sym=how == "sym-zero")
     bad = _corrupt(tensors, how)
     with pytest.raises(FormatError) as canonical_error:
         direct.canonical("gptq", bad, quant, "MARLIN", num_experts=E)
