@@ -300,3 +300,35 @@ def test_exchange_nibbles_pairs_low_and_high() -> None:
     direct._exchange_nibbles(a, b, low, high)
     assert int(low) & 0xFFFFFFFF == 0xE6C4A280
     assert int(high) & 0xFFFFFFFF == 0xF7D5B391
+
+
+@pytest.mark.parametrize("layout", ["gptq", "awq", "compressed-tensors"])
+@pytest.mark.parametrize("sym", [True, False])
+def test_gpu_block_moves_on_the_cpu(
+    layout: str, sym: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The strided-copy byte moves a GPU runs (the CPU takes numpy's table path) give the
+    same bytes."""
+    monkeypatch.setattr(direct, "TABLE_MOVE_DEVICES", set())
+    tensors, quant = _checkpoint(layout, sym=sym, group=128, bias=not sym)
+    for backend in ("MARLIN", "TRITON"):
+        got = direct.try_direct(layout, tensors, quant, backend, num_experts=E)
+        assert got is not None
+        _same(got, direct.canonical(layout, tensors, quant, backend, num_experts=E))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("layout", ["gptq", "awq", "compressed-tensors"])
+@pytest.mark.parametrize("backend", ["TRITON", "MARLIN"])
+def test_direct_on_the_gpu_equals_canonical_on_the_cpu(layout: str, backend: str) -> None:
+    for sym, bits in ((True, 4), (False, 4), (False, 8)):
+        tensors, quant = _checkpoint(layout, sym=sym, bits=bits, group=128, bias=True)
+        on_gpu = {name: t.to("cuda") for name, t in tensors.items()}
+        got = direct.try_direct(layout, on_gpu, quant, backend, num_experts=E)
+        if got is None:
+            assert not _routes(layout, backend, bits)
+            continue
+        want = direct.canonical(layout, tensors, quant, backend, num_experts=E)
+        on_cpu = ConvertedLayer({n: t.cpu() for n, t in got.tensors.items()}, got.descriptor)
+        _same(on_cpu, want)
