@@ -42,6 +42,10 @@ tables, `--json PATH` the whole report. Loopback only; the run stops by itself.
 
     .venv/bin/python bench/soak.py --seconds 300 --markdown build/soak.md     # make soak
     .venv/bin/python bench/soak.py --seconds 12 --warmup 3 --json report.json  # the test
+    .venv/bin/python bench/soak.py --seconds 90 --clients select=0,run=6     # one kind more
+
+Error-level lines of the server's log are counted and shown, not judged: some are grpc's own
+(an answer over the send limit logs a traceback).
 """
 
 from __future__ import annotations
@@ -547,7 +551,8 @@ def build_payloads(rng: random.Random, pool_size: int) -> Payloads:
             name=next(iter(small)), offset=0, data=bytes(LIMITS["max_receive_message_bytes"] + 1)
         )
     ).SerializeToString()
-    oversize_stream = [stream[0], stream[1], big_chunk, *stream[2:]]
+    # After a complete tensor: what the server received so far is a consistent prefix.
+    oversize_stream = [*stream[:3], big_chunk, *stream[3:]]
     padded = {**small, "pad": torch.zeros(LIMITS["run_max_inline_bytes"], dtype=torch.uint8)}
     logits_of = torch.Generator().manual_seed(3)
     too_many = LIMITS["run_max_tokens"] + 1
