@@ -35,6 +35,14 @@ HEALTH_SERVICE = "grpc.health.v1.Health"
 AUTH_EXEMPT_SERVICES = frozenset({HEALTH_SERVICE})
 
 DENY = "missing or wrong bearer token (metadata 'authorization: Bearer <token>')"
+#: The methods handed to grpc's core as pre-registered methods; every other one is found
+#: through a generic handler (one dict lookup per call). grpc.aio keeps a pending request
+#: per pre-registered method, and its accept loop passes all of them to `asyncio.wait` for
+#: every call it accepts, so each one costs every call of every method: a cached
+#: SelectBackend took 0.586 M instructions with the 11 methods of the public server
+#: pre-registered and 0.524 M with only itself (callgrind, bench/RESULTS.md). Only the
+#: method called at high rates is worth a pending request of its own.
+PRE_REGISTERED = frozenset({"/moe_control.v1.MoeControlService/SelectBackend"})
 _OK = grpc.StatusCode.OK.name
 _CANCELLED = grpc.StatusCode.CANCELLED.name
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
@@ -445,11 +453,12 @@ class HandlerRegistrar:
     def add_registered_method_handlers(self, service: str, handlers: Mapping[str, Handler]) -> None:
         self._registered.setdefault(service, {}).update(handlers)
 
-    def install(self, registered: Callable[[str], bool] = lambda method: True) -> None:
+    def install(self, registered: Callable[[str], bool] = PRE_REGISTERED.__contains__) -> None:
         """Hand the collected methods to the server: those `registered(full_method)` accepts
-        as pre-registered methods, the rest through a generic handler that is asked before
-        the generic handlers registered here (the generated code registers each method both
-        ways; the registered form is the one that counts)."""
+        (by default the PRE_REGISTERED ones) as pre-registered methods, the rest through a
+        generic handler that is asked before the generic handlers registered here (the
+        generated code registers each method both ways; the registered form is the one that
+        counts)."""
         generic: dict[str, Handler] = {}
         for service, handlers in self._registered.items():
             chosen: dict[str, Handler] = {}

@@ -206,3 +206,55 @@ def test_sync_handlers_are_wrapped_the_same_way() -> None:
         sample(metrics, "grpc_server_handled_total", **stream_labels, grpc_code="INVALID_ARGUMENT")
         == 1
     )
+
+
+class RecordingServer:
+    """A real grpc.aio server that remembers which methods were handed to it as
+    pre-registered methods."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self.server = server
+        self.pre_registered: list[str] = []
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]
+    ) -> None:
+        self.pre_registered += [f"/{service}/{name}" for name in handlers]
+        self.server.add_registered_method_handlers(service, handlers)
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        self.server.add_generic_rpc_handlers(handlers)
+
+
+async def serve_by_default_routes() -> tuple[list[str], dict[str, Any]]:
+    service = "moe_control.v1.MoeControlService"
+    recording = RecordingServer(grpc.aio.server())
+    registrar = ServerInterceptor(Metrics()).registrar(recording)  # type: ignore[arg-type]
+    handlers = {"SelectBackend": unary(echo), "ListWorkers": unary(replaced)}
+    registrar.add_registered_method_handlers(service, handlers)
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), registrar)  # type: ignore[arg-type]
+    registrar.install()
+    port = recording.server.add_insecure_port("127.0.0.1:0")
+    await recording.server.start()
+    answers: dict[str, Any] = {}
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            for name in handlers:
+                answers[name] = await channel.unary_unary(f"/{service}/{name}")(b"x", timeout=5)
+            check = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=5
+            )
+            answers["health"] = check.status
+    finally:
+        await recording.server.stop(None)
+    return recording.pre_registered, answers
+
+
+def test_only_selectbackend_is_pre_registered_by_default_and_the_rest_still_answer() -> None:
+    pre_registered, answers = asyncio.run(serve_by_default_routes())
+    assert pre_registered == ["/moe_control.v1.MoeControlService/SelectBackend"]
+    assert answers == {
+        "SelectBackend": b"echo:x",
+        "ListWorkers": b"replaced:x",
+        "health": health_pb2.HealthCheckResponse.SERVING,
+    }
