@@ -435,7 +435,9 @@ def run_case(
                 ) -> Any:
                     return b.forward(*args, "silu", out=o)
 
-                timing, graph = time_forward(call, device, rep_ms=rep_ms, graph=name != "EMULATION")
+                timing, graph = time_forward(
+                    call, device, rep_ms=rep_ms, graph=backend.graph_capturable
+                )
                 result.us, result.mode, result.note = timing.us, timing.mode, timing.note
                 if graph is not None:
                     graph_out.fill_(float("nan"))

@@ -91,6 +91,10 @@ class ExpertsBackend(abc.ABC):
     name: ClassVar[str]
     #: The layouts `prepare` reads.
     layouts: ClassVar[frozenset[str]]
+    #: Whether a forward may be captured in a CUDA graph (no host synchronisation inside).
+    #: Timers read this instead of trying: a capture that fails midway leaves torch's CUDA
+    #: random generator in capture mode, so every later `torch.randn` on the device raises.
+    graph_capturable: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._spec: LayerSpec | None = None

@@ -135,7 +135,9 @@ def measure_backends(worker: Worker, params: dict[str, Any], context: JobContext
             ) -> None:
                 r.forward(args[0], args[1], args[2], activation)
 
-            result["seconds"][str(count)] = median_seconds(once, device, budget_s)
+            result["seconds"][str(count)] = median_seconds(
+                once, device, budget_s, capturable=runner.graph_capturable
+            )
         del runner
         results.append(result)
     return {"device_name": device_name(device), "versions": versions(), "results": results}
@@ -181,18 +183,21 @@ def _prepared(
     return runner
 
 
-def median_seconds(run: Callable[[], None], device: torch.device, budget_s: float) -> float:
+def median_seconds(
+    run: Callable[[], None], device: torch.device, budget_s: float, *, capturable: bool = True
+) -> float:
     """Median seconds of `run` after one warm-up: at least MIN_RUNS, more while under budget.
 
     On a GPU the forward is captured in a CUDA graph and its replays are timed with CUDA
     events, a 256 MiB buffer zeroed before each (outside the events) so the weights come
     from HBM, as bench/moe_bench.py times them: a ranking of kernels, not of Python launch
-    overhead (a forward that cannot be captured is timed on plain launches). Elsewhere the
+    overhead. A backend that says it cannot be captured (`graph_capturable`) is timed on
+    plain launches; so is one whose capture fails all the same. Elsewhere the
     wall clock of each run."""
     run()
     if device.type != "cuda":
         return _median(run, budget_s, lambda: None, time.perf_counter, lambda a, b: b - a)
-    replay = _graphed(run, device) or run
+    replay = (_graphed(run, device) if capturable else None) or run
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
 
     def mark() -> torch.cuda.Event:
