@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from service.formats import direct, registry
-from service.formats.checkpoint import convert_checkpoint, plan_job
+from service.formats.checkpoint import convert_checkpoint, plan_job, registry_converter
 from service.formats.paths import DataRoot
 from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint
 from service.formats.synthetic import (
@@ -316,13 +316,14 @@ def checkpoint_part(args: argparse.Namespace, device: torch.device) -> dict[str,
             backend=target,
             device=str(device),
         )
+        converter = registry_converter(job, direct_routes=args.checkpoint_route == "direct")
         firsts, resumes = [], []
         for attempt in range(args.checkpoint_rounds):
             print(f"  checkpoint -> {target} ({attempt + 1}) ...", file=sys.stderr, flush=True)
             shutil.rmtree(out, ignore_errors=True)
             evict(shards)
-            firsts.append(convert_checkpoint(job))
-            resumes.append(convert_checkpoint(job))
+            firsts.append(convert_checkpoint(job, converter=converter))
+            resumes.append(convert_checkpoint(job, converter=converter))
         # The run of median time stands for all of them.
         first = sorted(firsts, key=lambda r: r.seconds)[len(firsts) // 2]
         again_s = statistics.median(r.seconds for r in resumes)
@@ -332,6 +333,7 @@ def checkpoint_part(args: argparse.Namespace, device: torch.device) -> dict[str,
         rows.append(
             {
                 "target": target,
+                "route": args.checkpoint_route,
                 "GB_in": round(first.bytes_in / GB, 3),
                 "GB_out": round(first.bytes_out / GB, 3),
                 "seconds (median)": round(first.seconds, 2),
@@ -381,6 +383,7 @@ def main() -> int:
     parser.add_argument(
         "--checkpoint-rounds", type=int, default=1, help="checkpoint part: runs per target"
     )
+    parser.add_argument("--checkpoint-route", choices=["direct", "canonical"], default="direct")
     parser.add_argument("--layers", type=int, default=8, help="checkpoint part: decoder layers")
     parser.add_argument("--quick", action="store_true", help="smaller shapes (a smoke run)")
     parser.add_argument("--skip-layer", action="store_true")
@@ -390,10 +393,13 @@ def main() -> int:
     parser.add_argument("--intermediate-size", type=int, help="checkpoint part: intermediate")
     parser.add_argument("--workdir", help="checkpoint part: reuse/keep files here")
     parser.add_argument("--keep", action="store_true", help="keep the written checkpoints")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--markdown", help="also write the tables to this file")
     args = parser.parse_args()
     device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if "compiled" in args.routes:
         # Each expert's rows are a different view of the output: room for every variant
         # torch's guards may tell apart, so the compiled route never falls back to eager.

@@ -318,10 +318,11 @@ class CheckpointResult:
 Converter = Callable[[MoELayerPlan, Mapping[str, "torch.Tensor"]], tuple[dict[str, Any], Any]]
 
 
-def registry_converter(job: CheckpointJob) -> Converter:
+def registry_converter(job: CheckpointJob, *, direct_routes: bool = True) -> Converter:
     """Per-expert tensors of one layer -> (kernel tensors on the CPU, descriptor JSON):
     a direct packed -> packed route where `direct.ROUTES` has one for the layer, else the
-    format registry (reader -> canonical -> writer); the same bytes either way."""
+    format registry (reader -> canonical -> writer); the same bytes either way. Without
+    `direct_routes` always the canonical route (the bench's before/after)."""
     import torch
 
     from service.formats import direct, registry
@@ -341,7 +342,8 @@ def registry_converter(job: CheckpointJob) -> Converter:
     ) -> tuple[dict[str, Any], Any]:
         if device.type != "cpu":
             tensors = {k: v.to(device, non_blocking=True) for k, v in tensors.items()}
-        converted = direct.convert(
+        route = direct.convert if direct_routes else direct.canonical
+        converted = route(
             job.source.layout,
             tensors,
             quant,
