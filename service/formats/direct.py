@@ -344,6 +344,10 @@ TABLE_MOVE_DEVICES = {"cpu"}
 tests empty it to check the strided-copy path a GPU takes, on the CPU."""
 
 
+def _table_moves(tensor: torch.Tensor) -> bool:
+    return tensor.device.type in TABLE_MOVE_DEVICES and not torch.compiler.is_compiling()
+
+
 def _move_blocks(
     source: torch.Tensor, block: tuple[int, ...], order: tuple[int, ...], out: torch.Tensor
 ) -> None:
@@ -354,7 +358,7 @@ def _move_blocks(
     permutation runs at 0.1-0.2 GB/s, while numpy's `take` over one fixed table of the
     block's bytes runs at ~1 GB/s per core, so the CPU takes that path."""
     x, y, _ = (int(d) for d in source.shape)
-    if source.device.type in TABLE_MOVE_DEVICES and not torch.compiler.is_compiling():
+    if _table_moves(source):
         table = _block_table(block, order)
         np.take(source.numpy(), table, axis=2, out=out.numpy(), mode="clip")
         return
@@ -397,14 +401,25 @@ def _marlin4_from_ct(stored: torch.Tensor, out: torch.Tensor, bits: int) -> None
 def _marlin4_from_awq(stored: torch.Tensor, out: torch.Tensor, bits: int) -> None:
     """AWQ int4 [K, N/8]: rows k and k+8 of a tile (a = 0, 1) exchange nibbles; byte i of
     the low/high word holds column r = 4*(i%2) + 2*high + i//2 of word nw = 8nt + 2j + c.
-    The exchange writes (nw, k in tile) order so each 64-column block is contiguous."""
+
+    For the CPU's table move the exchange reads the rows through a transposed view so each
+    64-column block comes out contiguous; a GPU exchanges in storage order (coalesced) and
+    lets its one strided copy gather the blocks."""
     k, words = (int(d) for d in stored.shape)
     kt = k // 16
-    pairs = stored.view(kt, 2, 8, words).transpose(2, 3)  # kt a nw kin
-    mixed = _pair(pairs[:, 0], pairs[:, 1])  # [kt, nw, kin, high] words of bytes i
-    source = mixed.view(torch.uint8).view(kt, words // 8, 512)
-    # block digits: j c q b high ih il -> r = (il, high, ih), q, j, b, c
-    _move_blocks(source, (4, 2, 4, 2, 2, 2, 2), (6, 4, 5, 2, 0, 3, 1), out)
+    if _table_moves(stored):
+        pairs = stored.view(kt, 2, 8, words).transpose(2, 3)  # kt a nw kin
+        mixed = _pair(pairs[:, 0], pairs[:, 1])  # [kt, nw, kin, high] words of bytes i
+        source = mixed.view(torch.uint8).view(kt, words // 8, 512)
+        # block digits: j c q b high ih il -> r = (il, high, ih), q, j, b, c
+        _move_blocks(source, (4, 2, 4, 2, 2, 2, 2), (6, 4, 5, 2, 0, 3, 1), out)
+        return
+    pairs = stored.view(kt, 2, 8, words)
+    mixed = _pair(pairs[:, 0], pairs[:, 1])  # [kt, kin, nw, high] words of bytes i
+    # kt q b nt j c high ih il -> kt nt (il high ih) q j b c
+    digits = mixed.view(torch.uint8).view(kt, 4, 2, words // 8, 4, 2, 2, 2, 2)
+    target = out.view(kt, words // 8, 2, 2, 2, 4, 4, 2, 2)
+    target.copy_(digits.permute(0, 3, 8, 6, 7, 1, 4, 2, 5))
 
 
 def _marlin8_from_gptq(stored: torch.Tensor, out: torch.Tensor, bits: int) -> None:
