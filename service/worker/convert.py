@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from service.formats import checkpoint, inline
+from service.formats.input_errors import ConvertCancelledError
 from service.formats.plan import SourceSpec
 from service.formats.safetensors_io import tensor_bytes
 from service.formats.streaming import DTYPES, FROM_TORCH, TensorSpec
@@ -53,7 +54,14 @@ def convert_layer(worker: Worker, params: dict[str, Any], context: JobContext) -
         tensors: dict[str, torch.Tensor] = {}
         for item in params["inputs"]:
             spec = TensorSpec.from_json(item["spec"])
-            segment = segments.open(item["segment"], spec.byte_size)
+            try:
+                segment = segments.open(item["segment"], spec.byte_size)
+            except FileNotFoundError:
+                # The server deletes a call's segments once the call has ended (a client
+                # gone, a stream cut by a limit): nobody waits for this answer any more.
+                raise ConvertCancelledError(
+                    f"input segment {item['segment']} is gone: the call was abandoned"
+                ) from None
             opened.append(segment)
             tensors[spec.name] = _input_tensor(segment, spec)
         context.check()
