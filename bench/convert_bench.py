@@ -217,6 +217,8 @@ def layer_part(args: argparse.Namespace, device: torch.device) -> dict[str, Any]
                     reference = result
                 del result
                 rows.append(finish_row(row, bandwidth))
+                # Each row as soon as it is measured (a run cut short keeps what it had).
+                print(f"    {rows[-1]}", file=sys.stderr, flush=True)
             del reference
         del tensors
     return {"shape": shape, "device": str(device), "copy_GB_per_s": bandwidth / GB, "rows": rows}
