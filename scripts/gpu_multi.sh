@@ -16,22 +16,7 @@ cd "$(dirname "$0")/.."
 
 OUT=${OUT:-/tmp/moe-control-gpu-multi}
 mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1
-
-# The same carried wheels and library as scripts/gpu_test.sh (grpcio's companions are needed
-# by the server; the Marlin library only by MARLIN forwards, which this run does not make).
-if [[ -d .gpu/wheels ]]; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .gpu/wheels/*.whl || exit 2
-    export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-else
-    echo "warning: .gpu/ not carried; relying on the image's packages" >&2
-    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-fi
-if [[ -f .gpu/lib/_moe_C_stable_libtorch.abi3.so ]]; then
-    export MOE_CONTROL_MARLIN_LIBRARY="$PWD/.gpu/lib/_moe_C_stable_libtorch.abi3.so"
-fi
+source scripts/gpu_env.sh
 
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt" || true
 df -h /dev/shm /tmp 2>/dev/null | tee "$OUT/storage.txt" || true

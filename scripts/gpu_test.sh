@@ -17,23 +17,7 @@ cd "$(dirname "$0")/.."
 
 OUT=${OUT:-/tmp/moe-control-gpu}
 mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1
-
-if [[ ! -d .gpu/wheels || ! -f .gpu/lib/_moe_C_stable_libtorch.abi3.so ]]; then
-    echo "error: .gpu/ is missing; run scripts/prepare_gpu_deps.sh on the CPU machine and carry .gpu" >&2
-    exit 2
-fi
-"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .gpu/wheels/*.whl || exit 2
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export MOE_CONTROL_MARLIN_LIBRARY="$PWD/.gpu/lib/_moe_C_stable_libtorch.abi3.so"
-# humming keeps its JIT-compiled kernels here; a carried cache (.gpu/humming-cache) skips
-# recompiling what an earlier run built.
-export HUMMING_CACHE_DIR=${HUMMING_CACHE_DIR:-/tmp/humming-cache}
-if [[ -d .gpu/humming-cache ]]; then
-    mkdir -p "$HUMMING_CACHE_DIR" && cp -r .gpu/humming-cache/. "$HUMMING_CACHE_DIR/"
-fi
+GPU_ENV_REQUIRE=1 source scripts/gpu_env.sh
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 status=0

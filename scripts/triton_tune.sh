@@ -20,15 +20,7 @@ cd "$(dirname "$0")/.."
 
 OUT=${OUT:-/tmp/moe-control-tune}
 mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1
-if [[ -d .gpu/wheels ]]; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .gpu/wheels/*.whl || echo "warning: .gpu wheels did not install" >&2
-    export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-else
-    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-fi
+source scripts/gpu_env.sh
 export MOE_CONTROL_TRITON_VERSION=${MOE_CONTROL_TRITON_VERSION:-v3}
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader || true
