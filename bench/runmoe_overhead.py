@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -53,6 +54,7 @@ from service.formats.synthetic import SyntheticSpec, synthetic_layer
 
 #: (experts, top_k, hidden, intermediate)
 SHAPES = {
+    "tiny": (8, 2, 256, 128),
     "small": (8, 2, 1024, 512),
     "qwen3": (128, 8, 2048, 768),
     "mixtral": (8, 2, 4096, 14336),
@@ -75,15 +77,19 @@ class Row:
     transport_ms: float
 
 
-def start_server(devices: str, extra: list[str]) -> tuple[subprocess.Popen[str], str, str]:
+def start_server(
+    devices: str, extra: list[str], prefix: list[str] | None = None
+) -> tuple[subprocess.Popen[str], str, str]:
     command = [
-        sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-        "--metrics-port", "0", "--devices", devices, "--server-processes", "1",
+        *(prefix or []), sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
+        "--port", "0", "--metrics-port", "0", "--devices", devices, "--server-processes", "1",
         "--log-level", "WARNING", *extra,
     ]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     line = process.stdout.readline()
+    while line and prefix and _LISTENING.search(line) is None:
+        line = process.stdout.readline()  # a profiler's own lines first
     match = _LISTENING.search(line)
     if match is None:
         process.kill()
@@ -275,13 +281,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--measured", action="store_true", help="also SelectBackend policy MEASURED, twice"
     )
+    parser.add_argument(
+        "--server-prefix",
+        default="",
+        help="command the server runs under, e.g. 'py-spy record -o prof.svg --' (profiling)",
+    )
     parser.add_argument("serve_args", nargs="*", help="extra `serve` flags after --")
     args = parser.parse_args(argv)
     cpu = args.devices == "cpu"
     token_list = [int(t) for t in args.tokens.split(",")]
     shape = SHAPES[args.shape or ("small" if cpu else "qwen3")]
     backend = args.backend or ("EMULATION" if cpu else "")
-    process, address, metrics_url = start_server(args.devices, args.serve_args)
+    process, address, metrics_url = start_server(
+        args.devices, args.serve_args, args.server_prefix.split()
+    )
     rows: list[Row] = []
     try:
         channel = grpc.insecure_channel(
@@ -346,8 +359,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         channel.close()
     finally:
-        process.terminate()
-        process.wait(30)
+        # py-spy writes its profile on SIGINT; the server stops cleanly on either.
+        process.send_signal(signal.SIGINT if args.server_prefix else signal.SIGTERM)
+        process.wait(60)
     text = table(rows)
     experts, top_k, hidden, intermediate = shape
     header = (

@@ -8,11 +8,17 @@ every tensor's data length against its dtype and shape. What needs the layer (hi
 expert count, routing shapes, NaN/Inf with `validate_inputs`) is judged by the worker before
 it launches anything; its error answers come back as the same domain errors. Tensors cross
 to the worker as files in the server's private segment directory (/dev/shm when it has
-room), never through the pipe; the call's segments are deleted however it ends.
+room), never through the pipe: pooled segments (segments.SegmentPool), kept mapped and
+reused by size class, since a fresh file per tensor per call cost more than the rest of
+the server's work (bench/RESULTS.md). The output's segment is lent with the inputs'. When
+the worker has answered they go back to the pool; a call that ends otherwise (cancelled,
+deadline, the worker gone) deletes them, as the worker may still map them. An idle pool
+deletes its files after `POOL_IDLE_S`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import secrets
 from collections.abc import Callable
@@ -34,7 +40,7 @@ from service.worker.errors import (
     RunResourceError,
     WorkerCallError,
 )
-from service.worker.segments import SegmentDir, SegmentError
+from service.worker.segments import Pooled, SegmentDir, SegmentError, SegmentPool
 from service.worker.supervisor import WorkerHandle, WorkerPool
 
 HIDDEN_DTYPES = ("bfloat16", "float16")
@@ -42,19 +48,23 @@ HIDDEN_DTYPES = ("bfloat16", "float16")
 MAX_ITERATIONS = 1000
 
 
-def wire_tensor(message: tensor_pb2.Tensor, field: str, name: str = "") -> TensorSpec:
+def wire_tensor(
+    message: tensor_pb2.Tensor, field: str, name: str = "", data: bytes | None = None
+) -> TensorSpec:
     """The declaration of a whole-tensor message, checked against its data length; named
-    `name`, else by its request field (what the worker looks inputs up by)."""
+    `name`, else by its request field (what the worker looks inputs up by). `data` is the
+    message's data when the caller has it already: each read of a bytes field copies it."""
     dtype = convert_codec.dtype_name(message.dtype)
     if dtype not in DTYPES:
         raise RunInputError(f"{field}.dtype", f"unknown or unspecified dtype ({message.dtype})")
     if any(d < 0 for d in message.shape):
         raise RunInputError(f"{field}.shape", f"negative dimension in {list(message.shape)}")
     spec = TensorSpec.of(name or field, dtype, list(message.shape))
-    if spec.byte_size != len(message.data):
+    size = len(message.data if data is None else data)
+    if spec.byte_size != size:
         raise RunInputError(
             f"{field}.data",
-            f"{len(message.data)} bytes, but {dtype} {list(message.shape)} holds {spec.byte_size}",
+            f"{size} bytes, but {dtype} {list(message.shape)} holds {spec.byte_size}",
         )
     return spec
 
@@ -93,6 +103,8 @@ class RunMoEHandler:
         self._settings = settings
         self._segments = segments
         self._calls = itertools.count(1)
+        self._pool: SegmentPool | None = None
+        self._trim_timer: asyncio.TimerHandle | None = None
 
     async def __call__(self, request: pb.RunMoERequest) -> pb.RunMoEResponse:
         hidden = self._check_hidden(request)
@@ -111,7 +123,10 @@ class RunMoEHandler:
         for field in ("warmup_iterations", "timed_iterations"):
             if getattr(request, field) > MAX_ITERATIONS:
                 raise RunInputError(field, f"at most {MAX_ITERATIONS} (each is a whole forward)")
-        specs = [(field, wire_tensor(message, field), message.data) for field, message in named]
+        specs = []
+        for field, message in named:
+            data = message.data  # one read: protobuf copies the bytes on each
+            specs.append((field, wire_tensor(message, field, data=data), data))
         params: dict[str, Any] = {
             "backend": request.backend.strip().upper(),
             "validate": request.validate_inputs,
@@ -132,15 +147,23 @@ class RunMoEHandler:
                 request.inline_layer, worker.index, params["backend"]
             )
         segments = self._segments()
+        pool = self._pool_of(segments)
         prefix = f"r{next(self._calls)}-{secrets.token_hex(3)}-"
+        lent: list[Pooled] = []
+        answered = spilled = False
         try:
             params["segments_dir"] = str(segments.path)
-            params["out_segment"] = f"{prefix}out"
-            params["inputs"] = [self._put(segments, prefix, s, d) for _, s, d in specs]
+            params["inputs"] = [self._put(pool, lent, s, d) for _, s, d in specs]
             if inline_tensors:
                 params["inline"]["tensors"] = [
-                    self._put(segments, prefix, s, d) for _, s, d in inline_tensors
+                    self._put(pool, lent, s, d) for _, s, d in inline_tensors
                 ]
+            # The output is [tokens, hidden] in the hidden states' dtype: its pooled segment
+            # is lent up front; a worker whose output does not fit writes a new one instead.
+            out_segment = self._take(pool, lent, len(specs[0][2]))
+            params["out_segment"] = out_segment.name
+            params["out_capacity"] = out_segment.capacity
+            params["out_spill"] = f"{prefix}out"
             try:
                 answer = await worker.call(
                     "run_moe",
@@ -149,12 +172,23 @@ class RunMoEHandler:
                     on_abandon=lambda late: _discard(segments.remove(prefix)),
                 )
             except WorkerCallError as exc:
+                answered = True
                 raise from_worker(exc, request.layer_id) from None
+            answered = True
             out = TensorSpec.from_json(answer["output"]["spec"])
-            with segments.open(answer["output"]["segment"], out.byte_size) as segment:
-                data = bytes(segment.view)
+            spilled = answer["output"]["segment"] != out_segment.name
+            if not spilled:
+                data = bytes(out_segment.view(out.byte_size))
+            else:
+                with segments.open(answer["output"]["segment"], out.byte_size) as segment:
+                    data = bytes(segment.view)
         finally:
-            segments.remove(prefix)
+            # Once the worker has answered it maps none of them; otherwise (cancelled, the
+            # worker gone) it may still: their files go, its mappings stay valid.
+            (pool.give if answered else pool.drop)(lent)
+            self._schedule_trim(pool)
+            if spilled or not answered:
+                segments.remove(prefix)  # the worker's own output segment, if it made one
         backend = str(answer["backend"])
         seconds = float(answer["device_seconds"])
         self._metrics.run_moe_seconds.labels(backend).observe(seconds)
@@ -242,17 +276,39 @@ class RunMoEHandler:
             "deployment": deployment.to_json(),
         }, tensors
 
-    def _put(
-        self, segments: SegmentDir, prefix: str, spec: TensorSpec, data: bytes
-    ) -> dict[str, Any]:
-        name = f"{prefix}{secrets.token_hex(4)}"
+    def _pool_of(self, segments: SegmentDir) -> SegmentPool:
+        if self._pool is None or self._pool.directory is not segments:
+            self._pool = SegmentPool(segments)
+        return self._pool
+
+    def _schedule_trim(self, pool: SegmentPool) -> None:
+        """Delete idle pooled segments once they have been idle `idle_s` (one timer)."""
+        if self._trim_timer is not None or not pool.idle_bytes:
+            return
+
+        def trim() -> None:
+            self._trim_timer = None
+            if pool.trim():
+                self._schedule_trim(pool)
+
+        self._trim_timer = asyncio.get_running_loop().call_later(pool.idle_s, trim)
+
+    @staticmethod
+    def _take(pool: SegmentPool, lent: list[Pooled], nbytes: int) -> Pooled:
         try:
-            with segments.new(name, len(data)) as segment:
-                if data:
-                    segment.view[:] = data
+            item = pool.take(nbytes)
         except SegmentError as exc:
             raise ConvertResourceError(str(exc)) from None
-        return {"spec": spec.to_json(), "segment": name}
+        lent.append(item)
+        return item
+
+    def _put(
+        self, pool: SegmentPool, lent: list[Pooled], spec: TensorSpec, data: bytes
+    ) -> dict[str, Any]:
+        item = self._take(pool, lent, len(data))
+        if data:
+            item.view(len(data))[:] = data
+        return {"spec": spec.to_json(), "segment": item.name}
 
 
 def _discard(value: object) -> None:

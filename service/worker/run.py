@@ -3,8 +3,10 @@
 Inputs arrive as segments the server filled (hidden states, router logits or top-k ids and
 weights, inline weights); they are viewed as tensors without a copy, moved to the worker's
 device, routed (vLLM's default top-k: softmax or sigmoid, top-k, optional renormalize),
-run through the layer's prepared backend, and the output is written into a new segment
-for the server. Nothing crosses the pipe but names and numbers.
+run through the layer's prepared backend, and the output is written into the segment the
+server lent for it (`out_segment`, `out_capacity` bytes; one of the server's pooled
+segments), or into a new one (`out_spill`) when none was lent or it is too small. Nothing
+crosses the pipe but names and numbers.
 
 A backend is never substituted: the layer runs with the backend it was converted for, or
 the one the request names if that backend reads the layer's layout; anything else is an
@@ -15,6 +17,7 @@ worker stays healthy.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import time
 from collections.abc import Callable
@@ -234,8 +237,14 @@ def _route(
         raise KernelInputError(f"topk.{exc.field}", exc.description) from None
 
 
+@functools.lru_cache(maxsize=8)
+def _segment_dir(path: str) -> SegmentDir:
+    """The server's segment directory (the same few on every call: made once)."""
+    return SegmentDir(Path(path))
+
+
 def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict[str, Any]:
-    segments = SegmentDir(Path(params["segments_dir"]))
+    segments = _segment_dir(str(params["segments_dir"]))
     opened: list[Segment] = []
     device = torch.device(worker.device)
     try:
@@ -296,8 +305,15 @@ def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict
             reference = _reference(layer, hidden, ids, weights, activation)
             diff = (out.to(torch.float32) - reference).abs()
             answer["max_abs_error"] = float(diff.max()) if diff.numel() else 0.0
-        name = str(params["out_segment"])
-        with segments.new(name, out.numel() * out.element_size()) as segment:
+        name, nbytes = str(params["out_segment"]), out.numel() * out.element_size()
+        capacity = params.get("out_capacity")
+        if capacity is None or nbytes > int(capacity):
+            # No segment lent for the output (or it is too small): a new one of our own.
+            name = str(params.get("out_spill") or name)
+            segment = segments.new(name, nbytes)
+        else:
+            segment = segments.open(name, nbytes, writable=True)
+        with segment:
             worker.transport.to_host(out, segment.view)
         answer["output"] = {
             "segment": name,

@@ -10,6 +10,7 @@ next call succeeds, no segment left behind).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from service.formats.streaming import FROM_TORCH, TensorSpec
 from service.kernels.activation import resolve
 from service.kernels.emulation import reference_forward
 from service.kernels.routing import topk_route
+from service.worker.segments import POOL_IDLE_S
 
 QUANT = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False, "sym": True}
 E, H, I, TOP_K = 4, 64, 64, 2  # noqa: E741
@@ -140,7 +142,17 @@ def rich(error: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
 
 
 def leftover(segments_dir: Path) -> list[str]:
-    return [p.name for p in segments_dir.rglob("*") if p.is_file()]
+    """Segment files of calls that ended (the pool's idle segments are not theirs)."""
+    return [
+        p.name
+        for p in segments_dir.rglob("*")
+        if p.is_file() and p.name not in pooled(segments_dir)
+    ]
+
+
+def pooled(segments_dir: Path) -> list[str]:
+    """The server's pooled segments (SegmentPool's files), idle between calls."""
+    return sorted(p.name for p in segments_dir.rglob("pool-*") if p.is_file())
 
 
 @pytest.mark.parametrize("backend", ["TRITON", "EMULATION"])
@@ -159,6 +171,14 @@ def test_run_by_layer_id_matches_the_reference(
     assert response.HasField("max_abs_error") and response.max_abs_error < 0.05
     assert response.device_time.ToNanoseconds() > 0
     assert leftover(segments_dir) == []
+    kept = pooled(segments_dir)  # hidden states, logits, output
+    assert len(kept) == 3
+    stub.RunMoE(request, timeout=120)
+    assert pooled(segments_dir) == kept  # the same files reused
+    deadline = time.monotonic() + POOL_IDLE_S + 10
+    while pooled(segments_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pooled(segments_dir) == []  # an idle server keeps none
     listed = {x.layer_id: x for x in stub.ListLayers(pb.ListLayersRequest(), timeout=10).layers}
     info = listed[layer_ids[backend]]
     assert info.device == "cpu" and info.last_used_time.ToNanoseconds() > 0

@@ -26,7 +26,7 @@ from service.kernels.activation import resolve
 from service.kernels.emulation import reference_forward
 from service.kernels.routing import topk_route
 from service.worker.main import Worker
-from service.worker.segments import SegmentDir
+from service.worker.segments import SegmentDir, SegmentPool
 from worker.test_convert_job import Lines, params, put_inputs, request
 
 DEPLOYMENT = {
@@ -232,3 +232,27 @@ def test_keeping_past_the_budget_evicts_the_least_recently_used(layer: Any, tmp_
     too_big = rig.keep_answer("TRITON", layer_budget_bytes=size - 1)
     assert too_big["error"]["details"]["category"] == "resource_exhausted"
     assert len(rig.worker.layers) == 2
+
+
+def test_the_output_goes_into_the_segment_the_server_lent_else_a_new_one(
+    layer: Any, tmp_path: Path
+) -> None:
+    """The server lends a pooled segment for the output (out_capacity bytes, larger than
+    the output); one too small for it makes the worker write a new segment (out_spill)."""
+    rig = Rig(layer, tmp_path)
+    layer_id = rig.keep("EMULATION")
+    pool = SegmentPool(rig.segments)
+    lent = pool.take(5 * 64 * 2)
+    lent.view(lent.capacity)[:] = b"\xff" * lent.capacity
+    given = inputs(5)
+    lend = {"out_segment": lent.name, "out_capacity": lent.capacity, "out_spill": "t-spill"}
+    answer = rig.run(given, layer_id=layer_id, **lend)["result"]
+    assert answer["output"]["segment"] == lent.name
+    out = torch.frombuffer(bytearray(lent.view(5 * 64 * 2)), dtype=torch.bfloat16).reshape(5, 64)
+    assert torch.equal(out, rig.output(answer))
+    want = reference(layer, given)
+    assert float((out.float() - want).norm() / want.norm()) < 1e-2
+    assert "t-spill" not in rig.segments.names()
+    answer = rig.run(given, layer_id=layer_id, **{**lend, "out_capacity": 5 * 64 * 2 - 1})
+    assert answer["result"]["output"]["segment"] == "t-spill"
+    assert torch.equal(rig.output(answer["result"]), out)
