@@ -57,6 +57,25 @@ from service.kernels.triton_wna16 import (
 #: [BLOCK_M, routes] comparison and histograms all of them.
 FUSED_MAX_ROUTES = 512
 
+#: Smallest K tile a compiled GEMM may feed to the tensor cores. Triton 3.6 gives our dot
+#: operands an MMAv2 layout of kWidth 8 (the weight operand is upcast from integer codes),
+#: which spans 4 x 8 = 32 inputs along K; with a K tile of 16 the layout wraps, so the
+#: single m16n8k16 reads inputs 0-3 and 8-11 twice and never 4-7 or 12-15 (H200: relative
+#: error 0.8; upstream fix triton-lang/triton#11691, after 3.6). Smaller K tiles (layers
+#: whose H or I is not a multiple of 32) take the float32 `tl.dot` (FMA, no MMA) instead,
+#: the same arithmetic the interpreter runs.
+MMA_MIN_BLOCK_K = 32
+
+
+def dot_in_fp32(block_k: int, interpreted: bool | None = None) -> bool:
+    """Whether a GEMM with this K tile multiplies float32 operands (`DOT_F32`): always
+    under the interpreter (it multiplies 16-bit dot operands as integers; `interpreted`
+    None: whether this process interprets), and for K tiles below `MMA_MIN_BLOCK_K` when
+    compiled."""
+    if interpreted is None:
+        interpreted = interpreting()
+    return interpreted or block_k < MMA_MIN_BLOCK_K
+
 
 class Workspace:
     """The persistent float32 sum and per-column-tile counters of the fused w2 reduction.
@@ -96,7 +115,6 @@ def fused_moe_v4(
     m, top_k = topk_ids.shape
     h, i, e = spec.hidden_size, spec.intermediate_size, spec.num_experts
     num_routes = m * top_k
-    dot_f32 = interpreting()
     fused = config.fused_routes and num_routes <= FUSED_MAX_ROUTES
     flat_ids = topk_ids.reshape(-1)
     if fused:
@@ -130,7 +148,7 @@ def fused_moe_v4(
         ACT=act.code, GATED=act.gated, INTERLEAVED=act.interleaved,
         BLOCK_M=config.block_m, BLOCK_N=c1.block_n, BLOCK_K=c1.block_k,
         SWAP_AB=c1.swap_ab, SCALE_AFTER=c1.scale_after and g13 >= c1.block_k,
-        FUSED=fused, BLOCK_E=block_e, R_PAD=r_pad, DOT_F32=dot_f32,
+        FUSED=fused, BLOCK_E=block_e, R_PAD=r_pad, DOT_F32=dot_in_fp32(c1.block_k),
         num_warps=c1.num_warps, num_stages=c1.num_stages,
     )  # fmt: skip
     c2 = config.w2
@@ -159,7 +177,8 @@ def fused_moe_v4(
         BLOCK_M=config.block_m, BLOCK_N=c2.block_n, BLOCK_K=c2.block_k,
         K_SPAN=triton.cdiv(i, c2.split_k * c2.block_k) * c2.block_k, SPLIT_K=c2.split_k,
         REDUCE=reduce, SWAP_AB=c2.swap_ab, SCALE_AFTER=c2.scale_after and g2 >= c2.block_k,
-        FUSED=fused, BLOCK_E=block_e, R_PAD=r_pad, FLUSH_M=16, DOT_F32=dot_f32,
+        FUSED=fused, BLOCK_E=block_e, R_PAD=r_pad, FLUSH_M=16,
+        DOT_F32=dot_in_fp32(c2.block_k),
         num_warps=c2.num_warps, num_stages=c2.num_stages,
     )  # fmt: skip
     if reduce == 1:
