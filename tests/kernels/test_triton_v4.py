@@ -182,10 +182,13 @@ def test_tuned_tables_round_trip_and_bucket(
 
 
 def test_shipped_tables_parse() -> None:
-    """Every JSON shipped in the package loads into valid configurations."""
+    """Every JSON shipped in the package loads into valid configurations, and every layer
+    in it has a row for M=1 (tuned_config takes the smallest row >= M: without one, decode
+    would run a larger bucket's tiles)."""
     for path in sorted(triton_wna16.CONFIG_DIR.glob("*.json")):
         data = json.loads(path.read_text())
         for rows in data["configs"].values():
+            assert "1" in rows
             for cfg in rows.values():
                 config = config_from_dict(cfg)
                 assert config.version in ("v3", "v4")
