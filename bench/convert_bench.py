@@ -33,6 +33,7 @@ import functools
 import json
 import mmap
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -265,6 +266,13 @@ def disk_write_speed(directory: Path, size: int = 1 << 30) -> float:
     return size / elapsed
 
 
+def process_cpu_seconds() -> float:
+    """User + system CPU seconds of this process, all threads (robust to a loaded machine,
+    where wall time mostly measures the other tenants)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def evict(paths: list[Path]) -> None:
     """Drop the files' clean pages from the page cache (no privileges needed), so the
     conversion reads them from the disk as a first run would."""
@@ -319,12 +327,14 @@ def checkpoint_part(args: argparse.Namespace, device: torch.device) -> dict[str,
             device=str(device),
         )
         converter = registry_converter(job, direct_routes=args.checkpoint_route == "direct")
-        firsts, resumes = [], []
+        firsts, resumes, cpus = [], [], []
         for attempt in range(args.checkpoint_rounds):
             print(f"  checkpoint -> {target} ({attempt + 1}) ...", file=sys.stderr, flush=True)
             shutil.rmtree(out, ignore_errors=True)
             evict(shards)
+            cpu = process_cpu_seconds()
             firsts.append(convert_checkpoint(job, converter=converter))
+            cpus.append(process_cpu_seconds() - cpu)
             resumes.append(convert_checkpoint(job, converter=converter))
         # The run of median time stands for all of them.
         first = sorted(firsts, key=lambda r: r.seconds)[len(firsts) // 2]
@@ -340,6 +350,7 @@ def checkpoint_part(args: argparse.Namespace, device: torch.device) -> dict[str,
                 "GB_out": round(first.bytes_out / GB, 3),
                 "seconds (median)": round(first.seconds, 2),
                 "all s": " / ".join(f"{r.seconds:.2f}" for r in firsts),
+                "CPU s (median)": round(statistics.median(cpus), 2),
                 "GB_per_s": round(first.bytes_in / first.seconds / GB, 3),
                 "conversion_s": round(first.convert_seconds, 2),
                 "disk_floor_s": round(floor, 2),
