@@ -6,8 +6,10 @@ codes, stacks and concatenates them, and checks every code's range: 20-40x the m
 traffic of the conversion itself. The routes here never expand the weight: they rearrange
 the packed words (GPTQ -> TRITON is a transpose of int32 words) or, where nibbles must
 change words, pair them with one mask-and-shift exchange over int32 words and then move
-bytes with a single strided copy straight into the output tensor, expert by expert (no
-stacking, w1/w3 written into their rows of w13). Everything except the weight (scales, zero
+bytes once, straight into the output tensor (a single strided copy on a GPU, a fixed
+per-block table on the CPU: `_move_blocks`), expert by expert (no stacking, w1/w3 written
+into their rows of w13). `compile_weights` runs the same transforms through torch.compile,
+which fuses them into one kernel on a GPU. Everything except the weight (scales, zero
 points, g_idx, bias: a few percent of the bytes) still goes through the canonical helpers,
 so those rules are stated once.
 
