@@ -104,7 +104,7 @@ class RunMoEHandler:
         self._segments = segments
         self._calls = itertools.count(1)
         self._pool: SegmentPool | None = None
-        self._trim_timer: asyncio.TimerHandle | None = None
+        self._trim_timer: tuple[asyncio.TimerHandle, asyncio.AbstractEventLoop] | None = None
 
     async def __call__(self, request: pb.RunMoERequest) -> pb.RunMoEResponse:
         hidden = self._check_hidden(request)
@@ -283,7 +283,9 @@ class RunMoEHandler:
 
     def _schedule_trim(self, pool: SegmentPool) -> None:
         """Delete idle pooled segments once they have been idle `idle_s` (one timer)."""
-        if self._trim_timer is not None or not pool.idle_bytes:
+        loop = asyncio.get_running_loop()
+        pending = self._trim_timer
+        if not pool.idle_bytes or (pending is not None and pending[1] is loop):
             return
 
         def trim() -> None:
@@ -291,7 +293,7 @@ class RunMoEHandler:
             if pool.trim():
                 self._schedule_trim(pool)
 
-        self._trim_timer = asyncio.get_running_loop().call_later(pool.idle_s, trim)
+        self._trim_timer = (loop.call_later(pool.idle_s, trim), loop)
 
     @staticmethod
     def _take(pool: SegmentPool, lent: list[Pooled], nbytes: int) -> Pooled:

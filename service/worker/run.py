@@ -310,11 +310,11 @@ def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict
         if capacity is None or nbytes > int(capacity):
             # No segment lent for the output (or it is too small): a new one of our own.
             name = str(params.get("out_spill") or name)
-            segment = segments.new(name, nbytes)
+            with segments.new(name, nbytes) as segment:
+                worker.transport.to_host(out, segment.view)
         else:
-            segment = segments.open(name, nbytes, writable=True)
-        with segment:
-            worker.transport.to_host(out, segment.view)
+            lent = name
+            worker.transport.to_file(out, lambda data: segments.write(lent, data))
         answer["output"] = {
             "segment": name,
             "spec": TensorSpec.of(

@@ -175,6 +175,24 @@ class SegmentDir:
         never changes the file), or shared and `writable` (a pooled output segment)."""
         return Segment(self.file(name), size, writable=writable)
 
+    def write(self, name: str, data: memoryview) -> None:
+        """Write `data` at the start of an existing segment (a pooled output segment).
+
+        Written into the file's pages, not through a fresh mapping: mapping it would fault
+        every page in again, about three times the cost of the copy (8 MiB: 3.5 ms against
+        1.2 ms, bench/RESULTS.md)."""
+        view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+        fd = os.open(self.file(name), os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            actual = os.fstat(fd).st_size
+            if actual < len(view):
+                raise SegmentError(f"segment {name} holds {actual} bytes, not {len(view)}")
+            done = 0
+            while done < len(view):
+                done += os.pwrite(fd, view[done:], done)
+        finally:
+            os.close(fd)
+
     def remove(self, prefix: str) -> int:
         """Delete every segment whose name starts with `prefix`; returns how many."""
         count = 0

@@ -25,6 +25,7 @@ copied straight into its segment.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -150,6 +151,27 @@ class Transport:
         event.synchronize()
         destination.copy_(staging[:nbytes])
         self.pool.give(staging, None)
+
+    def to_file(self, tensor: torch.Tensor, write: Callable[[memoryview], None]) -> None:
+        """Hand `tensor`'s bytes, on the host, to `write` (a segment's `write`): from the
+        tensor itself on the CPU, else from pinned staging once the copy is done. Returns
+        when `write` has; the staging buffer is then free again."""
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes == 0:
+            return
+        source = _bytes_of(tensor.detach().contiguous())
+        if not (self.pinned and tensor.is_cuda) or nbytes > self.pool.max_bytes:
+            write(source.cpu().numpy().data)  # larger than the pool: a plain copy
+            return
+        staging = self.pool.take(nbytes)
+        try:
+            staging[:nbytes].copy_(source, non_blocking=True)
+            event = self._recorded()
+            assert event is not None
+            event.synchronize()
+            write(staging[:nbytes].numpy().data)
+        finally:
+            self.pool.give(staging, None)
 
     def _recorded(self) -> torch.cuda.Event | None:
         """An event recorded now on the current stream of the device."""

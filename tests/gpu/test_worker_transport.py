@@ -136,3 +136,30 @@ def test_a_tensor_larger_than_the_pool_is_copied_plainly(tmp_path: Path) -> None
         moved.to_host(on_device, segment.view)
         back = torch.frombuffer(bytearray(segment.view), dtype=torch.int32)
     assert torch.equal(back, tensor) and moved.pool.allocated == 0
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (4096, 2048), (0, 7)], ids=str)
+def test_to_file_writes_a_device_tensor_into_a_pooled_segment(
+    tmp_path: Path, shape: tuple[int, int]
+) -> None:
+    """The RunMoE output path (run.py with a lent segment): device -> pinned staging ->
+    pwrite into the start of a larger segment; the staging buffer goes back to the pool;
+    a tensor larger than the pool is copied plainly."""
+    segments = SegmentDir.create(tmp_path)
+    gen = torch.Generator().manual_seed(2)
+    tensor = (torch.randn(shape, generator=gen) * 1000).to(torch.bfloat16)
+    nbytes = tensor.numel() * tensor.element_size()
+    for moved in (
+        transport.Transport("cuda"),
+        transport.Transport("cuda", transport.PinnedPool(1)),
+    ):
+        with segments.new("pool-out", nbytes + 16) as segment:
+            segment.view[:] = b"\xee" * (nbytes + 16)
+        moved.to_file(tensor.cuda(), lambda data: segments.write("pool-out", data))
+        with segments.open("pool-out", nbytes + 16) as segment:
+            raw = bytes(segment.view)
+        assert raw[nbytes:] == b"\xee" * 16
+        if nbytes:
+            back = torch.frombuffer(bytearray(raw[:nbytes]), dtype=torch.bfloat16)
+            assert torch.equal(back.reshape(shape), tensor)
+        segments.remove("pool-out")

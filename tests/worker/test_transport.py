@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from service.worker import transport
-from service.worker.segments import SegmentDir
+from service.worker.segments import SegmentDir, SegmentError
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64, torch.uint8]
 
@@ -52,6 +52,29 @@ def test_non_contiguous_and_empty_outputs(tmp_path: Path) -> None:
         back = torch.frombuffer(bytearray(segment.view), dtype=torch.int32).reshape(6, 4)
     assert torch.equal(back, tensor)
     transport.Transport("cpu").to_host(torch.empty(0, 5), memoryview(bytearray()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cpu_output_written_into_a_larger_pooled_segment(
+    tmp_path: Path, dtype: torch.dtype
+) -> None:
+    """to_file + SegmentDir.write: the bytes at the start of the file, the rest untouched;
+    non-contiguous and empty outputs too."""
+    segments = SegmentDir.create(tmp_path)
+    gen = torch.Generator().manual_seed(1)
+    tensor = (torch.randn((33, 7), generator=gen) * 100).to(dtype).t()
+    nbytes = tensor.numel() * tensor.element_size()
+    with segments.new("pool-out", nbytes + 64) as segment:
+        segment.view[:] = b"\xee" * (nbytes + 64)
+    moved = transport.Transport("cpu")
+    moved.to_file(tensor, lambda data: segments.write("pool-out", data))
+    moved.to_file(torch.empty(0, 3, dtype=dtype), lambda data: segments.write("pool-out", data))
+    with segments.open("pool-out", nbytes + 64) as segment:
+        raw = bytes(segment.view)
+    back = torch.frombuffer(bytearray(raw[:nbytes]), dtype=dtype).reshape(7, 33)
+    assert torch.equal(back, tensor) and raw[nbytes:] == b"\xee" * 64
+    with pytest.raises(SegmentError, match="holds"):
+        segments.write("pool-out", memoryview(bytes(nbytes + 65)))
 
 
 def test_a_target_of_the_wrong_size_is_refused() -> None:
