@@ -190,10 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-format", default="json", choices=("json", "text"))
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    # Before any thread starts: one malloc arena per job thread grew the heap (memory.py).
-    from service.worker.memory import limit_malloc_arenas
+    # Before any thread starts: glibc's defaults let the heap grow under load (memory.py).
+    from service.worker.memory import tune_malloc
 
-    limit_malloc_arenas()
+    tune_malloc()
     from service.logs import configure_logging
 
     configure_logging(args.log_level, args.log_format)
