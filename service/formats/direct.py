@@ -332,13 +332,24 @@ def _triton_from_awq(stored: torch.Tensor, out: torch.Tensor, bits: int) -> None
     """AWQ int4 int32 [K, N/8] (N packed, nibble order 0,2,4,6,1,3,5,7) -> Triton [N, K/2].
 
     Rows k and k+1 exchange nibbles: byte i of `low` pairs column order[2i] of both rows,
-    of `high` column order[2i+1], so column j = 4*(i%2) + 2*high + i//2 and one strided
-    copy puts every byte in place (a transpose of the whole matrix: no block table helps)."""
+    of `high` column order[2i+1], so column j = 4*(i%2) + 2*high + i//2. A GPU then puts
+    every byte in place with one strided copy (a transpose of the whole matrix). On the CPU
+    a byte-granular transpose is slow, so the move is split by granularity: the eight
+    bytes of each (k pair, word) move as one int64 (a word transpose), 4 x 8 byte blocks
+    are reordered by a table, and the 4-byte results move as int32 words."""
     k, words = (int(d) for d in stored.shape)
     pairs = stored.view(k // 2, 2, words)
     mixed = _pair(pairs[:, 0], pairs[:, 1])  # [kb, nw, high] words of bytes i
-    source = mixed.view(torch.uint8).view(k // 2, words, 2, 2, 2)  # kb nw high ih il
-    out.view(words, 2, 2, 2, k // 2).copy_(source.permute(1, 4, 2, 3, 0))
+    if not _table_moves(stored):
+        source = mixed.view(torch.uint8).view(k // 2, words, 2, 2, 2)  # kb nw high ih il
+        out.view(words, 2, 2, 2, k // 2).copy_(source.permute(1, 4, 2, 3, 0))
+        return
+    by_word = mixed.view(torch.int64).view(k // 2, words).t().contiguous()  # [nw, kb]
+    blocks = by_word.view(torch.uint8).view(words, k // 8, 32)  # [nw, kw, (kb4 high ih il)]
+    moved = torch.empty_like(blocks)
+    _move_blocks(blocks, (4, 2, 2, 2), (3, 1, 2, 0), moved)  # -> [nw, kw, (j, kb4)]
+    columns = moved.view(torch.int32).view(words, k // 8, 8)
+    out.view(torch.int32).view(words, 8, k // 8).copy_(columns.transpose(1, 2))
 
 
 TABLE_MOVE_DEVICES = {"cpu"}
