@@ -20,16 +20,9 @@ cd "$(dirname "$0")/.."
 
 OUT=${OUT:-/tmp/moe-control-gpu}
 mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1
-
-# The same environment as scripts/gpu_test.sh. The conversion itself needs only torch, but
-# importing the service package pulls the companions the wheels provide.
-if [[ -d .gpu/wheels ]]; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .gpu/wheels/*.whl || exit 2
-fi
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# The same environment as scripts/gpu_test.sh (the conversion itself needs only torch and
+# numpy; without .gpu/ the image's packages are used).
+source scripts/gpu_env.sh
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 "$PY" bench/convert_bench.py --device cuda:0 --skip-checkpoint --rounds 10 \
