@@ -1347,7 +1347,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{fds['first']:g} (first third), {fds['last']:g} (last third); {fds['after']} once "
         f"idle with {fds['connections']} client connections open. Peak: "
         f"{result['peak']['rss_mib']} MiB, {result['peak']['fds']} fds, "
-        f"{result['peak']['segments']} segments. Criteria: RSS {result['criteria']['rss']}; "
+        f"{result['peak']['segments']} segments. Criteria: memory: {result['criteria']['rss']}; "
         f"fds {result['criteria']['fds']}.",
     ]
     if result["client_lost_status"]:
