@@ -18,7 +18,12 @@ the client's protobuf work. An empty unary call (ListPlatformPresets, answered i
 measured the same way gives gRPC's own floor on this machine.
 
     python bench/runmoe_overhead.py                      # CPU: small layer, EMULATION
+    python bench/runmoe_overhead.py --shape tiny         # CPU: device time ~1 ms at M = 1
     python bench/runmoe_overhead.py --devices cuda:0 --shape qwen3 --backend HUMMING
+
+Where the server's share goes: run the server under a sampling profiler, e.g.
+`--server-prefix ".venv/bin/py-spy record -o prof.txt -f raw --subprocesses --"` (py-spy
+installed by hand, not a dependency); the server is stopped with SIGINT so it writes.
 """
 
 from __future__ import annotations

@@ -193,16 +193,14 @@ class RunMoEHandler:
         seconds = float(answer["device_seconds"])
         self._metrics.run_moe_seconds.labels(backend).observe(seconds)
         self._metrics.run_moe_tokens.labels(backend).inc(int(answer.get("tokens", hidden[0])))
-        response = pb.RunMoEResponse(
-            output=tensor_pb2.Tensor(
-                name="output",
-                dtype=request.hidden_states.dtype,
-                shape=list(out.shape),
-                data=data,
-            ),
-            backend=backend,
-            worker_index=worker.index,
-        )
+        response = pb.RunMoEResponse(backend=backend, worker_index=worker.index)
+        # Filled in place: a Tensor built first and passed as `output=` is copied whole
+        # into the response (25 ms against 1 ms for 8 MiB here, bench/RESULTS.md).
+        output = response.output
+        output.name = "output"
+        output.dtype = request.hidden_states.dtype
+        output.shape.extend(out.shape)
+        output.data = data
         response.device_time.FromNanoseconds(int(seconds * 1e9))
         if "max_abs_error" in answer:
             response.max_abs_error = float(answer["max_abs_error"])
