@@ -59,6 +59,47 @@ from service.kernels.runtime import fix_interpreter_index, interpreting, triton_
 PROJECTIONS = ("w13", "w2")
 #: Smallest K tile: tl.dot needs K >= 16 and the int4 unpack works on whole bytes.
 MIN_BLOCK_K = 16
+#: Smallest K tile a compiled GEMM feeds to the tensor cores. Triton 3.6 gives the dot
+#: operands (the weight one upcast from integer codes) an MMAv2 layout of kWidth 8, which
+#: spans 4 x 8 = 32 inputs along K; at a K tile of 16 the layout wraps and the m16n8k16 reads
+#: inputs 0-3 and 8-11 twice, 4-7 and 12-15 never (upstream fix triton-lang/triton#11691,
+#: after 3.6). The launcher widens smaller tiles to this, masked, or multiplies in float32.
+MMA_MIN_BLOCK_K = 32
+
+
+@dataclass(frozen=True, slots=True)
+class KTile:
+    """The K tile a v3 GEMM is launched with and whether its dot multiplies float32. Where
+    the tile does not divide K the kernels mask the last one (K and BLOCK_K are constexprs:
+    the masks are compiled in only then)."""
+
+    block_k: int
+    dot_f32: bool
+
+
+def _tile_fits_groups(block_k: int, k: int, group: int) -> bool:
+    """Whether `_dequant_tile` reads the right scales for every valid input of every tile:
+    the group spans whole tiles, or the tile whole groups, or one group spans all of K
+    (channelwise: the masked tail is still in group 0)."""
+    return group >= k or group % block_k == 0 or block_k % group == 0
+
+
+def launch_k_tile(block_k: int, k: int, group: int, interpreted: bool | None = None) -> KTile:
+    """The K tile to launch for a configured `block_k` (heuristic, tuned table or caller's
+    config, swap-AB or not: every launch goes through here).
+
+    A tile below `MMA_MIN_BLOCK_K` is widened to it where the groups allow, its tail masked
+    (layers whose K is an odd multiple of 16: the wasted half tile costs far less than giving
+    up the tensor cores); where they do not (a group such as 48 that neither nests in nor
+    holds 32), the tile stays and the dot takes float32 operands (FMA, no MMA: the
+    interpreter's arithmetic). Under the interpreter (`interpreted` None: whether this
+    process interprets) the dot is always float32: it multiplies 16-bit operands as integers.
+    """
+    if interpreted is None:
+        interpreted = interpreting()
+    if block_k < MMA_MIN_BLOCK_K and _tile_fits_groups(MMA_MIN_BLOCK_K, k, group):
+        block_k = MMA_MIN_BLOCK_K
+    return KTile(block_k, interpreted or block_k < MMA_MIN_BLOCK_K)
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,7 +445,6 @@ def fused_moe(
     """The whole forward (launches only; no host synchronisation), into `out` if given."""
     m, top_k = topk_ids.shape
     h, i = spec.hidden_size, spec.intermediate_size
-    dot_f32 = interpreting()
     aligned = align_block_size(topk_ids, config.block_m, spec.num_experts)
     max_blocks = aligned.expert_ids.numel()
     num_routes = m * top_k
@@ -417,6 +457,8 @@ def fused_moe(
     z13 = t.get("w13_qzeros", dummy)
     b13 = t.get("w13_bias", dummy)
     c1 = config.w13
+    g13 = h if spec.group_size == -1 else spec.group_size
+    k1 = launch_k_tile(c1.block_k, h, g13)
     _moe_w13_kernel[(max_blocks, triton.cdiv(i, c1.block_n))](
         x,
         q13,
@@ -444,7 +486,7 @@ def fused_moe(
         K=h,
         TOP_K=top_k,
         BITS=spec.bits,
-        GROUP=h if spec.group_size == -1 else spec.group_size,
+        GROUP=g13,
         HAS_ZP=has_zp,
         HAS_BIAS=has_bias,
         ACT=act.code,
@@ -452,13 +494,15 @@ def fused_moe(
         INTERLEAVED=act.interleaved,
         BLOCK_M=config.block_m,
         BLOCK_N=c1.block_n,
-        BLOCK_K=c1.block_k,
+        BLOCK_K=k1.block_k,
         SWAP_AB=c1.swap_ab,
-        DOT_F32=dot_f32,
+        DOT_F32=k1.dot_f32,
         num_warps=c1.num_warps,
         num_stages=c1.num_stages,
     )
     c2 = config.w2
+    g2 = i if spec.group_size == -1 else spec.group_size
+    k2 = launch_k_tile(c2.block_k, i, g2)
     atomic = top_k > 1 or c2.split_k > 1
     result = torch.empty_like(x) if out is None else out
     # The top-k sum (and split-K partials) accumulate in float32; one writer needs none.
@@ -491,16 +535,16 @@ def fused_moe(
         K=i,
         TOP_K=top_k,
         BITS=spec.bits,
-        GROUP=i if spec.group_size == -1 else spec.group_size,
+        GROUP=g2,
         HAS_ZP=has_zp,
         HAS_BIAS=has_bias,
         BLOCK_M=config.block_m,
         BLOCK_N=c2.block_n,
-        BLOCK_K=c2.block_k,
-        K_SPAN=triton.cdiv(i, c2.split_k * c2.block_k) * c2.block_k,
+        BLOCK_K=k2.block_k,
+        K_SPAN=triton.cdiv(i, c2.split_k * k2.block_k) * k2.block_k,
         ATOMIC=atomic,
         SWAP_AB=c2.swap_ab,
-        DOT_F32=dot_f32,
+        DOT_F32=k2.dot_f32,
         num_warps=c2.num_warps,
         num_stages=c2.num_stages,
     )
@@ -540,6 +584,7 @@ def _dequant_tile(
     stride_qn,
     stride_sn,
     stride_zn,
+    K: tl.constexpr,
     BITS: tl.constexpr,
     GROUP: tl.constexpr,
     HAS_ZP: tl.constexpr,
@@ -550,21 +595,27 @@ def _dequant_tile(
 ):
     """[BLOCK_N, BLOCK_K] weights (q - zp)·scale of `rows`, inputs k0 .. k0+BLOCK_K.
 
+    Where BLOCK_K does not divide K the last tile runs past it: codes, scales and zero points
+    past K are not read; the weights there are finite (zero codes, or zero scales) and meet
+    zero activations.
+
     The pointers are already offset to the expert. Codes become exact float32 values as
     2^23 + q (OR the code into the mantissa of 2^23) and the zero point is folded into the
     subtracted constant, so no int->float conversion instruction runs.
     """
     if BITS == 4:
         kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        packed = tl.load(
-            q_ptr + rows[:, None] * stride_qn + kb[None, :], mask=row_mask[:, None], other=0
-        )
+        q_mask = row_mask[:, None]
+        if K % BLOCK_K != 0:
+            q_mask = q_mask & (kb[None, :] < K // 2)
+        packed = tl.load(q_ptr + rows[:, None] * stride_qn + kb[None, :], mask=q_mask, other=0)
         q = tl.join(packed & 0xF, packed >> 4).reshape(BLOCK_N, BLOCK_K)
     else:
         kk = k0 + tl.arange(0, BLOCK_K)
-        q = tl.load(
-            q_ptr + rows[:, None] * stride_qn + kk[None, :], mask=row_mask[:, None], other=0
-        )
+        q_mask = row_mask[:, None]
+        if K % BLOCK_K != 0:
+            q_mask = q_mask & (kk[None, :] < K)
+        q = tl.load(q_ptr + rows[:, None] * stride_qn + kk[None, :], mask=q_mask, other=0)
     qf = (q.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True)
     if GROUP >= BLOCK_K:
         g = k0 // GROUP + tl.zeros([BLOCK_N], dtype=tl.int32)
@@ -576,6 +627,8 @@ def _dequant_tile(
         g2 = g[None, :] + tl.zeros([BLOCK_N, BLOCK_K // GROUP], dtype=tl.int32)
         rows2 = rows[:, None] + tl.zeros([BLOCK_N, BLOCK_K // GROUP], dtype=tl.int32)
         mask2 = row_mask[:, None] & (g2 >= 0)
+        if K % BLOCK_K != 0:
+            mask2 = mask2 & (g2 < K // GROUP)
         s = tl.load(s_ptr + rows2 * stride_sn + g2, mask=mask2, other=0).to(tl.float32)
         z = _zero_points(z_ptr, rows2, mask2, g2, stride_zn, BITS, HAS_ZP)
         w3 = qf.reshape(BLOCK_N, BLOCK_K // GROUP, GROUP)
@@ -755,16 +808,16 @@ def _moe_w13_kernel(
     if GATED:
         acc_g = tl.zeros_like(acc_u)
     for k0 in range(0, K, BLOCK_K):
-        a = tl.load(a_ptrs + k0, mask=a_mask, other=0.0)
+        a = _load_a(a_ptrs, a_mask, offs_k, k0, K, BLOCK_K, SWAP_AB)
         w_u = _dequant_tile(
             q_e, s_e, z_e, up_rows, n_mask, k0, stride_qn, stride_sn, stride_zn,
-            BITS, GROUP, HAS_ZP, BLOCK_N, BLOCK_K, out_dtype, DOT_F32,
+            K, BITS, GROUP, HAS_ZP, BLOCK_N, BLOCK_K, out_dtype, DOT_F32,
         )  # fmt: skip
         acc_u = _mma(a, w_u, acc_u, SWAP_AB, DOT_F32)
         if GATED:
             w_g = _dequant_tile(
                 q_e, s_e, z_e, gate_rows, n_mask, k0, stride_qn, stride_sn, stride_zn,
-                BITS, GROUP, HAS_ZP, BLOCK_N, BLOCK_K, out_dtype, DOT_F32,
+                K, BITS, GROUP, HAS_ZP, BLOCK_N, BLOCK_K, out_dtype, DOT_F32,
             )  # fmt: skip
             acc_g = _mma(a, w_g, acc_g, SWAP_AB, DOT_F32)
     if HAS_BIAS:
@@ -787,6 +840,21 @@ def _moe_w13_kernel(
         out_ptrs = out_ptr + row[:, None] + cols[None, :]
         mask = m_mask[:, None] & n_mask[None, :]
     tl.store(out_ptrs, h.to(out_dtype), mask=mask)
+
+
+@triton.jit
+def _load_a(
+    a_ptrs, a_mask, offs_k, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr
+):
+    """The activation tile at k0 ([BLOCK_M, BLOCK_K], SWAP_AB [BLOCK_K, BLOCK_M]), zero past
+    K where the last tile runs over (BLOCK_K does not divide K)."""
+    mask = a_mask
+    if K % BLOCK_K != 0:
+        if SWAP_AB:
+            mask = mask & (k0 + offs_k[:, None] < K)
+        else:
+            mask = mask & (k0 + offs_k[None, :] < K)
+    return tl.load(a_ptrs + k0, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -873,10 +941,10 @@ def _moe_w2_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k_lo = pid_k * K_SPAN
     for k0 in range(k_lo, tl.minimum(k_lo + K_SPAN, K), BLOCK_K):
-        a = tl.load(a_ptrs + k0, mask=a_mask, other=0.0)
+        a = _load_a(a_ptrs, a_mask, offs_k, k0, K, BLOCK_K, SWAP_AB)
         w = _dequant_tile(
             q_e, s_e, z_e, cols, n_mask, k0, stride_qn, stride_sn, stride_zn,
-            BITS, GROUP, HAS_ZP, BLOCK_N, BLOCK_K, a_dtype, DOT_F32,
+            K, BITS, GROUP, HAS_ZP, BLOCK_N, BLOCK_K, a_dtype, DOT_F32,
         )  # fmt: skip
         acc = _mma(a, w, acc, SWAP_AB, DOT_F32)
     if HAS_BIAS:

@@ -11,12 +11,8 @@ by device name and layer shape, token counts bucketed.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -33,6 +29,7 @@ from service.kernels.triton_wna16 import (
     config_to_dict,
     tuned_config,
 )
+from tests.kernels._ttgir import mma_operands, wrapped
 from tests.kernels.helpers import KERNEL_DEVICE, pack_triton, random_layer, random_routing
 from tests.kernels.test_triton_wna16 import SHAPES, _check
 
@@ -197,57 +194,6 @@ def test_shipped_tables_parse() -> None:
 
 # --- what the interpreter cannot show: the compiled dot layouts -------------------------------
 
-#: Run in a fresh interpreter with TRITON_INTERPRET off (this process decorated the kernels
-#: for the interpreter): compile each v4 w2 variant for sm_90a (no GPU needed) and print
-#: every MMAv2 dot operand as [rows, cols, opIdx, kWidth].
-_COMPILE = """
-import json, re, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from service.kernels import triton_wna16_v4 as v4
-pointers = {"q_ptr": "*i64", "z_ptr": "*u8", "acc_ptr": "*fp32", "topk_w_ptr": "*fp32",
-            "count_ptr": "*i32", "ids_ptr": "*i32", "sorted_ptr": "*i32",
-            "expert_ids_ptr": "*i32", "s_ptr": "*fp16", "bias_ptr": "*fp16"}
-fn = v4._v4_w2_kernel
-result = []
-for consts in json.loads(sys.argv[1]):
-    signature = {}
-    for p in fn.params:
-        if p.name in consts:
-            signature[p.name] = "constexpr"
-        elif p.name.endswith("_ptr"):
-            signature[p.name] = pointers.get(p.name, "*bf16")
-        else:
-            signature[p.name] = "i32"
-    compiled = triton.compile(
-        triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=consts),
-        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3},
-    )
-    pattern = (r"tensor<(\\d+)x(\\d+)x\\w+, #ttg\\.dot_op<\\{opIdx = (\\d), "
-               r"parent = #mma, kWidth = (\\d+)")
-    found = re.findall(pattern, compiled.asm["ttgir"])
-    result.append(sorted({tuple(int(v) for v in f) for f in found}))
-print(json.dumps(result))
-"""
-
-
-def _mma_operands(variants: list[dict[str, Any]]) -> list[list[list[int]]]:
-    path = os.pathsep.join(filter(None, [str(Path.cwd()), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": path}
-    done = subprocess.run(
-        [sys.executable, "-c", _COMPILE, json.dumps(variants)],
-        capture_output=True, text=True, env=env, timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    result: list[list[list[int]]] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
-
-
-def _wrapped(operands: list[list[int]]) -> bool:
-    """An MMAv2 operand whose 4 x kWidth inputs per K step exceed the tile's K (A is
-    [M, K], B is [K, N]): the layout wraps and the dot reads half its inputs twice."""
-    return any(4 * kw > (cols if op == 0 else rows) for rows, cols, op, kw in operands)
-
 
 def test_compiled_k_tile_16_stays_off_the_wrapped_mma_layout() -> None:
     """The H200 failure (relative error 0.8 on test_activation_and_top1, passing here):
@@ -263,9 +209,12 @@ def test_compiled_k_tile_16_stays_off_the_wrapped_mma_layout() -> None:
     fixed = triton_wna16_v4.dot_in_fp32(16, interpreted=False)
     tensor_cores = not triton_wna16_v4.dot_in_fp32(32, interpreted=False)
     assert fixed and tensor_cores
-    bug, ok16, ok32 = _mma_operands(
-        [{**w2, "DOT_F32": False}, {**w2, "DOT_F32": True}, {**k32, "DOT_F32": False}]
+    bug, ok16, ok32 = mma_operands(
+        "service.kernels.triton_wna16_v4",
+        "_v4_w2_kernel",
+        [{**w2, "DOT_F32": False}, {**w2, "DOT_F32": True}, {**k32, "DOT_F32": False}],
+        types={"q_ptr": "*i64"},
     )
-    assert _wrapped(bug)  # the compiler's tensor-core dot at K 16: what this guards against
-    assert not _wrapped(ok16)
-    assert ok32 and not _wrapped(ok32)
+    assert wrapped(bug)  # the compiler's tensor-core dot at K 16: what this guards against
+    assert not wrapped(ok16)
+    assert ok32 and not wrapped(ok32)

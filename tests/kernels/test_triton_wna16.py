@@ -9,6 +9,8 @@ error is about 4e-3 with bfloat16 (8 bits of mantissa) and 5e-4 with float16.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -20,10 +22,13 @@ from service.kernels.interface import LayerSpec
 from service.kernels.triton_wna16 import (
     GemmTile,
     KernelConfig,
+    KTile,
     TritonWNA16Experts,
     choose_config,
     fit_block_k,
+    launch_k_tile,
 )
+from tests.kernels._ttgir import compiled_dots, wrapped
 from tests.kernels.helpers import (
     KERNEL_DEVICE,
     pack_triton,
@@ -32,6 +37,10 @@ from tests.kernels.helpers import (
     rel_err,
     triton_spec,
 )
+
+# On a GPU these tests run compiled: `pytest -m gpu tests/kernels/test_triton_wna16.py`
+# there (scripts/gpu_test.sh); on CPU they are unmarked and interpreted.
+pytestmark = [pytest.mark.gpu] if torch.cuda.is_available() else []
 
 TOL = {torch.bfloat16: 1e-2, torch.float16: 3e-3}
 
@@ -216,3 +225,130 @@ def test_bad_forward_input_is_rejected_before_launch() -> None:
     with pytest.raises(KernelInputError) as info:
         backend.forward(torch.randn(2, 64, device=dev).bfloat16(), ids, weights.double())
     assert info.value.field == "topk_weights"
+
+
+# --- K tiles below 32: Triton 3.6's wrapped MMAv2 layout (triton-lang/triton#11691) -----------
+
+#: Layers whose H or I is an odd multiple of 16, where `choose_config` fits a K tile of 16
+#: (before the launcher widened it, int4 compiled to a wrapped kWidth-8 dot: wrong on the
+#: H200, right here): (H, I, bits, group, zero points). Group 48 at H 96 nests with no 32-wide
+#: tile, so w13 keeps K 16 and the float32 dot; at I 48 it is channelwise-like (one group).
+ODD_K_LAYERS = {
+    "int4_g16_zp": (80, 48, 4, 16, True),
+    "int4_channelwise": (48, 80, 4, -1, True),
+    "int8_g16": (80, 48, 8, 16, False),
+    "int4_g48_fp32_dot": (96, 48, 4, 48, False),
+}
+
+
+def test_launch_k_tile() -> None:
+    """Compiled: tiles below 32 widen to a masked 32 where the groups nest, else keep their
+    width and multiply in float32; interpreted: always float32."""
+    compiled = {
+        (16, 48, 16): KTile(32, False),
+        (16, 48, 48): KTile(32, False),  # channelwise: one group spans K
+        (16, 16, 16): KTile(32, False),
+        (16, 96, 32): KTile(32, False),  # a caller's 16 where 32 divides K
+        (16, 96, 48): KTile(16, True),  # 32 straddles the groups of 48
+        (64, 2048, 128): KTile(64, False),
+        (128, 1408, 32): KTile(128, False),
+    }
+    for (bk, k, group), tile in compiled.items():
+        assert launch_k_tile(bk, k, group, interpreted=False) == tile, (bk, k, group)
+        assert launch_k_tile(bk, k, group, interpreted=True).dot_f32
+
+
+@pytest.mark.parametrize("layer", sorted(ODD_K_LAYERS))
+def test_odd_k_layers_never_launch_a_tensor_core_k_tile_below_32(layer: str) -> None:
+    h, i, bits, group, _ = ODD_K_LAYERS[layer]
+    spec = LayerSpec(8, h, i, bits, group)
+    picked_16 = False
+    for m in (1, 4, 64, 1024):
+        config = choose_config(m, 2, spec, 132)
+        for tile, k in ((config.w13, h), (config.w2, i)):
+            picked_16 |= tile.block_k == 16
+            launched = launch_k_tile(tile.block_k, k, k if group == -1 else group, False)
+            assert launched.block_k >= 32 or launched.dot_f32
+    assert picked_16  # the heuristic's own choice: what the launcher must correct
+
+
+#: A caller's explicit K-16 tiles in the other orientations than the heuristic's (w13
+#: swap-AB, w2 plain with split-K), so every masked load runs in both.
+_ODD_K_SWAPPED = KernelConfig(16, GemmTile(64, 16, swap_ab=True), GemmTile(32, 16, split_k=2))
+
+
+@pytest.mark.parametrize("layer", sorted(ODD_K_LAYERS))
+def test_odd_k_layers_interpreted(layer: str) -> None:
+    """Correctness at those shapes with the masked 32-wide tiles (and the float32 fallback)."""
+    h, i, bits, group, zp = ODD_K_LAYERS[layer]
+    built = random_layer(
+        h + i + bits, 4, h, i, bits=bits, group_size=group, zero_points=zp, bias=True
+    )
+    _check(built, 5, 2, torch.bfloat16, seed=h)
+    _check(built, 6, 2, torch.float16, config=_ODD_K_SWAPPED, seed=i)
+
+
+def _launch_consts(
+    spec: LayerSpec, config: KernelConfig, top_k: int
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The constexprs and options `fused_moe` passes to each kernel when compiled (silu,
+    top-k sum by atomics), for the compile test."""
+    h, i = spec.hidden_size, spec.intermediate_size
+    g13 = h if spec.group_size == -1 else spec.group_size
+    g2 = i if spec.group_size == -1 else spec.group_size
+    k1 = launch_k_tile(config.w13.block_k, h, g13, interpreted=False)
+    k2 = launch_k_tile(config.w2.block_k, i, g2, interpreted=False)
+    c1, c2 = config.w13, config.w2
+    layer = {"TOP_K": top_k, "BITS": spec.bits, "HAS_ZP": spec.has_zero_points,
+             "HAS_BIAS": spec.has_bias, "BLOCK_M": config.block_m}  # fmt: skip
+    w13 = {**layer, "K": h, "GROUP": g13, "ACT": 0, "GATED": True, "INTERLEAVED": False,
+           "BLOCK_N": c1.block_n, "BLOCK_K": k1.block_k, "SWAP_AB": c1.swap_ab,
+           "DOT_F32": k1.dot_f32}  # fmt: skip
+    w2 = {**layer, "K": i, "GROUP": g2, "BLOCK_N": c2.block_n, "BLOCK_K": k2.block_k,
+          "K_SPAN": -(-i // (c2.split_k * k2.block_k)) * k2.block_k,
+          "ATOMIC": True, "SWAP_AB": c2.swap_ab, "DOT_F32": k2.dot_f32}  # fmt: skip
+    o1 = {"num_warps": c1.num_warps, "num_stages": c1.num_stages}
+    o2 = {"num_warps": c2.num_warps, "num_stages": c2.num_stages}
+    return w13, o1, w2, o2
+
+
+def test_compiled_odd_k_tiles_stay_off_the_wrapped_mma_layout() -> None:
+    """What the interpreter cannot show: compiled for sm_90a (in a subprocess, no GPU), every
+    dot operand of what the launcher passes at the odd-K layers has 4·kWidth <= its K tile,
+    and the tensor cores are still used (MMAv2 for small plain tiles, wgmma for swap-AB and
+    128-row ones; int4 and int8; the heuristic's tiles and a caller's K-16 ones). The same
+    small plain tiles unwidened (K 16, 16-bit dot) show the wrapped layout this guards."""
+    int4 = LayerSpec(8, *ODD_K_LAYERS["int4_g16_zp"][:4], has_zero_points=True)
+    int8 = LayerSpec(8, *ODD_K_LAYERS["int8_g16"][:4])
+    g48 = LayerSpec(8, *ODD_K_LAYERS["int4_g48_fp32_dot"][:4])
+    launches = [
+        (int4, choose_config(1, 2, int4, 132)),
+        (int4, choose_config(1024, 2, int4, 132)),
+        (int4, _ODD_K_SWAPPED),
+        (int8, choose_config(1, 2, int8, 132)),
+        (g48, choose_config(1, 2, g48, 132)),
+    ]
+    variants = [_launch_consts(spec, config, 2) for spec, config in launches]
+    # The unwidened K-16 launch of int4's small plain tiles (w13 decode, w2 of the caller's).
+    unwidened = {"BLOCK_K": 16, "DOT_F32": False}
+    assert not variants[0][0]["SWAP_AB"] and not variants[2][2]["SWAP_AB"]
+    bug13 = {**variants[0][0], **unwidened}
+    bug2 = {**variants[2][2], **unwidened, "K_SPAN": 32}
+    w13 = compiled_dots(
+        "service.kernels.triton_wna16", "_moe_w13_kernel",
+        [v[0] for v in variants] + [bug13], types={"q_ptr": "*u8"},
+        options=[v[1] for v in variants] + [variants[0][1]],
+    )  # fmt: skip
+    w2 = compiled_dots(
+        "service.kernels.triton_wna16", "_moe_w2_kernel",
+        [v[2] for v in variants] + [bug2], types={"q_ptr": "*u8", "out_ptr": "*fp32"},
+        options=[v[3] for v in variants] + [variants[2][3]],
+    )  # fmt: skip
+    launched = [v[0] for v in variants] + [v[2] for v in variants]
+    for dots, consts in zip(w13[:-1] + w2[:-1], launched, strict=True):
+        assert not wrapped(dots["mma"]), (consts, dots)
+        tensor_cores = bool(dots["mma"]) or dots["wgmma"]
+        assert tensor_cores != consts["DOT_F32"], (consts, dots)  # tensor cores unless f32
+    # What this guards against: the compiler's 16-bit MMAv2 dot at K 16 wraps.
+    assert wrapped(w13[-1]["mma"]), w13[-1]
+    assert wrapped(w2[-1]["mma"]), w2[-1]
