@@ -413,11 +413,22 @@ class ConvertWeightsHandler:
             )
         try:
             async for event in _until_done(call, events):
+                if "stages" in event:  # a converted layer's stage times (ConvertProgress has none)
+                    log.debug(
+                        "checkpoint layer converted",
+                        extra={
+                            "event": "convert_layer_stages",
+                            "layer": event.get("current", ""),
+                            "stages": event["stages"],
+                        },
+                    )
                 yield convert_codec.progress(event)
             try:
                 answer = call.result()
             except WorkerCallError as exc:
                 raise domain_error(exc) from None
+            # Where the workers' time went, per stage summed over layers (worker seconds).
+            stages = {k: round(float(v), 3) for k, v in (answer.get("stage_seconds") or {}).items()}
             if plan is not None:
                 log.info(
                     "checkpoint conversion spread over workers",
@@ -425,7 +436,13 @@ class ConvertWeightsHandler:
                         "event": "convert_spread",
                         "ranges": len(plan.ranges),
                         "workers": answer.get("workers"),
+                        "stage_seconds": stages,
                     },
+                )
+            else:
+                log.info(
+                    "checkpoint conversion done",
+                    extra={"event": "convert_checkpoint", "stage_seconds": stages},
                 )
         finally:
             if not call.done():

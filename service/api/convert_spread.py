@@ -3,30 +3,37 @@
 The checkpoint job already works in layer ranges (a Kubernetes Indexed Job runs one range
 per pod over a shared journal; formats/checkpoint.py), so spreading it over the workers of
 one server is cutting the job into ranges and handing them out as a work queue: each worker
-pulls the next range when it finishes one. Ranges of consecutive MoE layers, about two per
-worker (`chunk_size`): within a range the job pipelines (it writes one layer while it
-converts the next), and more ranges than workers even out layers that cost unevenly. The
-ranges, in order:
+pulls the next range when it finishes one. Each worker reads its own layers straight from
+the mapped shards, converts them on its device, hashes and writes their files and journal
+records; the server only hands out ranges and merges the answers. The ranges, in order:
 
-* the first starts where the job starts (layer 0 for a whole checkpoint), so it also owns
-  the rest: the non-MoE tensors, the small files and the hashing of the source files. It is
-  handed out first, and the other workers start only once it reported (its output
-  directory is prepared, so two workers never race to create it);
-* the further ranges of MoE layers, in layer order;
-* the last MoE layer's range is kept back and run alone after every other range finished.
-  A range finalizes the directory (index, manifest) only when it finds every unit done, so
-  keeping one unit back means exactly one run finalizes, once, with every record in place:
-  the output is byte for byte what one worker writes (tests/integration/test_multi_worker).
+* the first starts where the job starts, with one layer only, since for a whole checkpoint
+  it also owns the rest (the non-MoE tensors, the small files). It is handed out first,
+  and the other workers start only once it reported (its output directory is prepared,
+  so two workers never race to create it);
+* the further MoE layers, one per range when a layer is large (`LARGE_LAYER_BYTES`: a
+  layer then keeps a worker busy for a while, and a finer queue keeps every worker busy
+  to the end), else about two ranges per worker (`chunk_size`);
+* the source files' SHA-256s (the manifest's, a sequential stream per file) are handed
+  out over the first ranges, largest file first to the least loaded range, so no single
+  worker reads the whole checkpoint a second time: on the first H200 x2 run that one
+  worker hashing every shard was what both configurations waited on (bench/RESULTS.md).
 
-Where the output directory already holds a manifest or the last layer's record (a re-run
-of a finished or nearly finished conversion: verification only), the job runs whole on one
-worker, which keeps the one-finalizer property. A worker that dies hands its range back to
-the queue once (the journal makes a redone unit safe); all workers gone is UNAVAILABLE.
+None of these ranges finalizes (`finalize: false`); once every range finished, one last
+call of an empty range writes the index and the manifest from the journal records (and
+hashes any source file still missing): exactly one run finalizes, once, with every record
+in place, so the output is byte for byte what one worker writes
+(tests/integration/test_multi_worker).
+
+Where the output directory already holds a manifest (a re-run of a finished conversion:
+verification only), the job runs whole on one worker. A worker that dies hands its range
+back to the queue once (the journal makes a redone unit safe); all workers gone is
+UNAVAILABLE.
 
 Progress: the ranges' events are merged into one stream with the whole job's totals
 (layers and bytes counted from the shard headers here, torch-free, as the job counts them);
 each range's counts only grow, so the merged counts only grow, and a finished range counts
-as complete.
+as complete. A layer's `converted` event carries its stage times (`stages`), passed on.
 """
 
 from __future__ import annotations
@@ -41,7 +48,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.formats.checkpoint import (
-    JOURNAL_DIR,
     MANIFEST_NAME,
     CheckpointJob,
     find_moe_layers,
@@ -55,26 +61,43 @@ from service.worker.supervisor import WorkerHandle, WorkerPool
 MAX_LISTED_TENSORS = 20_000
 #: How often one range may be handed to another worker after its worker died.
 RETRIES_PER_RANGE = 1
+#: A layer at least this large is a range of its own (a Mixtral-8x7B GPTQ layer: 0.73 GB).
+LARGE_LAYER_BYTES = 64 << 20
 
 Emit = Callable[[dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
 class SpreadPlan:
-    """The job cut into layer ranges: the first owns the rest, the last finalizes."""
+    """The job cut into layer ranges (the first owns the rest), then one finalizing call."""
 
     ranges: tuple[tuple[int, int], ...]
     #: Module names of the MoE layers converted (their tensors' name prefixes).
     modules: tuple[str, ...]
     layers_total: int
     bytes_total: int
+    #: Per range, the source files whose SHA-256 it computes.
+    hashes: tuple[tuple[str, ...], ...] = ()
+    #: The finalizing call's empty range [end, end).
+    end: int = 0
+
+    def range_job(self, job_json: dict[str, Any], number: int) -> dict[str, Any]:
+        """The job of range `number`; `len(ranges)` is the finalizing call."""
+        if number == len(self.ranges):
+            return {**job_json, "layers": [self.end, self.end], "finalize": True}
+        hashes = self.hashes[number] if number < len(self.hashes) else ()
+        return {
+            **job_json,
+            "layers": list(self.ranges[number]),
+            "finalize": False,
+            "hash_sources": list(hashes),
+        }
 
 
 def plan_spread(job: CheckpointJob, workers: int) -> SpreadPlan | None:
     """The ranges of `job` for `workers` workers, or None when it runs whole on one worker:
-    fewer than two MoE layers in it, a re-run of a finished or nearly finished conversion,
-    or a checkpoint this cannot read (the worker's run then reports the problem as it
-    always does)."""
+    fewer than two MoE layers in it, a re-run of a finished conversion, or a checkpoint
+    this cannot read (the worker's run then reports the problem as it always does)."""
     try:
         return _plan(job, workers)
     except Exception:
@@ -90,39 +113,50 @@ def _plan(job: CheckpointJob, workers: int) -> SpreadPlan | None:
             files[name] = SafetensorsFile(path)
         layers, rest = find_moe_layers({name: list(f.entries) for name, f in files.items()})
         mine = [layer for layer in layers if job.wants(layer)]
-        if len(mine) < 2:
+        if len(mine) < 2 or (job.output_dir / MANIFEST_NAME).exists():
             return None
-        journal = job.output_dir / JOURNAL_DIR
-        if (job.output_dir / MANIFEST_NAME).exists() or (
-            journal / f"{mine[-1].unit}.json"
-        ).exists():
-            return None
-        bytes_total = sum(
-            files[t.file].entries[t.name].nbytes for layer in mine for t in layer.tensors.values()
-        )
-        if job.owns_rest():
-            bytes_total += sum(files[f].entries[n].nbytes for f in rest for n in rest[f])
+        sizes = [
+            sum(files[t.file].entries[t.name].nbytes for t in layer.tensors.values())
+            for layer in mine
+        ]
+        rest_bytes = sum(files[f].entries[n].nbytes for f in rest for n in rest[f])
+        shard_bytes = {name: file.size for name, file in files.items()}
     finally:
         for file in files.values():
             file.close()
+    bytes_total = sum(sizes) + (rest_bytes if job.owns_rest() else 0)
     start = job.layers[0] if job.layers is not None else 0
     end = job.layers[1] if job.layers is not None else mine[-1].index + 1
-    body = mine[:-1]
-    size = chunk_size(len(body), workers)
-    firsts = [body[i].index for i in range(0, len(body), size)]
-    bounds = [start, *firsts[1:], mine[-1].index, end]
+    large = min(sizes) >= LARGE_LAYER_BYTES
+    # The first range carries the rest: one layer beside it.
+    first = 1 if job.owns_rest() or large else chunk_size(len(mine), workers)
+    body = mine[first:]
+    step = 1 if large else chunk_size(len(body), workers)
+    bounds = [start, *(body[i].index for i in range(0, len(body), step)), end]
+    ranges = tuple(itertools.pairwise(bounds))
+    loads = [0] * min(len(ranges), max(1, workers))
+    loads[0] = rest_bytes if job.owns_rest() else 0
+    hashes: list[list[str]] = [[] for _ in loads]
+    if job.owns_rest():  # the range that owns the rest hashes the sources (as one run does)
+        for name in sorted(shard_bytes, key=lambda n: (-shard_bytes[n], n)):
+            least = loads.index(min(loads))
+            hashes[least].append(name)
+            loads[least] += shard_bytes[name]
     return SpreadPlan(
-        ranges=tuple(itertools.pairwise(bounds)),
+        ranges=ranges,
         modules=tuple(layer.module for layer in mine),
         layers_total=len(mine),
         bytes_total=bytes_total,
+        hashes=tuple(tuple(sorted(h)) for h in hashes),
+        end=end,
     )
 
 
 def chunk_size(layers: int, workers: int) -> int:
-    """Layers per range: about two ranges per worker. Within a range the job writes one
-    layer while it converts the next and reads ahead, which a range of one layer cannot;
-    more ranges than workers keeps them evenly busy when layers cost unevenly."""
+    """Layers per range for small layers: about two ranges per worker. Within a range the
+    job writes one layer while it converts the next and reads ahead, which a range of one
+    layer cannot; more ranges than workers keeps them evenly busy when layers cost
+    unevenly."""
     return max(1, -(-layers // (2 * max(1, workers))))
 
 
@@ -179,20 +213,20 @@ async def run_spread(
     began = time.perf_counter()
     merged = _Merged(plan, emit)
     merged.start()
-    queue: deque[tuple[int, tuple[int, int]]] = deque(enumerate(plan.ranges[:-1]))
+    queue: deque[int] = deque(range(len(plan.ranges)))
     answers: dict[int, dict[str, Any]] = {}
     ran_on: dict[int, int] = {}
     retries: dict[int, int] = {}
     prepared = asyncio.Event()
 
-    async def run_range(worker: WorkerHandle, number: int, span: tuple[int, int]) -> None:
+    async def run_range(worker: WorkerHandle, number: int) -> None:
         def heard(_name: str, data: dict[str, Any]) -> None:
             prepared.set()
             merged.update(number, data)
 
         answer = await worker.call(
             "convert_checkpoint",
-            {"job": {**job_json, "layers": list(span)}},
+            {"job": plan.range_job(job_json, number)},
             on_event=heard,
             cancellable=True,
         )
@@ -200,11 +234,11 @@ async def run_spread(
         answers[number] = answer
         ran_on[number] = worker.index
 
-    def give_back(number: int, span: tuple[int, int], error: WorkerUnavailableError) -> None:
+    def give_back(number: int, error: WorkerUnavailableError) -> None:
         retries[number] = retries.get(number, 0) + 1
         if retries[number] > RETRIES_PER_RANGE:
             raise error
-        queue.appendleft((number, span))
+        queue.appendleft(number)
 
     #: Ranges running now; a worker with nothing to pull waits while any runs elsewhere,
     #: since a range whose worker dies comes back to the queue.
@@ -223,12 +257,12 @@ async def run_spread(
                 await changed.wait_for(pullable)
                 if not queue:
                     return
-                number, span = queue.popleft()
+                number = queue.popleft()
                 running += 1
             try:
-                await run_range(worker, number, span)
+                await run_range(worker, number)
             except WorkerUnavailableError as exc:
-                give_back(number, span, exc)
+                give_back(number, exc)
                 return  # this worker is gone; the others take its range
             finally:
                 if number == 0:
@@ -243,20 +277,20 @@ async def run_spread(
         await asyncio.gather(*pullers)
         if queue:
             raise WorkerUnavailableError("every worker died during the conversion")
-        last = len(plan.ranges) - 1
+        last = len(plan.ranges)  # the finalizing call
         while last not in answers:
             worker = pool.place()
             try:
-                await run_range(worker, last, plan.ranges[last])
+                await run_range(worker, last)
             except WorkerUnavailableError as exc:
-                give_back(last, plan.ranges[last], exc)
+                give_back(last, exc)
     finally:
         for task in pullers:
             task.cancel()
         for task in pullers:
             with contextlib.suppress(BaseException):
                 await task
-    return _merge(plan, [answers[i] for i in range(len(plan.ranges))], ran_on, began)
+    return _merge(plan, [answers[i] for i in range(len(plan.ranges) + 1)], ran_on, began)
 
 
 def _merge(
@@ -288,8 +322,18 @@ def _merge(
         "bytes_out": total("bytes_out"),
         "seconds": time.perf_counter() - began,
         "device_seconds": sum(float(a.get("device_seconds", 0.0)) for a in answers),
+        "stage_seconds": _sum_stages(answers),
         "descriptor": next((a["descriptor"] for a in answers if a.get("descriptor")), None),
         "tensors": tensors[:MAX_LISTED_TENSORS],
         "tensors_total": sum(int(a.get("tensors_total", 0)) for a in answers),
         "workers": [ran_on[i] for i in range(len(answers))],
     }
+
+
+def _sum_stages(answers: list[dict[str, Any]]) -> dict[str, float]:
+    """The workers' seconds per stage, summed (worker time, not wall time)."""
+    out: dict[str, float] = {}
+    for answer in answers:
+        for name, seconds in (answer.get("stage_seconds") or {}).items():
+            out[name] = out.get(name, 0.0) + float(seconds)
+    return out

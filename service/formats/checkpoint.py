@@ -238,6 +238,14 @@ class CheckpointJob:
     device: str = "cpu"
     #: The platform profile the backend was chosen for (recorded in the manifest).
     platform: Mapping[str, Any] | None = None
+    #: Whether this run writes the index and manifest when it finds every unit done. A
+    #: server spreading one job over its workers runs the ranges without and one final
+    #: call with it, so exactly one run finalizes however the ranges' ends interleave.
+    finalize: bool = True
+    #: Source files whose SHA-256 this run computes for the manifest (in the background,
+    #: one thread per file); None: every file when the run owns the rest, else none. A
+    #: spread hands them out over its ranges; the finalizing run hashes what is missing.
+    hash_sources: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The job as the worker protocol carries it (paths already resolved)."""
@@ -253,12 +261,15 @@ class CheckpointJob:
             "layers": list(self.layers) if self.layers is not None else None,
             "device": self.device,
             "platform": dict(self.platform) if self.platform else None,
+            "finalize": self.finalize,
+            "hash_sources": list(self.hash_sources) if self.hash_sources is not None else None,
         }
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> CheckpointJob:
         target = obj["target"]
         layers = obj.get("layers")
+        hashed = obj.get("hash_sources")
         return cls(
             input_dir=Path(obj["input_dir"]),
             output_dir=Path(obj["output_dir"]),
@@ -276,6 +287,8 @@ class CheckpointJob:
             layers=(int(layers[0]), int(layers[1])) if layers else None,
             device=str(obj.get("device", "cpu")),
             platform=obj.get("platform"),
+            finalize=bool(obj.get("finalize", True)),
+            hash_sources=tuple(str(n) for n in hashed) if hashed is not None else None,
         )
 
     def key(self) -> str:
@@ -313,16 +326,24 @@ class CheckpointResult:
     convert_seconds: float
     tensors: list[dict[str, Any]]
     descriptor: dict[str, Any] | None
+    #: Seconds per stage summed over this run's layers (see `_Run.moe_layer`).
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
 
 Converter = Callable[[MoELayerPlan, Mapping[str, "torch.Tensor"]], tuple[dict[str, Any], Any]]
 
 
-def registry_converter(job: CheckpointJob, *, direct_routes: bool = True) -> Converter:
+def registry_converter(
+    job: CheckpointJob, *, direct_routes: bool = True, stages: dict[str, float] | None = None
+) -> Converter:
     """Per-expert tensors of one layer -> (kernel tensors on the CPU, descriptor JSON):
     a direct packed -> packed route where `direct.ROUTES` has one for the layer, else the
     format registry (reader -> canonical -> writer); the same bytes either way. Without
-    `direct_routes` always the canonical route (the bench's before/after)."""
+    `direct_routes` always the canonical route (the bench's before/after). With `stages`,
+    each call adds its seconds per stage there (`to_device`: the mapped shard pages read
+    and copied to the GPU; `repack`; `to_host`), the device synchronized between stages
+    so each stage's time is its own: where a layer's time goes is what a slow conversion
+    needs to show first."""
     import torch
 
     from service.formats import direct, registry
@@ -337,11 +358,25 @@ def registry_converter(job: CheckpointJob, *, direct_routes: bool = True) -> Con
     registry.writer_for(job.target.backend)  # ConversionUnsupported before any work
     device = torch.device(job.device)
 
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def lap(stage: str, since: float) -> float:
+        now = time.perf_counter()
+        if stages is not None:
+            sync()
+            now = time.perf_counter()
+            stages[stage] = stages.get(stage, 0.0) + now - since
+        return now
+
     def convert(
         layer: MoELayerPlan, tensors: Mapping[str, torch.Tensor]
     ) -> tuple[dict[str, Any], Any]:
+        began = time.perf_counter()
         if device.type != "cpu":
             tensors = {k: v.to(device, non_blocking=True) for k, v in tensors.items()}
+            began = lap("to_device", began)
         route = direct.convert if direct_routes else direct.canonical
         converted = route(
             job.source.layout,
@@ -351,11 +386,13 @@ def registry_converter(job: CheckpointJob, *, direct_routes: bool = True) -> Con
             num_experts=job.num_experts or layer.num_experts,
             gated=job.gated,
         )
+        began = lap("repack", began)
         out = {
             k: v.to("cpu") if v.device.type != "cpu" else v for k, v in converted.tensors.items()
         }
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync()
+        if device.type != "cpu":
+            lap("to_host", began)
         return out, descriptor_json(converted.descriptor)
 
     return convert
@@ -409,7 +446,14 @@ class _Progress:
             self.layers_done += layers
             self.bytes_done += nbytes
 
-    def __call__(self, stage: str, current: str = "", *, force: bool = False) -> None:
+    def __call__(
+        self,
+        stage: str,
+        current: str = "",
+        *,
+        force: bool = False,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
         if self.emit is None:
             return
         with self._lock:
@@ -425,6 +469,7 @@ class _Progress:
                 "bytes_done": min(self.bytes_done, self.bytes_total),
                 "bytes_total": self.bytes_total,
                 "current": current,
+                **(extra or {}),
             }
         )
 
@@ -493,14 +538,14 @@ def convert_checkpoint(
             raise ConvertInputError(
                 "checkpoint.input_dir", f"input shards clash with output names: {sorted(clashes)}"
             )
-        meta_files = _meta_files(input_dir, names) if job.owns_rest() else []
+        metas = meta_files(input_dir, names) if job.owns_rest() else []
         previous = _prepare_output(job, output_dir)
         journal = _Journal(output_dir)
         journal.ensure()
         mine = [layer for layer in layers if job.wants(layer)]
         copies = sorted(rest) if job.owns_rest() else []
         owned = [layer.unit for layer in mine] + [f"copy-{file}" for file in copies]
-        _sweep_temps(output_dir, [layer.file for layer in mine] + copies + meta_files)
+        _sweep_temps(output_dir, [layer.file for layer in mine] + copies + metas)
         _sweep_temps(journal.path, [f"{unit}.json" for unit in owned])
         bytes_total = sum(
             shards[t.file].entries[t.name].nbytes for layer in mine for t in layer.tensors.values()
@@ -517,8 +562,10 @@ def convert_checkpoint(
             converter=converter,
         )
         try:
-            if job.owns_rest():
-                run.hash_sources([*names, *meta_files, "config.json", INDEX_NAME])
+            if job.hash_sources is not None:
+                run.hash_sources(list(job.hash_sources))
+            elif job.owns_rest():
+                run.hash_sources(source_files(names, metas))
             run.verify_ahead(
                 [(layer.unit, sorted(layer.files)) for layer in mine]
                 + [(f"copy-{file}", [file]) for file in copies]
@@ -535,9 +582,9 @@ def convert_checkpoint(
                 run.copy_shard(file, rest[file])
             run.drain()
             if job.owns_rest():
-                run.copy_meta(meta_files)
+                run.copy_meta(metas)
             check()
-            manifest = run.finalize(layers, rest, names)
+            manifest = run.finalize(layers, rest, names) if job.finalize else None
         finally:
             run.close()
         return CheckpointResult(
@@ -552,12 +599,18 @@ def convert_checkpoint(
             convert_seconds=run.convert_seconds,
             tensors=run.tensor_list(mine, copies),
             descriptor=run.descriptor,
+            stage_seconds=run.stage_seconds,
         )
     finally:
         shards.close()
 
 
-def _meta_files(input_dir: Path, shards: list[str]) -> list[str]:
+def source_files(shards: list[str], meta: list[str]) -> list[str]:
+    """Every source file the manifest records a SHA-256 of."""
+    return [*shards, *meta, "config.json", INDEX_NAME]
+
+
+def meta_files(input_dir: Path, shards: list[str]) -> list[str]:
     """Small top-level files to copy unchanged (config, tokenizer, generation config)."""
     skip = {*shards, INDEX_NAME, MANIFEST_NAME}
     return sorted(
@@ -643,6 +696,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
+#: Source files hashed at once by one run (each hash is one thread, reading at its speed).
+SOURCE_HASH_THREADS = 4
+
+
+def _source_unit(name: str) -> str:
+    """The journal record of one source file's SHA-256."""
+    return "source-" + name.replace("/", "%")
+
+
 class _Run:
     """State of one run over the units."""
 
@@ -668,6 +730,10 @@ class _Run:
         self.converted = self.skipped = 0
         self.bytes_in = self.bytes_out = 0
         self.convert_seconds = 0.0
+        #: Seconds per stage over the run's layers; the converter adds its own stages to
+        #: `_layer_stages`, which `moe_layer` hands on with each layer.
+        self.stage_seconds: dict[str, float] = {}
+        self._layer_stages: dict[str, float] = {}
         self.descriptor: dict[str, Any] | None = None
         self.records: dict[str, dict[str, Any]] = {}
         self._source_ids: dict[str, dict[str, int]] = {}
@@ -677,6 +743,7 @@ class _Run:
         self._pending: Future[None] | None = None
         #: Verifies finished units and hashes the source files, beside the conversion.
         self._helpers = ThreadPoolExecutor(2, thread_name_prefix="checkpoint-hash")
+        self._hashing = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-sources")
         self._verified: dict[str, Future[dict[str, Any] | None]] = {}
         self._sources: Future[list[dict[str, Any]]] | None = None
 
@@ -685,6 +752,7 @@ class _Run:
         self._verified.clear()
         self._writer.shutdown(wait=True, cancel_futures=True)
         self._helpers.shutdown(wait=True, cancel_futures=True)
+        self._hashing.shutdown(wait=True, cancel_futures=True)
 
     def verify_ahead(self, units: list[tuple[str, list[str]]]) -> None:
         """Start verifying every unit that has a record (hashing its output) in the
@@ -702,8 +770,11 @@ class _Run:
         return self.recorded(unit, sources)
 
     def hash_sources(self, names: list[str]) -> None:
-        """Start hashing the source files for the manifest (reusing unchanged hashes)."""
-        self._sources = self._helpers.submit(self._source_hashes, names, 1)
+        """Start hashing the source files for the manifest (reusing unchanged hashes), one
+        thread per file up to SOURCE_HASH_THREADS: a file's SHA-256 is one sequential
+        stream, at 0.6 to 2 GB/s a core, so a 100 GB checkpoint hashed on one thread
+        outlasts its conversion (bench/RESULTS.md, multi-GPU)."""
+        self._sources = self._hashing.submit(self._source_hashes, names, SOURCE_HASH_THREADS)
 
     def prefetch(self, layer: MoELayerPlan) -> None:
         by_file: dict[str, list[str]] = {}
@@ -721,7 +792,7 @@ class _Run:
     @property
     def converter(self) -> Converter:
         if self._converter is None:
-            self._converter = registry_converter(self.job)
+            self._converter = registry_converter(self.job, stages=self._layer_stages)
         return self._converter
 
     def source_identity(self, name: str) -> dict[str, int]:
@@ -798,23 +869,39 @@ class _Run:
     def moe_layer(self, layer: MoELayerPlan) -> None:
         bytes_in = sum(self.shards[t.file].entries[t.name].nbytes for t in layer.tensors.values())
         self.report("verifying", layer.file)
+        began = time.perf_counter()
         record = self.verified(layer.unit, layer.files)
+        verify = time.perf_counter() - began
         if record is not None:
             with self._lock:
                 self.skipped += 1
+                self._add_stages({"verify": verify})
             self._skip(layer.unit, record, bytes_in)
             self.report.add(layers=1)
             self.report("skipped", layer.file, force=True)
             return
         self.report("converting", layer.module, force=True)
         sources = {key: self.shards[t.file].tensor(t.name) for key, t in layer.tensors.items()}
+        converter = self.converter
+        self._layer_stages.clear()
         began = time.perf_counter()
-        tensors, descriptor = self.converter(layer, sources)
-        self.convert_seconds += time.perf_counter() - began
+        tensors, descriptor = converter(layer, sources)
+        seconds = time.perf_counter() - began
+        self.convert_seconds += seconds
+        stages = {"verify": verify, **self._layer_stages, "convert": seconds}
         del sources
         self.check()
+        began = time.perf_counter()
         self.drain()  # at most one layer waits to be written
-        self._pending = self._writer.submit(self._write_layer, layer, tensors, descriptor, bytes_in)
+        stages["wait_write"] = time.perf_counter() - began
+        self._pending = self._writer.submit(
+            self._write_layer, layer, tensors, descriptor, bytes_in, stages
+        )
+
+    def _add_stages(self, stages: Mapping[str, float]) -> None:
+        """(Under the lock.)"""
+        for name, seconds in stages.items():
+            self.stage_seconds[name] = self.stage_seconds.get(name, 0.0) + seconds
 
     def _write_layer(
         self,
@@ -822,7 +909,11 @@ class _Run:
         tensors: dict[str, Any],
         descriptor: dict[str, Any],
         bytes_in: int,
+        stages: dict[str, float],
     ) -> None:
+        """Write, hash (both at once: SafetensorsWriter), make durable and record one
+        converted layer; its stage times go out with the `converted` event."""
+        began = time.perf_counter()
         named = {f"{layer.module}.{name}": tensor for name, tensor in tensors.items()}
         path = self.job.output_dir / layer.file
         self.job.root.check(path.parent, "checkpoint.output_dir")
@@ -832,7 +923,11 @@ class _Run:
                 self.check()
                 out.write(name, tensor_bytes(tensor))
                 self.report("writing", name)
+            wrote = time.perf_counter()
+            stages["write_hash"] = wrote - began
             out.commit()
+        committed = time.perf_counter()
+        stages["fsync_rename"] = committed - wrote
         self._record(
             layer.unit,
             "moe",
@@ -844,13 +939,20 @@ class _Run:
             num_experts=self.job.num_experts or layer.num_experts,
             descriptor=descriptor,
         )
+        stages["journal"] = time.perf_counter() - committed
         with self._lock:
             self.bytes_in += bytes_in
             self.bytes_out += out.data_bytes
             self.descriptor = self.descriptor or descriptor
             self.converted += 1
+            self._add_stages(stages)
         self.report.add(layers=1, nbytes=bytes_in)
-        self.report("converted", layer.file, force=True)
+        self.report(
+            "converted",
+            layer.file,
+            force=True,
+            extra={"stages": {name: round(value, 4) for name, value in stages.items()}},
+        )
 
     def copy_shard(self, file: str, names: list[str]) -> None:
         unit = f"copy-{file}"
@@ -862,6 +964,7 @@ class _Run:
             self._skip(unit, record, bytes_in)
             return
         self.report("copying", file, force=True)
+        began = time.perf_counter()
         plans = [
             TensorPlan(n, shard.entries[n].dtype, shard.entries[n].shape, shard.entries[n].nbytes)
             for n in names
@@ -878,6 +981,7 @@ class _Run:
         with self._lock:
             self.bytes_in += bytes_in
             self.bytes_out += out.data_bytes
+            self._add_stages({"copy_rest": time.perf_counter() - began})
         self._record(unit, "copy", file, [file], out)
 
     def copy_meta(self, files: list[str]) -> None:
@@ -936,6 +1040,10 @@ class _Run:
         if records is None:
             return None
         meta = sorted(records["meta"].get("files", {}))
+        if self._sources is not None:
+            self._sources.result()  # this run's share, in the journal now
+        # The files no range hashed (in a spread: the small ones) before the last stage.
+        sources = self._source_hashes(source_files(shards, meta), SOURCE_HASH_THREADS)
         self.report("finalizing", MANIFEST_NAME, force=True)
         descriptor = self.descriptor or next(
             (r["descriptor"] for r in records.values() if r.get("descriptor")), None
@@ -949,8 +1057,6 @@ class _Run:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         out = self.job.output_dir
         atomic_write_bytes(out / INDEX_NAME, json.dumps(index, indent=2).encode())
-        names = [*shards, *meta, "config.json", INDEX_NAME]
-        sources = self._sources.result() if self._sources else self._source_hashes(names)
         job = self.job
         manifest = {
             "format": FORMAT,
@@ -994,23 +1100,32 @@ class _Run:
             with contextlib.suppress(ConvertInputError, KeyError, TypeError, AttributeError):
                 old = _read_json(manifest, "checkpoint.output_dir")
                 known = {f["name"]: f for f in old["source"]["files"]}
-        journal = self.journal.read("sources") or {}
-        known.update(journal.get("files", {}))
         wanted = sorted({n for n in names if (self.job.input_dir / n).exists()})
 
         def one(name: str) -> dict[str, Any]:
+            self.check()
             path = self.job.root.child(self.job.input_dir, name, f"checkpoint.input_dir/{name}")
             identity = _file_identity(path)
-            old = known.get(name)
-            if old and all(old.get(k) == v for k, v in identity.items()):
-                return dict(old)
+            for old in (self.journal.read(_source_unit(name)), known.get(name)):
+                if (
+                    old
+                    and old.get("name") == name
+                    and all(old.get(k) == v for k, v in identity.items())
+                ):
+                    return dict(old)
             self.report("hashing", name, force=True)
-            return {"name": name, **identity, "sha256": hash_file(path)}
+            began = time.perf_counter()
+            entry = {"name": name, **identity, "sha256": hash_file(path)}
+            # One record per file: the ranges of a spread hash different files at once.
+            self.journal.write(_source_unit(name), entry)
+            with self._lock:
+                self._add_stages({"hash_sources": time.perf_counter() - began})
+            return entry
 
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            files = list(pool.map(one, wanted))
-        self.journal.write("sources", {"files": {f["name"]: f for f in files}})
-        return files
+        if not wanted:
+            return []
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(wanted)))) as pool:
+            return list(pool.map(one, wanted))
 
     def tensor_list(self, layers: list[MoELayerPlan], copies: list[str]) -> list[dict[str, Any]]:
         units = [layer.unit for layer in layers] + [f"copy-{file}" for file in copies]

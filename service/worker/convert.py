@@ -177,6 +177,7 @@ def convert_checkpoint(
         "bytes_out": result.bytes_out,
         "seconds": time.perf_counter() - began,
         "device_seconds": result.convert_seconds,
+        "stage_seconds": result.stage_seconds,
         "descriptor": result.descriptor,
         "tensors": tensors[:MAX_LISTED_TENSORS],
         "tensors_total": len(tensors),

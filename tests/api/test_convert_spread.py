@@ -9,8 +9,15 @@ from typing import Any
 
 import pytest
 
+from service.api import convert_spread
 from service.api.convert_spread import SpreadPlan, _Merged, chunk_size, plan_spread
-from service.formats.checkpoint import JOURNAL_DIR, MANIFEST_NAME, convert_checkpoint, plan_job
+from service.formats.checkpoint import (
+    JOURNAL_DIR,
+    MANIFEST_NAME,
+    CheckpointJob,
+    convert_checkpoint,
+    plan_job,
+)
 from service.formats.paths import DataRoot
 from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
 from service.oracle import preset
@@ -43,18 +50,64 @@ def test_about_two_ranges_per_worker(layers: int, workers: int, size: int) -> No
     assert chunk_size(layers, workers) == size
 
 
-def test_ranges_cover_the_job_with_the_last_layer_alone(root: Path) -> None:
+def test_ranges_cover_the_job_the_first_with_one_layer(root: Path) -> None:
     plan = plan_spread(job(root, "out/a"), 2)
     assert plan is not None
-    # Five layers before the last, about two ranges per worker: two layers each; the first
-    # range starts at 0 (it owns the copies), the last layer is a range of its own.
-    assert plan.ranges == ((0, 2), (2, 4), (4, 5), (5, 6))
-    assert plan.layers_total == 6
+    # The first range starts at 0 and owns the copies: one layer beside them; the five
+    # small layers after it, about two ranges per worker.
+    assert plan.ranges == ((0, 1), (1, 3), (3, 5), (5, 6))
+    assert (plan.layers_total, plan.end) == (6, 6)
     assert plan.modules[0] == "model.layers.0.block_sparse_moe.experts"
+    # Every shard hashed once, over the first ranges (one per worker), none twice.
+    shards = sorted(p.name for p in (root / "model").glob("*.safetensors"))
+    hashed = [name for names in plan.hashes for name in names]
+    assert sorted(hashed) == shards and len(plan.hashes) == 2
     part = plan_spread(job(root, "out/b", layers=(2, 6)), 2)
     assert part is not None
     assert part.ranges == ((2, 3), (3, 4), (4, 5), (5, 6))
     assert part.layers_total == 4
+    assert all(not names for names in part.hashes)  # the range owning the rest hashes
+
+
+def test_large_layers_one_per_range(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(convert_spread, "LARGE_LAYER_BYTES", 1)
+    plan = plan_spread(job(root, "out/large"), 2)
+    assert plan is not None
+    assert plan.ranges == tuple((i, i + 1) for i in range(6))
+
+
+def test_only_the_final_call_finalizes_byte_for_byte_as_one_run(root: Path) -> None:
+    """The plan's range jobs run here one after another, in reverse (ranges end in any
+    order), then the finalizing call: the tree is what one whole run writes."""
+    whole = job(root, "out/whole")
+    convert_checkpoint(whole)
+    spread = job(root, "out/ranges")
+    plan = plan_spread(spread, 2)
+    assert plan is not None
+    stages: dict[str, float] = {}
+    for number in reversed(range(len(plan.ranges))):
+        ranged = CheckpointJob.from_json(plan.range_job(spread.to_json(), number))
+        assert not ranged.finalize
+        result = convert_checkpoint(ranged)
+        assert result.manifest_path is None
+        for name, seconds in result.stage_seconds.items():
+            stages[name] = stages.get(name, 0.0) + seconds
+    assert not (root / "out" / "ranges" / MANIFEST_NAME).exists()
+    final = CheckpointJob.from_json(plan.range_job(spread.to_json(), len(plan.ranges)))
+    assert final.finalize and final.layers == (6, 6)
+    assert convert_checkpoint(final).manifest_path == root / "out" / "ranges" / MANIFEST_NAME
+    assert tree(root / "out" / "ranges") == tree(root / "out" / "whole")
+    # Stage times: every layer converted and written, every shard hashed once.
+    assert {"convert", "write_hash", "fsync_rename", "hash_sources", "copy_rest"} <= set(stages)
+    assert all(seconds >= 0 for seconds in stages.values())
+
+
+def tree(directory: Path) -> dict[str, bytes]:
+    return {
+        str(path.relative_to(directory)): path.read_bytes()
+        for path in sorted(directory.rglob("*"))
+        if path.is_file()
+    }
 
 
 def test_totals_match_what_one_run_reports(root: Path) -> None:
@@ -86,10 +139,9 @@ def test_reruns_and_single_layers_run_whole(root: Path) -> None:
     assert plan_spread(job(root, "out/done"), 2) is None
     nearly = root / "out" / "nearly" / JOURNAL_DIR
     nearly.mkdir(parents=True)
+    # An interrupted run, even one with its last layer done, spreads: each range verifies
+    # its own records, and only the final call finalizes.
     (nearly / "moe-layer-00005.json").write_text("{}")
-    assert plan_spread(job(root, "out/nearly"), 2) is None
-    (nearly / "moe-layer-00005.json").unlink()
-    (nearly / "moe-layer-00001.json").write_text("{}")  # an interrupted spread run
     assert plan_spread(job(root, "out/nearly"), 2) is not None
 
 
