@@ -131,17 +131,19 @@ def convert(
     events: list[dict[str, Any]] = []
     header = header_for(backend=target, checkpoint=(source, out))
     logged_before = len(spread_lines(server))
+    done_before = len(done_lines(server))
     began = time.perf_counter()
     summary = convert_checkpoint_remote(
         Connection(server.address, timeout=1800), header, events.append
     )
     seconds = time.perf_counter() - began
     deadline = time.monotonic() + 5  # the log line may still be on its way through the pipe
-    while workers > 1 and len(spread_lines(server)) <= logged_before:
+    while len(done_lines(server)) <= done_before:
         if time.monotonic() > deadline:
             break
         time.sleep(0.05)
     spread = [json.loads(line) for line in spread_lines(server)[logged_before:]]
+    done = [json.loads(line) for line in done_lines(server)[done_before:]]
     return {
         "seconds": seconds,
         "bytes_in": summary.bytes_in,
@@ -150,12 +152,23 @@ def convert(
         "device_s": summary.device_time.ToNanoseconds() / 1e9,
         "ranges_by_worker": _count(spread[-1]["workers"]) if workers > 1 and spread else None,
         "progress_events": len(events),
+        # Worker seconds per stage, summed over layers and workers (the server's log line).
+        "stage_seconds": done[-1].get("stage_seconds", {}) if done else {},
     }
 
 
 def spread_lines(server: Server) -> list[str]:
     """The server's log lines of spread conversions (which worker ran each range)."""
     return [line for line in list(server.stderr) if "convert_spread" in line]
+
+
+def done_lines(server: Server) -> list[str]:
+    """The server's log lines of finished checkpoint conversions (with stage seconds)."""
+    return [
+        line
+        for line in list(server.stderr)
+        if '"convert_spread"' in line or '"convert_checkpoint"' in line
+    ]
 
 
 def _count(indices: list[int]) -> dict[str, int]:
@@ -286,7 +299,44 @@ def table(results: list[dict[str, Any]], layers: int, size: int, where: str) -> 
             f"| {best:.2f} | {statistics.median(times):.2f} | {gb / best:.2f} | {speedup:.2f}x "
             f"| {json.dumps(spread)} | {same} |"
         )
+    lines += ["", *stage_table(results)]
     return "\n".join(lines)
+
+
+#: The stages of a conversion, in the order a layer goes through them.
+STAGES = (
+    "to_device",
+    "repack",
+    "to_host",
+    "convert",
+    "wait_write",
+    "write_hash",
+    "fsync_rename",
+    "journal",
+    "copy_rest",
+    "hash_sources",
+)
+
+
+def stage_table(results: list[dict[str, Any]]) -> list[str]:
+    """Worker seconds per stage of each configuration's best round (summed over layers and
+    workers: with two workers they add up to more than the wall time). `convert` is
+    to_device + repack + to_host; `write_hash` writes and SHA-256s the output at once;
+    `wait_write` is the converting thread waiting for the previous layer's write."""
+    lines = [
+        "Worker seconds per stage (best round, summed over layers and workers):",
+        "",
+        "| target | workers | wall s | " + " | ".join(STAGES) + " |",
+        "|---|---|---|" + "---|" * len(STAGES),
+    ]
+    for result in results:
+        run = min(result["runs"], key=lambda r: r["seconds"])
+        stages = run.get("stage_seconds") or {}
+        cells = " | ".join(f"{float(stages[s]):.2f}" if s in stages else "-" for s in STAGES)
+        lines.append(
+            f"| {result['target']} | {result['workers']} | {run['seconds']:.2f} | {cells} |"
+        )
+    return lines
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 The checkpoint job already works in layer ranges (a Kubernetes Indexed Job runs one range
 per pod over a shared journal; formats/checkpoint.py), so spreading it over the workers of
 one server is cutting the job into ranges and handing them out as a work queue: each worker
-pulls the next range when it finishes one. Each worker reads its own layers straight from
+pulls the next range when it finishes one, two ranges at a time (`RANGES_PER_WORKER`: one
+converting while the other writes). Each worker reads its own layers straight from
 the mapped shards, converts them on its device, hashes and writes their files and journal
 records; the server only hands out ranges and merges the answers. The ranges, in order:
 
@@ -61,6 +62,10 @@ from service.worker.supervisor import WorkerHandle, WorkerPool
 MAX_LISTED_TENSORS = 20_000
 #: How often one range may be handed to another worker after its worker died.
 RETRIES_PER_RANGE = 1
+#: Ranges one worker runs at once: while one range's layer is written and hashed (CPU),
+#: the other's is read and converted (device), as a single run pipelines its own layers;
+#: with ranges of one layer and one range at a time a worker would do one, then the other.
+RANGES_PER_WORKER = 2
 #: A layer at least this large is a range of its own (a Mixtral-8x7B GPTQ layer: 0.73 GB).
 LARGE_LAYER_BYTES = 64 << 20
 
@@ -272,7 +277,11 @@ async def run_spread(
                     changed.notify_all()
 
     ready = pool.ready_workers()
-    pullers = [asyncio.create_task(pull(w, i == 0)) for i, w in enumerate(ready)]
+    pullers = [
+        asyncio.create_task(pull(w, i == 0 and slot == 0))
+        for slot in range(RANGES_PER_WORKER)
+        for i, w in enumerate(ready)
+    ]
     try:
         await asyncio.gather(*pullers)
         if queue:
