@@ -121,6 +121,14 @@ def test_totals_match_what_one_run_reports(root: Path) -> None:
             plan.layers_total,
             plan.bytes_total,
         )
+        # Each converted layer says where its time went (the server logs it at debug).
+        converted = [e for e in events if e["stage"] == "converted"]
+        assert len(converted) == plan.layers_total
+        for event in converted:
+            assert {"verify", "repack", "convert", "wait_write", "write_hash"} <= set(
+                event["stages"]
+            )
+            assert {"fsync_rename", "journal"} <= set(event["stages"])
 
 
 def test_reruns_and_single_layers_run_whole(root: Path) -> None:
