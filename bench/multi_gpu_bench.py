@@ -151,6 +151,7 @@ def convert(
         "layers": summary.layers_converted,
         "device_s": summary.device_time.ToNanoseconds() / 1e9,
         "ranges_by_worker": _count(spread[-1]["workers"]) if workers > 1 and spread else None,
+        "layers_by_worker": spread[-1].get("layers_by_worker") if workers > 1 and spread else None,
         "progress_events": len(events),
         # Worker seconds per stage, summed over layers and workers (the server's log line).
         "stage_seconds": done[-1].get("stage_seconds", {}) if done else {},
@@ -278,7 +279,7 @@ def table(results: list[dict[str, Any]], layers: int, size: int, where: str) -> 
         f"Checkpoint: {layers} layers, {size / GB:.2f} GB, {where}.",
         "",
         "| target | GPU workers | GB in | best s | median s | GB/s (best) | speedup "
-        "| ranges per worker | output = 1-worker output |",
+        "| layers (ranges) per worker | output = 1-worker output |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     single = {r["target"]: r for r in results if r["workers"] == 1}
@@ -293,11 +294,16 @@ def table(results: list[dict[str, Any]], layers: int, size: int, where: str) -> 
             if result["workers"] == 1 or base is None
             else ("yes" if result["manifest"] == base["manifest"] else "NO")
         )
-        spread = result["runs"][0]["ranges_by_worker"] or {"0": layers}
+        ranges = result["runs"][0]["ranges_by_worker"] or {"0": 1}
+        by_layer = result["runs"][0].get("layers_by_worker") or {"0": layers}
+        spread = ", ".join(
+            f"{w}: {by_layer.get(w, 0)} ({ranges.get(w, 0)})"
+            for w in sorted(set(ranges) | set(by_layer))
+        )
         lines.append(
             f"| {result['target']} | {result['workers']} ({result['devices']}) | {gb:.2f} "
             f"| {best:.2f} | {statistics.median(times):.2f} | {gb / best:.2f} | {speedup:.2f}x "
-            f"| {json.dumps(spread)} | {same} |"
+            f"| {spread} | {same} |"
         )
     lines += ["", *stage_table(results)]
     return "\n".join(lines)

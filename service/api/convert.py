@@ -436,6 +436,7 @@ class ConvertWeightsHandler:
                         "event": "convert_spread",
                         "ranges": len(plan.ranges),
                         "workers": answer.get("workers"),
+                        "layers_by_worker": answer.get("layers_by_worker"),
                         "stage_seconds": stages,
                     },
                 )

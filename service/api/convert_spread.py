@@ -85,6 +85,15 @@ class SpreadPlan:
     hashes: tuple[tuple[str, ...], ...] = ()
     #: The finalizing call's empty range [end, end).
     end: int = 0
+    #: The decoder layer index of each MoE layer converted.
+    indices: tuple[int, ...] = ()
+
+    def layers_in(self, number: int) -> int:
+        """How many MoE layers range `number` converts (0 for the finalizing call)."""
+        if number >= len(self.ranges):
+            return 0
+        start, end = self.ranges[number]
+        return sum(start <= index < end for index in self.indices)
 
     def range_job(self, job_json: dict[str, Any], number: int) -> dict[str, Any]:
         """The job of range `number`; `len(ranges)` is the finalizing call."""
@@ -154,6 +163,7 @@ def _plan(job: CheckpointJob, workers: int) -> SpreadPlan | None:
         bytes_total=bytes_total,
         hashes=tuple(tuple(sorted(h)) for h in hashes),
         end=end,
+        indices=tuple(layer.index for layer in mine),
     )
 
 
@@ -336,7 +346,17 @@ def _merge(
         "tensors": tensors[:MAX_LISTED_TENSORS],
         "tensors_total": sum(int(a.get("tensors_total", 0)) for a in answers),
         "workers": [ran_on[i] for i in range(len(answers))],
+        "layers_by_worker": _layers_by_worker(plan, ran_on),
     }
+
+
+def _layers_by_worker(plan: SpreadPlan, ran_on: dict[int, int]) -> dict[str, int]:
+    """MoE layers converted per worker index (a range that was redone counts where it
+    finished)."""
+    out: dict[str, int] = {}
+    for number, worker in sorted(ran_on.items()):
+        out[str(worker)] = out.get(str(worker), 0) + plan.layers_in(number)
+    return out
 
 
 def _sum_stages(answers: list[dict[str, Any]]) -> dict[str, float]:

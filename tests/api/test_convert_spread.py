@@ -57,6 +57,7 @@ def test_ranges_cover_the_job_the_first_with_one_layer(root: Path) -> None:
     # small layers after it, about two ranges per worker.
     assert plan.ranges == ((0, 1), (1, 3), (3, 5), (5, 6))
     assert (plan.layers_total, plan.end) == (6, 6)
+    assert [plan.layers_in(n) for n in range(len(plan.ranges) + 1)] == [1, 2, 2, 1, 0]
     assert plan.modules[0] == "model.layers.0.block_sparse_moe.experts"
     # Every shard hashed once, over the first ranges (one per worker), none twice.
     shards = sorted(p.name for p in (root / "model").glob("*.safetensors"))

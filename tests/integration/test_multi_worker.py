@@ -192,6 +192,8 @@ def test_checkpoint_spreads_over_both_workers_identical_to_one(
 
     logged = [json.loads(line) for line in server.stderr_lines if "convert_spread" in line]
     assert logged and sorted(set(logged[-1]["workers"])) == [0, 1]
+    assert sum(logged[-1]["layers_by_worker"].values()) == CHECKPOINT.num_layers
+    assert {"convert", "write_hash", "hash_sources"} <= set(logged[-1]["stage_seconds"])
 
     assert events[0]["stage"] == "planning" and events[-1]["stage"] == "finalizing"
     total_layers, total_bytes = events[0]["layers_total"], events[0]["bytes_total"]
