@@ -88,7 +88,10 @@ def start_server(
     command = [
         *(prefix or []), sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
         "--port", "0", "--metrics-port", "0", "--devices", devices, "--server-processes", "1",
-        "--log-level", "WARNING", *extra,
+        "--log-level", "WARNING",
+        # M = 4096 at a real hidden size is 16+ MiB a message each way (the default limit)
+        "--max-receive-message-bytes", str(256 << 20), "--max-send-message-bytes", str(256 << 20),
+        *extra,
     ]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
