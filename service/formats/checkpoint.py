@@ -37,6 +37,7 @@ import re
 import shutil
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -713,6 +714,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
+#: Converted layers written at once by one run, each file by its own thread: writing is
+#: mostly SHA-256 of the output (one stream per tensor, at one core's speed), so one writer
+#: falls behind a GPU that converts a 0.73 GB layer in milliseconds; each waiting layer
+#: holds its converted tensors in host memory.
+WRITES_IN_FLIGHT = 2
 #: Source files hashed at once by one run (each hash is one thread, reading at its speed).
 SOURCE_HASH_THREADS = 4
 
@@ -755,9 +761,9 @@ class _Run:
         self.records: dict[str, dict[str, Any]] = {}
         self._source_ids: dict[str, dict[str, int]] = {}
         self._lock = threading.Lock()
-        #: Writes one converted layer while the next is converted (bounded: one in flight).
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-write")
-        self._pending: Future[None] | None = None
+        #: Writes converted layers while the next is converted (bounded: WRITES_IN_FLIGHT).
+        self._writer = ThreadPoolExecutor(WRITES_IN_FLIGHT, thread_name_prefix="checkpoint-write")
+        self._pending: deque[Future[None]] = deque()
         #: Verifies finished units and hashes the source files, beside the conversion.
         self._helpers = ThreadPoolExecutor(2, thread_name_prefix="checkpoint-hash")
         self._hashing = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-sources")
@@ -801,10 +807,13 @@ class _Run:
             self.shards[file].prefetch(names)
 
     def drain(self) -> None:
-        """Wait for the layer being written (re-raising its error)."""
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            pending.result()
+        """Wait for the layers being written (re-raising a write's error)."""
+        self._wait_writes(0)
+
+    def _wait_writes(self, most: int) -> None:
+        """Wait until at most `most` layers are being written (re-raising a write's error)."""
+        while len(self._pending) > most:
+            self._pending.popleft().result()
 
     @property
     def converter(self) -> Converter:
@@ -909,10 +918,10 @@ class _Run:
         del sources
         self.check()
         began = time.perf_counter()
-        self.drain()  # at most one layer waits to be written
+        self._wait_writes(WRITES_IN_FLIGHT - 1)
         stages["wait_write"] = time.perf_counter() - began
-        self._pending = self._writer.submit(
-            self._write_layer, layer, tensors, descriptor, bytes_in, stages
+        self._pending.append(
+            self._writer.submit(self._write_layer, layer, tensors, descriptor, bytes_in, stages)
         )
 
     def _add_stages(self, stages: Mapping[str, float]) -> None:
