@@ -9,10 +9,14 @@ Why, as bench/soak.py measured it (every RPC at once for 300 s on a 2-core box):
   the same throughput. A GPU host has more cores, so more arenas.
 - The mmap threshold. glibc serves a large block with mmap and returns it on free, but
   after each such free it raises the threshold to that block's size (up to 32 MiB), so
-  later tensors of that size come from the heap, where they fragment and stay. With the
-  threshold fixed at its initial 128 KiB (which turns the raising off) the worker's
-  anonymous RSS stayed within 2 % over the run instead of wandering between 157 and 216 MiB
-  with a rising floor, again at the same throughput.
+  later tensors of that size come from the heap, where they fragment and stay. Fixing the
+  threshold turns the raising off. At glibc's initial 128 KiB the worker's anonymous RSS
+  stayed within 2 % over the soak instead of wandering between 157 and 216 MiB with a
+  rising floor, but every intermediate tensor of a CPU forward became an mmap + page faults
+  + munmap: EMULATION at M = 1 went from 1.4 to 7.3 ms, at M = 256 from 27 to 63 ms
+  (bench/runmoe_overhead.py --shape small, OMP_NUM_THREADS=1). At 4 MiB the forward is back
+  at 1.6 / 27 ms, and the blocks that fragment worst (layer-sized tensors, segments) are
+  still mapped and returned whole.
 
 An operator's own `MALLOC_ARENA_MAX` / `MALLOC_MMAP_THRESHOLD_` wins (glibc has applied it
 already); on a C library without `mallopt` (musl, macOS) nothing is done.
@@ -26,7 +30,7 @@ import os
 #: mallopt(3) parameter -> (the environment variable that sets it too, our value).
 SETTINGS: dict[int, tuple[str, int]] = {
     -8: ("MALLOC_ARENA_MAX", 2),  # M_ARENA_MAX: the main arena plus one for job threads
-    -3: ("MALLOC_MMAP_THRESHOLD_", 128 * 1024),  # M_MMAP_THRESHOLD: fixed, never raised
+    -3: ("MALLOC_MMAP_THRESHOLD_", 4 << 20),  # M_MMAP_THRESHOLD: fixed, never raised
 }
 
 
