@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("moe_control.worker")
 
-#: Background methods (they run in a thread; see jobs.py): method -> "module:function",
+#: Background methods (they run on job threads; see jobs.py): method -> "module:function",
 #: imported on first use so a worker that never converts never imports torch for it.
 BACKGROUND: dict[str, str] = {
     "convert_layer": "service.worker.convert:convert_layer",
@@ -49,6 +49,7 @@ class Worker:
         self._streams: Streams | None = None
         self._transport: Transport | None = None
         self._kernels: dict[str, Any] | None = None
+        self._background: dict[str, tuple[jobs.Handler, str]] = {}
         self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "ping": self.ping,
             "profile": self.profile,
@@ -80,6 +81,14 @@ class Worker:
 
     def background(self, method: str) -> jobs.Handler:
         """The job for `method`, run on its request class's stream (streams.py)."""
+        return self.job(method)[0]
+
+    def job(self, method: str) -> tuple[jobs.Handler, str]:
+        """`background(method)` and its request class (which kept job threads run it:
+        jobs.py). Made once per method: the import and lookup are not paid per call."""
+        found = self._background.get(method)
+        if found is not None:
+            return found
         module_name, _, function = BACKGROUND[method].partition(":")
         target = getattr(importlib.import_module(module_name), function)
         from service.worker.streams import request_class
@@ -91,7 +100,8 @@ class Worker:
                 result: dict[str, Any] = target(self, params, context)
             return result
 
-        return handler
+        self._background[method] = handler, kind
+        return handler, kind
 
     def check_target(self, params: dict[str, Any]) -> dict[str, Any]:
         """Whether this worker can write a backend's layout (asked before data moves)."""
@@ -144,7 +154,8 @@ class Worker:
         params = message.get("params") or {}
         if method in BACKGROUND:
             try:
-                self.jobs.start(call_id, method, self.background(method), params)
+                job, kind = self.job(method)
+                self.jobs.start(call_id, method, job, params, kind=kind)
             except Exception as exc:
                 log.exception("cannot start %s", method)
                 return protocol.error(call_id, *jobs.describe(exc))
