@@ -189,6 +189,14 @@ class Metrics:
             registry=r,
         )
 
+        self.rpc_limited = Counter(
+            "moe_control_rpc_limited_total",
+            "Calls refused with RESOURCE_EXHAUSTED because their method's concurrency limit "
+            "was reached, by method and limit (the setting).",
+            ["grpc_method", "limit"],
+            registry=r,
+        )
+
         # -- workers
         self.worker_ready = Gauge(
             "moe_control_worker_ready",

@@ -35,6 +35,7 @@ from prometheus_client import start_http_server
 from service import __version__
 from service.api.front import REFLECTED, SERVICE_NAME, Front, start_front
 from service.api.interceptors import ServerInterceptor
+from service.api.limits import Limits
 from service.api.servicer import MoeControlServicer, add_to_server
 from service.logs import configure_logging
 from service.metrics import Metrics, enable_multiprocess
@@ -151,6 +152,9 @@ class MoeControlServer:
         token = s.token()
         processes = s.process_count()
         servicer = self.servicer = MoeControlServicer(self.pool, self.metrics, s)
+        # One set of per-method limits for the public server and the private endpoint of
+        # the replicas' forwarded calls: conversions and forwards are bounded server-wide.
+        limits = Limits.from_settings(s, self.metrics)
         self.front = await start_front(
             s,
             port=s.port,
@@ -159,6 +163,7 @@ class MoeControlServer:
             health_servicer=self.health,
             worker_methods=lambda registrar: add_to_server(servicer, registrar),
             reuseport=processes > 1,
+            limits=limits,
         )
         self.pool.start()
         if processes > 1:
@@ -167,7 +172,7 @@ class MoeControlServer:
             # again).
             target = f"unix:{os.path.join(self._runtime_dir, 'primary.sock')}"
             self.internal = grpc.aio.server(options=s.grpc_options())
-            registrar = ServerInterceptor(None, token=token).registrar(self.internal)
+            registrar = ServerInterceptor(None, token=token, limits=limits).registrar(self.internal)
             add_to_server(servicer, registrar)
             registrar.install()
             if self.internal.add_insecure_port(target) == 0:

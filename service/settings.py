@@ -52,6 +52,32 @@ class Settings:
         default=512,
         metadata=_doc("RPCs served at once; more get RESOURCE_EXHAUSTED (0: no limit)"),
     )
+    max_concurrent_select: int = field(
+        default=384,
+        metadata=_doc(
+            "SelectBackend calls served at once per server process; more get "
+            "RESOURCE_EXHAUSTED, leaving the global limit's other slots to the other methods "
+            "(0: no limit)"
+        ),
+    )
+    max_concurrent_convert: int = field(
+        default=8,
+        metadata=_doc(
+            "ConvertWeights streams open at once (each may hold a layer in shared memory); "
+            "more get RESOURCE_EXHAUSTED (0: no limit)"
+        ),
+    )
+    max_concurrent_run: int = field(
+        default=64,
+        metadata=_doc("RunMoE calls served at once; more get RESOURCE_EXHAUSTED (0: no limit)"),
+    )
+    concurrency_wait_s: float = field(
+        default=0.0,
+        metadata=_doc(
+            "a call over its method's limit waits this long for a slot before it is refused "
+            "(0: refused at once; calls are never queued longer)"
+        ),
+    )
     server_processes: int = field(
         default=0,
         metadata=_doc(
@@ -175,7 +201,14 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive")
-        for name in ("max_concurrent_rpcs", "server_processes", "select_cache_mib"):
+        for name in (
+            "max_concurrent_rpcs",
+            "max_concurrent_select",
+            "max_concurrent_convert",
+            "max_concurrent_run",
+            "server_processes",
+            "select_cache_mib",
+        ):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if self.cpu_workers < 1:
@@ -204,6 +237,8 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive")
+        if not 0 <= self.concurrency_wait_s <= 10:
+            problems.append("concurrency_wait_s must be in 0..10 (a short wait, not a queue)")
         if self.grace_s < 0 or self.worker_restart_backoff_s < 0:
             problems.append("grace_s and worker_restart_backoff_s must be >= 0")
         if problems:

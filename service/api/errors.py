@@ -11,15 +11,22 @@
 | ConvertInputError (StreamError | INVALID_ARGUMENT    | BadRequest (the field, e.g.              |
 |   and path errors)             |                     | `tensors[w13_qweight].sha256`), ErrorInfo|
 | PermissionDeniedError (paths)  | PERMISSION_DENIED   | BadRequest (the field), ErrorInfo        |
+| ConvertLimitError (a size      | RESOURCE_EXHAUSTED  | BadRequest (the field), ErrorInfo        |
+|   limit: convert_max_layer_bytes)|                   | CONVERT_LIMIT (field, limit), QuotaFailure|
 | ConvertResourceError           | RESOURCE_EXHAUSTED  | none                                     |
 | RunInputError (RunMoE)         | INVALID_ARGUMENT    | BadRequest (the field), ErrorInfo        |
 | RunResourceError (RunMoE)      | RESOURCE_EXHAUSTED  | BadRequest (the field), ErrorInfo        |
+|                                |                     | RUN_MOE_LIMIT (field, limit), QuotaFailure|
 | BackendUnavailableError        | FAILED_PRECONDITION | PreconditionFailure (type=backend)       |
 | WorkerNotFoundError            | NOT_FOUND           | ResourceInfo (worker)                    |
 | LayerNotFoundError             | NOT_FOUND           | ResourceInfo (layer)                     |
 | WorkerUnavailableError         | UNAVAILABLE         | RetryInfo (1 s)                          |
 | NotImplementedError            | UNIMPLEMENTED       | its message says what is missing         |
 | UnauthenticatedError           | UNAUTHENTICATED     | none                                     |
+| ConcurrencyLimitError          | RESOURCE_EXHAUSTED  | QuotaFailure (subject=method,            |
+|   (per-method limit, limits.py)|                     | description=the limit), ErrorInfo        |
+|                                |                     | CONCURRENCY_LIMIT (method, limit, value),|
+|                                |                     | RetryInfo (0.1 s)                        |
 | anything else                  | INTERNAL            | none; a fixed message (logged in full)   |
 """
 
@@ -34,7 +41,12 @@ from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from service.api import codec
-from service.formats.input_errors import ConvertInputError, ConvertResourceError
+from service.api.limits import ConcurrencyLimitError
+from service.formats.input_errors import (
+    ConvertInputError,
+    ConvertLimitError,
+    ConvertResourceError,
+)
 from service.formats.paths import PermissionDeniedError
 from service.oracle import InvalidSpecError, OracleError, SelectionError
 from service.worker.errors import (
@@ -104,6 +116,31 @@ def _field_error(reason: str, description: str = "description") -> Details:
     return details
 
 
+def _size_limit(reason: str) -> Details:
+    """The details of a request over a configured size limit: BadRequest naming the field,
+    ErrorInfo naming the field and the limit (the setting), QuotaFailure (subject: the
+    field) when the limit is known."""
+
+    def details(exc: Any) -> tuple[Message, ...]:
+        limit = getattr(exc, "limit", "")
+        found: tuple[Message, ...] = (
+            _bad_request((exc.field, exc.description)),
+            _error_info(reason, field=exc.field, **({"limit": limit} if limit else {})),
+        )
+        if limit:
+            quota = error_details_pb2.QuotaFailure(
+                violations=[
+                    error_details_pb2.QuotaFailure.Violation(
+                        subject=exc.field, description=f"over the setting {limit}"
+                    )
+                ]
+            )
+            found += (quota,)
+        return found
+
+    return details
+
+
 def _resource(kind: str, name: Callable[[Any], str]) -> Details:
     def details(exc: Any) -> tuple[Message, ...]:
         return (
@@ -137,6 +174,21 @@ def _selection_message(exc: SelectionError) -> str:
     )
 
 
+def _concurrency_limited(exc: ConcurrencyLimitError) -> tuple[Message, ...]:
+    return (
+        error_details_pb2.QuotaFailure(
+            violations=[
+                error_details_pb2.QuotaFailure.Violation(
+                    subject=exc.method,
+                    description=f"{exc.value} concurrent calls (setting {exc.limit})",
+                )
+            ]
+        ),
+        _error_info("CONCURRENCY_LIMIT", method=exc.method, limit=exc.limit, value=str(exc.value)),
+        error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(nanos=100_000_000)),
+    )
+
+
 def _no_details(exc: Any) -> tuple[Message, ...]:
     return ()
 
@@ -166,6 +218,7 @@ MAPPINGS: tuple[Mapping, ...] = (
         code_pb2.INVALID_ARGUMENT,
         lambda exc: (_error_info(type(exc).__name__.upper()),),
     ),
+    Mapping(ConvertLimitError, code_pb2.RESOURCE_EXHAUSTED, _size_limit("CONVERT_LIMIT")),
     Mapping(ConvertInputError, code_pb2.INVALID_ARGUMENT, _field_error("INVALID_CONVERT_INPUT")),
     Mapping(
         PermissionDeniedError,
@@ -173,7 +226,7 @@ MAPPINGS: tuple[Mapping, ...] = (
         _field_error("PATH_NOT_ALLOWED", description="reason"),
     ),
     Mapping(RunInputError, code_pb2.INVALID_ARGUMENT, _field_error("INVALID_RUN_MOE_INPUT")),
-    Mapping(RunResourceError, code_pb2.RESOURCE_EXHAUSTED, _field_error("RUN_MOE_LIMIT")),
+    Mapping(RunResourceError, code_pb2.RESOURCE_EXHAUSTED, _size_limit("RUN_MOE_LIMIT")),
     Mapping(
         BackendUnavailableError,
         code_pb2.FAILED_PRECONDITION,
@@ -188,6 +241,7 @@ MAPPINGS: tuple[Mapping, ...] = (
         lambda exc: (error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=1)),),
     ),
     Mapping(UnauthenticatedError, code_pb2.UNAUTHENTICATED),
+    Mapping(ConcurrencyLimitError, code_pb2.RESOURCE_EXHAUSTED, _concurrency_limited),
     Mapping(
         NotImplementedError,
         code_pb2.UNIMPLEMENTED,

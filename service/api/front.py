@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.interceptors import HandlerRegistrar, ServerInterceptor
+from service.api.limits import Limits
 from service.api.selection import Selection
 from service.metrics import Metrics
 from service.settings import Settings
@@ -66,18 +67,22 @@ async def start_front(
     health_servicer: health.aio.HealthServicer,
     worker_methods: Any,
     reuseport: bool,
+    limits: Limits | None = None,
 ) -> Front:
     """Create, bind and start the public server on `settings.host`:`port` (OSError when
     the address cannot be bound). `worker_methods(registrar)` registers the handlers of
     the methods that need the workers: the servicer in the primary, a Forwarder in a
-    replica."""
+    replica. `limits`: the per-method concurrency limits (default: this process's own,
+    from `settings`; the primary passes the ones its private endpoint shares)."""
+    if limits is None:
+        limits = Limits.from_settings(settings, metrics)
     server = grpc.aio.server(
         options=settings.grpc_options(reuseport=reuseport),
         maximum_concurrent_rpcs=settings.max_concurrent_rpcs or None,
     )
-    registrar: HandlerRegistrar = ServerInterceptor(metrics, token=settings.token()).registrar(
-        server
-    )
+    registrar: HandlerRegistrar = ServerInterceptor(
+        metrics, token=settings.token(), limits=limits
+    ).registrar(server)
     worker_methods(registrar)
     registrar.add_registered_method_handlers(SERVICE_NAME, selection.handlers())
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registrar)  # type: ignore[arg-type]

@@ -1,6 +1,7 @@
-"""The server's one interceptor: bearer-token auth, domain error -> status mapping, metrics.
+"""The server's one interceptor: bearer-token auth, per-method concurrency limits (limits.py),
+domain error -> status mapping, metrics.
 
-All three wrap every RPC the same way, so they are one wrapper around each method handler,
+All four wrap every RPC the same way, so they are one wrapper around each method handler,
 for the handlers of a grpc.aio server (coroutines) and of a sync grpc server alike. It is
 applied when the handlers are registered (`ServerInterceptor.registrar`), which works the
 same for both kinds of server and for the handlers that the servicer registers itself at
@@ -25,6 +26,7 @@ from google.protobuf.message import DecodeError
 from grpc_status import rpc_status
 
 from service.api.errors import UnauthenticatedError, status_for
+from service.api.limits import Limit, Limits, SlotHolder
 from service.formats.input_errors import ConvertInputError
 from service.metrics import Metrics
 
@@ -132,13 +134,19 @@ def _split(method: str) -> tuple[str, str]:
 
 
 class ServerInterceptor:
-    """Auth (optional), errors and metrics around every method of the server.
+    """Auth (optional), concurrency limits (optional), errors and metrics around every
+    method of the server.
 
     `metrics=None` leaves the gRPC server metrics alone: the private endpoint that replicas
-    forward calls to (replica.py) must not count a call the replica already counted."""
+    forward calls to (replica.py) must not count a call the replica already counted.
+    `limits` caps the methods it names (limits.py); after auth, before the handler. Only
+    the handlers of a grpc.aio server are limited (the semaphores are asyncio's)."""
 
-    def __init__(self, metrics: Metrics | None, *, token: str | None = None) -> None:
+    def __init__(
+        self, metrics: Metrics | None, *, token: str | None = None, limits: Limits | None = None
+    ) -> None:
         self._metrics = metrics
+        self._limits = limits
         self._token_digest = _digest(token) if token else None
         self._wrapped: dict[str, tuple[Handler, Handler]] = {}
 
@@ -201,6 +209,7 @@ class ServerInterceptor:
         is_async = inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour)
         if not is_async:
             return self._wrap_sync(handler, stats, check_auth)
+        limit: Limit | None = self._limits.for_method(method) if self._limits else None
 
         if not handler.request_streaming and not handler.response_streaming:
             inner: Any = handler.unary_unary
@@ -213,7 +222,14 @@ class ServerInterceptor:
                         raise UnauthenticatedError(DENY)
                     if type(request) is _Undecodable:
                         raise request.error
-                    response = await inner(request, context)
+                    if limit is None:
+                        response = await inner(request, context)
+                    else:
+                        await limit.acquire(method)
+                        try:
+                            response = await inner(request, context)
+                        finally:
+                            limit.release()
                 except asyncio.CancelledError:
                     stats.handled(_CANCELLED, time.perf_counter() - start)
                     raise
@@ -242,8 +258,6 @@ class ServerInterceptor:
             request: Any, context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
             """Run the handler as an async iterator of responses, whatever its style."""
-            if check_auth and not self._authorized(context):
-                raise UnauthenticatedError(DENY)
             if handler.request_streaming:
                 request = counted(request)
             else:
@@ -264,7 +278,16 @@ class ServerInterceptor:
         ) -> AsyncIterator[Any]:
             start = time.perf_counter()
             stats.started.inc()
+            holder: SlotHolder | None = None
             try:
+                if check_auth and not self._authorized(context):
+                    raise UnauthenticatedError(DENY)
+                if limit is not None:
+                    # The slot is held until the stream ends, however it ends: the finally
+                    # below, or the call's end where the generator is not closed yet.
+                    await limit.acquire(method)
+                    holder = SlotHolder(limit)
+                    context.add_done_callback(holder.release)  # type: ignore[arg-type]  # stubs: a class, not a callable
                 async for item in call(request, context):
                     yield item
             except asyncio.CancelledError:
@@ -274,7 +297,12 @@ class ServerInterceptor:
                 stats.handled(_code_of(context), time.perf_counter() - start)
                 raise
             except Exception as exc:
+                if holder is not None:
+                    holder.release()
                 await self._abort(exc, context, stats, start)
+            finally:
+                if holder is not None:
+                    holder.release()
             stats.handled(_OK, time.perf_counter() - start)
 
         if handler.response_streaming:

@@ -225,6 +225,7 @@ class RunMoEHandler:
             raise RunResourceError(
                 "hidden_states.shape[0]",
                 f"{tokens} tokens exceed this server's limit of {limit} (setting run_max_tokens)",
+                "run_max_tokens",
             )
         return tokens, int(message.shape[1])
 
@@ -248,6 +249,7 @@ class RunMoEHandler:
                 "inline_layer.tensors",
                 f"{total} bytes of inline weights exceed {limit} ({limit // MIB} MiB, setting "
                 "run_max_inline_bytes); convert with keep_loaded and run by layer_id",
+                "run_max_inline_bytes",
             )
         spec = codec.spec_to_json(layer.spec)
         spec["platform"] = None

@@ -19,6 +19,17 @@ class ConvertInputError(ValueError):
         super().__init__(f"{field}: {message}")
 
 
+class ConvertLimitError(ConvertInputError):
+    """A conversion request over one of this server's configured size limits (`limit` names
+    the setting): RESOURCE_EXHAUSTED, not INVALID_ARGUMENT, because the input may be
+    well-formed and only too large for this server; the details name the field and the
+    limit."""
+
+    def __init__(self, field: str, message: str, limit: str) -> None:
+        super().__init__(field, message)
+        self.limit = limit
+
+
 class ConvertCancelledError(Exception):
     """The caller cancelled the conversion; whatever it had made is already removed."""
 

@@ -19,11 +19,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.formats.input_errors import ConvertInputError
+from service.formats.input_errors import ConvertInputError, ConvertLimitError
 
 
 class StreamError(ConvertInputError):
     """A chunk stream that does not match its declaration (INVALID_ARGUMENT, field named)."""
+
+
+class StreamLimitError(StreamError, ConvertLimitError):
+    """A declared stream over the server's size limit (RESOURCE_EXHAUSTED, field and
+    limit named)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,13 +187,15 @@ class StreamBudget:
 
     limit: int
     used: int = 0
+    setting: str = "convert_max_layer_bytes"
 
     def reserve(self, spec: TensorSpec) -> None:
         if self.used + spec.byte_size > self.limit:
-            raise StreamError(
+            raise StreamLimitError(
                 tensor_field(spec.name, "byte_size"),
                 f"the call's tensors would take {self.used + spec.byte_size} bytes, over the "
-                f"server's limit of {self.limit} bytes for one layer",
+                f"server's limit of {self.limit} bytes for one layer (setting {self.setting})",
+                self.setting,
             )
         self.used += spec.byte_size
 

@@ -53,11 +53,12 @@ class RunInputError(WorkerError, ValueError):
 
 class RunResourceError(WorkerError):
     """A RunMoE request over a configured limit (tokens, inline bytes, layer budget);
-    `field` names what is too large."""
+    `field` names what is too large, `limit` the setting where it is known."""
 
-    def __init__(self, field: str, description: str) -> None:
+    def __init__(self, field: str, description: str, limit: str = "") -> None:
         self.field = field
         self.description = description
+        self.limit = limit
         super().__init__(f"{field}: {description}")
 
 

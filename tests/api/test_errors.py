@@ -90,3 +90,40 @@ def test_anything_else_is_internal_without_leaking_its_text() -> None:
     assert status.code == code_pb2.INTERNAL
     assert status.message == INTERNAL_MESSAGE
     assert not status.details
+
+
+def test_a_configured_size_limit_is_resource_exhausted_naming_field_and_limit() -> None:
+    from service.formats.input_errors import ConvertInputError
+    from service.formats.streaming import StreamBudget, StreamError, TensorSpec
+    from service.worker.errors import RunResourceError
+
+    budget = StreamBudget(10)
+    with pytest.raises(StreamError) as over:
+        budget.reserve(TensorSpec.of("w", "uint8", (11,)))
+    inline = RunResourceError("inline_layer.tensors", "too big", "run_max_inline_bytes")
+    for exc, field, limit, reason in (
+        (over.value, "tensors[w].byte_size", "convert_max_layer_bytes", "CONVERT_LIMIT"),
+        (inline, "inline_layer.tensors", "run_max_inline_bytes", "RUN_MOE_LIMIT"),
+    ):
+        status = status_for(exc)
+        assert status.code == code_pb2.RESOURCE_EXHAUSTED
+        assert detail(status, error_details_pb2.BadRequest).field_violations[0].field == field
+        info = detail(status, error_details_pb2.ErrorInfo)
+        assert (info.reason, dict(info.metadata)) == (reason, {"field": field, "limit": limit})
+        assert detail(status, error_details_pb2.QuotaFailure).violations[0].subject == field
+    # Inconsistent input stays INVALID_ARGUMENT.
+    assert status_for(ConvertInputError("tensors[w].data", "short")).code == (
+        code_pb2.INVALID_ARGUMENT
+    )
+
+
+def test_a_full_method_limit_is_resource_exhausted_with_quota_failure() -> None:
+    from service.api.limits import ConcurrencyLimitError
+
+    method = "/moe_control.v1.MoeControlService/RunMoE"
+    status = status_for(ConcurrencyLimitError(method, "max_concurrent_run", 4))
+    assert status.code == code_pb2.RESOURCE_EXHAUSTED
+    assert detail(status, error_details_pb2.QuotaFailure).violations[0].subject == method
+    info = detail(status, error_details_pb2.ErrorInfo)
+    assert dict(info.metadata) == {"method": method, "limit": "max_concurrent_run", "value": "4"}
+    assert detail(status, error_details_pb2.RetryInfo).retry_delay.nanos == 100_000_000

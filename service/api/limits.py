@@ -1,0 +1,145 @@
+"""Per-method concurrency limits: one asyncio semaphore per method class.
+
+grpc's own `maximum_concurrent_rpcs` (`--max-concurrent-rpcs`) counts every call alike, so a
+burst of cheap SelectBackend calls used to take every slot and refuse conversions and forwards
+too (bench/soak.py found it). Each expensive or bursty method class therefore gets its own
+limit (`--max-concurrent-select`, `--max-concurrent-convert`, `--max-concurrent-run`; 0: no
+limit), checked by the interceptor before the handler runs. A call over its limit waits at
+most `--concurrency-wait-s` (default 0: refused at once, never queued) and is then refused
+with RESOURCE_EXHAUSTED (`ConcurrencyLimitError`, mapped in errors.py). Health and reflection
+are in no class, so they are never limited. A streaming call holds its slot until the
+stream ends, however it ends (completion, error, cancellation, deadline): the release runs
+once, from the handler's `finally` or from the call's done callback, whichever is first.
+
+The limits are per server process; the primary's private endpoint for replicas' forwarded
+calls shares the primary's `Limits`, so conversions and forwards are bounded server-wide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from service.metrics import Metrics
+from service.settings import Settings
+
+SERVICE = "moe_control.v1.MoeControlService"
+
+#: Full method name -> the Settings field that limits it (its method class). Methods not
+#: here (health, reflection, the cheap listings) are limited by nothing but the global limit.
+METHOD_LIMITS: Mapping[str, str] = {
+    f"/{SERVICE}/SelectBackend": "max_concurrent_select",
+    f"/{SERVICE}/ConvertWeights": "max_concurrent_convert",
+    f"/{SERVICE}/RunMoE": "max_concurrent_run",
+}
+
+
+class ConcurrencyLimitError(Exception):
+    """A call found its method class's slots all taken: RESOURCE_EXHAUSTED, with details
+    naming the method and the limit (the setting) so a client knows what to back off."""
+
+    def __init__(self, method: str, limit: str, value: int) -> None:
+        self.method = method
+        self.limit = limit
+        self.value = value
+        super().__init__(
+            f"{method} is at this server's limit of {value} concurrent calls "
+            f"(setting {limit}); retry with backoff"
+        )
+
+
+class Limit:
+    """The slots of one method class."""
+
+    def __init__(self, name: str, value: int, wait_s: float, refused: Any) -> None:
+        self.name = name
+        self.value = value
+        self._wait_s = wait_s
+        self._semaphore = asyncio.Semaphore(value)
+        self._refused = refused
+
+    @property
+    def available(self) -> int:
+        """Free slots now (tests use it to prove that nothing leaked)."""
+        return self._semaphore._value  # asyncio keeps no public counter
+
+    async def acquire(self, method: str) -> None:
+        """Take a slot, waiting at most the configured wait; raises ConcurrencyLimitError.
+
+        A free slot is taken without suspending (asyncio.Semaphore.acquire returns at once
+        when it is not locked), so the hot path costs no event-loop round trip."""
+        semaphore = self._semaphore
+        if not semaphore.locked():
+            await semaphore.acquire()
+            return
+        if self._wait_s > 0:
+            try:
+                await asyncio.wait_for(semaphore.acquire(), self._wait_s)
+                return
+            except TimeoutError:
+                pass
+        self._refused(method).inc()
+        raise ConcurrencyLimitError(method, self.name, self.value)
+
+    def release(self) -> None:
+        self._semaphore.release()
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Every method class's Limit, by full method name."""
+
+    by_method: Mapping[str, Limit]
+
+    @classmethod
+    def from_settings(cls, settings: Settings, metrics: Metrics | None) -> Limits:
+        by_method: dict[str, Limit] = {}
+        made: dict[str, Limit] = {}
+        for method, name in METHOD_LIMITS.items():
+            value = getattr(settings, name)
+            if not value:
+                continue
+            limit = made.get(name)
+            if limit is None:
+                limit = made[name] = Limit(
+                    name, value, settings.concurrency_wait_s, _refusals(metrics, name)
+                )
+            by_method[method] = limit
+        return cls(by_method)
+
+    def for_method(self, method: str) -> Limit | None:
+        return self.by_method.get(method)
+
+
+class _Uncounted:
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+
+def _refusals(metrics: Metrics | None, name: str) -> Any:
+    """method -> the counter child a refusal of it increments."""
+    if metrics is None:
+        return lambda method: _Uncounted()
+    counter = metrics.rpc_limited
+
+    def child(method: str) -> Any:
+        return counter.labels(method.rsplit("/", 1)[-1], name)
+
+    return child
+
+
+class SlotHolder:
+    """Releases a streaming call's slot exactly once: from the handler's `finally` or from
+    the call's done callback (a cancelled stream whose generator is not closed yet)."""
+
+    __slots__ = ("_limit",)
+
+    def __init__(self, limit: Limit) -> None:
+        self._limit: Limit | None = limit
+
+    def release(self, _context: Any = None) -> None:
+        limit, self._limit = self._limit, None
+        if limit is not None:
+            limit.release()
