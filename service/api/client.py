@@ -111,12 +111,26 @@ def remote_select(
     tls_key: str | Path | None = None,
     ruleset: str = "",
     timeout: float = 30.0,
+    measured: bool = False,
+    token_counts: Sequence[int] = (),
+    refresh: bool = False,
+    measure_worker_index: int | None = None,
 ) -> dict[str, Any]:
     """Ask the server at `target` for the decision on `spec` (a deployment spec object).
 
     Without a "platform" in the spec, the server decides for its own worker's platform.
+    `measured`: policy MEASURED (the serving worker times every backend it runs at each of
+    `token_counts`; the server's defaults when empty); the answer gains "measured".
     """
     request = pb.SelectBackendRequest(spec_json=json.dumps(spec), ruleset=ruleset)
+    if measured:
+        from service.api.generated.moe_control.v1 import measured_pb2
+
+        request.policy = measured_pb2.SELECTION_POLICY_MEASURED
+        request.token_counts.extend(token_counts)
+        request.refresh = refresh
+        if measure_worker_index is not None:
+            request.measure_worker_index = measure_worker_index
     with open_channel(target, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key) as channel:
         stub: Any = pb_grpc.MoeControlServiceStub(channel)  # type: ignore[no-untyped-call]
         try:
@@ -127,7 +141,47 @@ def remote_select(
     result["server_platform"] = (
         _profile_json(response.server_platform) if response.HasField("server_platform") else None
     )
+    if response.HasField("measured"):
+        result["measured"] = measured_to_json(response.measured)
     return result
+
+
+def measured_to_json(message: Any) -> dict[str, Any]:
+    """A MeasuredSelection as plain JSON (seconds as floats; None where a backend did not
+    run, with its reason in "error")."""
+
+    def optional(holder: Any, name: str) -> float | None:
+        return float(getattr(holder, name)) if holder.HasField(name) else None
+
+    return {
+        "worker_index": message.worker_index,
+        "device_name": message.device_name,
+        "from_cache": message.from_cache,
+        "measured_time": (
+            message.measured_time.ToJsonString() if message.HasField("measured_time") else None
+        ),
+        "measure_seconds": message.measure_seconds,
+        "versions": dict(sorted(message.versions.items())),
+        "buckets": [
+            {
+                "tokens": bucket.tokens,
+                "fastest_backend": bucket.fastest_backend or None,
+                "fastest_seconds": bucket.fastest_seconds if bucket.fastest_backend else None,
+                "static_backend": bucket.static_backend or None,
+                "static_seconds": optional(bucket, "static_seconds"),
+                "speedup": optional(bucket, "speedup"),
+                "timings": [
+                    {
+                        "backend": timing.backend,
+                        "device_seconds": optional(timing, "device_seconds"),
+                        "error": timing.error or None,
+                    }
+                    for timing in bucket.timings
+                ],
+            }
+            for bucket in message.buckets
+        ],
+    }
 
 
 def check_health(

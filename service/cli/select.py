@@ -2,6 +2,10 @@
 
 Local mode needs nothing but this package: it imports neither grpc nor torch. `--server`
 asks a running moe-control server instead (same output, plus the server's platform).
+`--policy measured` (with `--server`) also has the serving worker time every backend it runs
+on the layer's shape, and prints each token count's fastest backend beside vLLM's choice:
+which backend is fastest depends on the shape and the token count, vLLM's priority list
+does not look at either.
 """
 
 from __future__ import annotations
@@ -61,7 +65,40 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--tls-cert", type=Path, help="client certificate chain for --server with mTLS"
     )
     parser.add_argument("--tls-key", type=Path, help="private key of --tls-cert")
+    parser.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="static",
+        help="static: vLLM's rules only; measured (needs --server): the serving worker also "
+        "times every backend it runs at each token count (cached by the server)",
+    )
+    parser.add_argument(
+        "--tokens",
+        type=_token_counts,
+        default=(),
+        metavar="N[,N...]",
+        help="token counts to time with --policy measured (default: the server's, 1,16,256,4096)",
+    )
+    parser.add_argument(
+        "--refresh", action="store_true", help="with --policy measured: time again, not cached"
+    )
+    parser.add_argument(
+        "--measure-worker", type=int, help="with --policy measured: the worker that times"
+    )
     parser.set_defaults(handler=run)
+
+
+POLICIES = ("static", "measured")
+
+
+def _token_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N[,N...], got {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError("token counts are positive integers")
+    return counts
 
 
 def _read_json(path: Path) -> Any:
@@ -171,11 +208,62 @@ def render_table(result: dict[str, Any]) -> str:
             lines.append(f"{c['backend'].ljust(width)}  {c['verdict'].ljust(11)}  {reason}")
     for hazard in result.get("hazards") or []:
         lines.append(f"hazard {hazard['code']}: {hazard['message']}")
+    if measured := result.get("measured"):
+        lines.extend(render_measured(measured))
     return "\n".join(lines)
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3)):
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value / 1e-6:.3g} us"
+
+
+def render_measured(measured: dict[str, Any]) -> list[str]:
+    """The measured table: per token count the fastest backend, vLLM's choice and both
+    times, then every backend's time or why it did not run."""
+    source = (
+        "from the server's cache"
+        if measured["from_cache"]
+        else f"measured now in {measured['measure_seconds']:.2f} s"
+    )
+    lines = [
+        f"measured on worker {measured['worker_index']} ({measured['device_name']}), {source}",
+        f"{'TOKENS':>6}  {'FASTEST':<15}{'TIME':>10}  {'vLLM CHOICE':<15}{'TIME':>10}  SPEEDUP",
+    ]
+    reasons: dict[str, str] = {}
+    for bucket in measured["buckets"]:
+        speedup = bucket["speedup"]
+        lines.append(
+            f"{bucket['tokens']:>6}  {bucket['fastest_backend'] or '-':<15}"
+            f"{_seconds(bucket['fastest_seconds']):>10}  {bucket['static_backend'] or '-':<15}"
+            f"{_seconds(bucket['static_seconds']):>10}  "
+            + (f"{speedup:.2f}x" if speedup is not None else "-")
+        )
+        times = []
+        for timing in bucket["timings"]:
+            if timing["device_seconds"] is not None:
+                times.append(f"{timing['backend']} {_seconds(timing['device_seconds'])}")
+            else:
+                reasons.setdefault(timing["backend"], timing["error"] or "did not run")
+        if times:
+            lines.append(f"{'':>6}  timed: {', '.join(times)}")
+    for backend, reason in reasons.items():
+        named = reason if reason.startswith(f"{backend}:") else f"{backend}: {reason}"
+        lines.append(f"not run: {named}")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.policy == "measured" and not args.server:
+            problem = "--policy measured needs --server (a worker times the backends)"
+            result = {"invalid": [{"field": "--policy", "description": problem}]}
+            print(json.dumps(result) if args.json else render_table(result), file=sys.stderr)
+            return EXIT_BAD_INPUT
         if args.config is not None:
             specs: Iterator[Any] = iter([deployment_from_model_config(_read_json(args.config))])
         else:
@@ -222,7 +310,14 @@ def _remote(args: argparse.Namespace, spec: dict[str, Any]) -> tuple[dict[str, A
             tls_ca=args.tls_ca,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
+            measured=args.policy == "measured",
+            token_counts=args.tokens,
+            refresh=args.refresh,
+            measure_worker_index=args.measure_worker,
         )
     except RemoteSelectionError as exc:
         return exc.result, exc.exit_code
+    if any(h.get("code") == "VLLM_FAILS" for h in result.get("hazards") or []):
+        # MEASURED answers where vLLM would fail; the exit status still says vLLM fails.
+        return result, EXIT_SELECTION_FAILED
     return result, EXIT_OK
