@@ -20,14 +20,17 @@ root, keeps two converted layers loaded, then runs asyncio clients for `--second
 - a prober that provokes every configured limit on purpose, in turn: a request over
   `--max-receive-message-bytes` (unary, and one chunk of a stream), an answer over
   `--max-send-message-bytes`, more tokens than `--run-max-tokens`, inline weights over
-  `--run-max-inline-bytes`, a kept layer over `--layer-budget-mib`, and a burst of held
-  health Watch streams past `--max-concurrent-rpcs`. Each must answer RESOURCE_EXHAUSTED.
+  `--run-max-inline-bytes`, a kept layer over `--layer-budget-mib`, a burst of held
+  health Watch streams past `--max-concurrent-rpcs`, and a burst of held ConvertWeights
+  streams past the per-method `--max-concurrent-convert`. Each must answer RESOURCE_EXHAUSTED.
 
 Pass criteria (exit status 1 when one fails):
 
 - every call answers OK with a correct answer, except RESOURCE_EXHAUSTED where a limit was
   provoked: the probe itself, or any call that overlapped a concurrency burst and was refused
-  by the concurrent-RPC limit; a probe that does not get RESOURCE_EXHAUSTED is a failure;
+  by the concurrent-RPC limit (or, during a ConvertWeights burst, a conversion refused by
+  the convert limit: never another method); a probe that does not get RESOURCE_EXHAUSTED
+  is a failure;
 - every method ran in the measured window, and every limit was provoked at least once;
 - the server and its worker are alive at the end, the worker never restarted, no tensor
   segment and no transient kept layer is left once the clients stop;
@@ -107,6 +110,9 @@ LIMITS = {
     "run_max_inline_bytes": 256 * 1024,
     "layer_budget_mib": 4,
     "convert_chunk_bytes": 256 * 1024,
+    # Per method (limits.py): above what the convert clients hold at once (2 inline, 1
+    # checkpoint, the prober's and setup's streams), so only the prober's burst reaches it.
+    "max_concurrent_convert": 6,
 }
 
 #: The layer every conversion and forward uses (GPTQ int4, group 32).
@@ -149,8 +155,11 @@ PROBES = {
     "limit: inline weights > run_max_inline_bytes": "",
     "limit: kept layer > layer_budget_mib": "layer budget",
     "limit: Watch burst > max_concurrent_rpcs": "Concurrent RPC limit",
+    "limit: ConvertWeights burst > max_concurrent_convert": "max_concurrent_convert",
 }
 CONCURRENCY_MESSAGE = "Concurrent RPC limit"
+#: What a refusal by the per-method convert limit says (service/api/limits.py).
+CONVERT_LIMIT_MESSAGE = "concurrent calls (setting max_concurrent_convert)"
 
 
 # ---------------------------------------------------------------------------------------
@@ -177,6 +186,7 @@ class Tally:
     failure_count: int = 0
     refusals: list[Refusal] = field(default_factory=list)
     bursts: list[tuple[float, float]] = field(default_factory=list)
+    convert_bursts: list[tuple[float, float]] = field(default_factory=list)
 
     def ok(self, method: str, start: float, end: float) -> None:
         self.calls += 1
@@ -206,7 +216,17 @@ class Tally:
                 refusal.start <= end + grace and refusal.end >= start - grace
                 for start, end in self.bursts
             )
-            if during and CONCURRENCY_MESSAGE in refusal.details:
+            during_convert = any(
+                refusal.start <= end + grace and refusal.end >= start - grace
+                for start, end in self.convert_bursts
+            )
+            by_burst = during and CONCURRENCY_MESSAGE in refusal.details
+            by_convert_burst = (
+                during_convert
+                and refusal.method.startswith("ConvertWeights")
+                and CONVERT_LIMIT_MESSAGE in refusal.details
+            )
+            if by_burst or by_convert_burst:
                 collateral[refusal.method] += 1
             else:
                 self.failure_count += 1
@@ -940,6 +960,7 @@ class Soak:
         while self.running() or turn <= len(steps):
             if turn % (len(steps) + 1) == len(steps):
                 await self.burst()
+                await self.convert_burst()
             else:
                 name, step = steps[turn % (len(steps) + 1)]
                 await self.timed(name, step, probe=True)
@@ -986,6 +1007,46 @@ class Soak:
         for channel in channels:
             await channel.close()
             self.channels.remove(channel)
+        await asyncio.sleep(0.2)
+
+    async def convert_burst(self) -> None:
+        """Hold `limit + extra` ConvertWeights streams that send nothing (each holds its
+        slot until it ends): at least `extra` must be refused at once by the per-method
+        limit, which names itself; then every stream is cancelled (no slot may leak: the
+        next burst finds the limit free again)."""
+        method = "limit: ConvertWeights burst > max_concurrent_convert"
+        limit = LIMITS["max_concurrent_convert"]
+        extra = 4
+        channel = self.channel()
+        convert = channel.stream_stream(SERVICE + "ConvertWeights")
+        start = time.monotonic()
+        calls = [convert(timeout=30) for _ in range(limit + extra)]
+        tasks = [asyncio.ensure_future(call.code()) for call in calls]
+        await asyncio.wait(tasks, timeout=0.5)
+        ended = [
+            (call, task.result()) for call, task in zip(calls, tasks, strict=True) if task.done()
+        ]
+        for call in calls:
+            call.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        end = time.monotonic()
+        self.tally.convert_bursts.append((start, end))
+        refused = 0
+        odd = []
+        for call, code in ended:
+            details = await call.details() or ""
+            if code is grpc.StatusCode.RESOURCE_EXHAUSTED and CONVERT_LIMIT_MESSAGE in details:
+                refused += 1
+            else:
+                odd.append(f"{code.name}: {details[:120]}")
+        if odd:
+            self.tally.fail(method, "UNEXPECTED", "; ".join(sorted(set(odd)))[:300])
+        elif refused < extra:
+            self.tally.fail(method, "OK", f"only {refused} of {limit + extra} refused")
+        else:
+            self.tally.ok(method, start, end)
+        await channel.close()
+        self.channels.remove(channel)
         await asyncio.sleep(0.2)
 
 
@@ -1324,7 +1385,7 @@ def markdown(result: dict[str, Any]) -> str:
     for row in result["rows"]:
         codes = ", ".join(f"{k} {v:,}" for k, v in sorted(row["codes"].items()))
         if row["refused_in_burst"]:
-            codes += f" ({row['refused_in_burst']} refused during a Watch burst)"
+            codes += f" ({row['refused_in_burst']} refused during a burst)"
         lines.append(
             f"| {row['method']} | {row['calls']:,} | {row['per_s']} | {row['p50_ms']} | "
             f"{row['p90_ms']} | {row['p99_ms']} | {row['max_ms']} | {codes} |"

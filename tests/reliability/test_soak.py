@@ -79,6 +79,7 @@ LIMITS = (
     "run_max_tokens",
     "run_max_inline_bytes",
     "layer_budget_mib",
+    "max_concurrent_convert",
 )
 
 
