@@ -28,6 +28,7 @@ low = a ^ (t << 4). Six elementwise passes over half the weight each.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -38,8 +39,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from service.formats import registry
-from service.formats.canonical import FormatError
+from service.formats import gpu_repack, registry
+from service.formats.canonical import FormatError, QuantizedMoELayer
 from service.formats.readers import bits as packing
 from service.formats.readers.checkpoint import NAMINGS
 from service.formats.readers.layouts import (
@@ -557,24 +558,70 @@ MARLIN = _Target(_marlin_allocate, _marlin_rows, _marlin_tensors, _marlin_applie
 @dataclass(frozen=True)
 class Route:
     """A direct route: the target, the weight transform by bit width (absent widths take
-    the canonical route)."""
+    the canonical route), and the fused Triton kernels that replace those transforms on a
+    device `gpu_repack.usable` accepts (absent widths keep the torch transform)."""
 
     target: _Target
     weight: Mapping[int, WeightFn]
+    kernels: Mapping[int, WeightFn] = dataclasses.field(default_factory=dict)
 
+
+def _kernel(
+    layout: str,
+    target: _Target,
+    fn: WeightFn,
+    bits: int,
+    *,
+    in_tile: tuple[int, int],
+    out_tile: tuple[int, int],
+    transposed: bool = False,
+) -> gpu_repack.Repack:
+    """`fn` as one Triton kernel; its permutation is read off `fn` itself (run on a probe
+    of one expert's stored words, into the target's word matrix)."""
+
+    def probe(stored: torch.Tensor, probe_bits: int) -> torch.Tensor:
+        n, k = LAYOUTS[layout].dims_from_weight(tuple(stored.shape), probe_bits, "probe")
+        out_e = target.allocate(1, n, k, probe_bits, stored.device)[0]
+        fn(stored, target.rows(out_e, 0, n, probe_bits), probe_bits)
+        return out_e.view(torch.int32).view(int(out_e.shape[0]), -1)
+
+    return gpu_repack.Repack(fn, probe, bits, in_tile, out_tile, transposed=transposed)
+
+
+# Tiles in int32 words, [rows, columns] of the stored tensor -> of the output word matrix:
+# Marlin: one 16 x 64 tile (16 * bits words) per k tile and n tile; TRITON: a transpose of
+# words (GPTQ) or of 8 x 8 code blocks (AWQ: 8 rows of one word -> 8 rows of one word).
+_GPTQ_MARLIN = {
+    bits: _kernel("gptq", MARLIN, fn, bits, in_tile=(16 * bits // 32, 64), out_tile=(1, 32 * bits))
+    for bits, fn in ((4, _marlin4_from_gptq), (8, _marlin8_from_gptq))
+}
+_AWQ_MARLIN = {4: _kernel("awq", MARLIN, _marlin4_from_awq, 4, in_tile=(16, 8), out_tile=(1, 128))}
+_GPTQ_TRITON = {
+    bits: _kernel(
+        "gptq", TRITON, _triton_from_k_first, bits, in_tile=(1, 1), out_tile=(1, 1), transposed=True
+    )
+    for bits in (4, 8)
+}
+_AWQ_TRITON = {
+    4: _kernel("awq", TRITON, _triton_from_awq, 4, in_tile=(8, 1), out_tile=(8, 1), transposed=True)
+}
 
 ROUTES: Mapping[tuple[str, str], Route] = {
-    ("gptq", "TRITON"): Route(TRITON, {4: _triton_from_k_first, 8: _triton_from_k_first}),
-    ("awq", "TRITON"): Route(TRITON, {4: _triton_from_awq}),
+    ("gptq", "TRITON"): Route(
+        TRITON, {4: _triton_from_k_first, 8: _triton_from_k_first}, _GPTQ_TRITON
+    ),
+    ("awq", "TRITON"): Route(TRITON, {4: _triton_from_awq}, _AWQ_TRITON),
     ("compressed-tensors", "TRITON"): Route(
         TRITON, {4: _triton_from_n_first, 8: _triton_from_n_first}
     ),
     ("moe_wna16", "TRITON"): Route(TRITON, {4: _triton_from_n_first, 8: _triton_from_n_first}),
-    ("gptq", "MARLIN"): Route(MARLIN, {4: _marlin4_from_gptq, 8: _marlin8_from_gptq}),
-    ("awq", "MARLIN"): Route(MARLIN, {4: _marlin4_from_awq}),
+    ("gptq", "MARLIN"): Route(MARLIN, {4: _marlin4_from_gptq, 8: _marlin8_from_gptq}, _GPTQ_MARLIN),
+    ("awq", "MARLIN"): Route(MARLIN, {4: _marlin4_from_awq}, _AWQ_MARLIN),
     ("compressed-tensors", "MARLIN"): Route(MARLIN, {4: _marlin4_from_ct, 8: _marlin8_from_ct}),
-    ("gptq", "BATCHED_MARLIN"): Route(MARLIN, {4: _marlin4_from_gptq, 8: _marlin8_from_gptq}),
-    ("awq", "BATCHED_MARLIN"): Route(MARLIN, {4: _marlin4_from_awq}),
+    ("gptq", "BATCHED_MARLIN"): Route(
+        MARLIN, {4: _marlin4_from_gptq, 8: _marlin8_from_gptq}, _GPTQ_MARLIN
+    ),
+    ("awq", "BATCHED_MARLIN"): Route(MARLIN, {4: _marlin4_from_awq}, _AWQ_MARLIN),
     ("compressed-tensors", "BATCHED_MARLIN"): Route(
         MARLIN, {4: _marlin4_from_ct, 8: _marlin8_from_ct}
     ),
@@ -632,11 +679,16 @@ def try_direct(
     gated: bool = True,
     options: ConversionOptions = DEFAULT_OPTIONS,
     compile_weights: bool = False,
+    kernels: bool = True,
+    check: Callable[[PackedLayer], None] | None = None,
 ) -> ConvertedLayer | None:
     """The direct route's result, or None when there is none for this layer (or the input
     is malformed: the canonical reader then says how). `compile_weights` runs the weight
     transforms through torch.compile (the bench's `compiled` route; the first call per
-    shape compiles)."""
+    shape compiles). `kernels`: on a device `gpu_repack.usable` accepts, the route's fused
+    Triton kernels replace its torch transforms (the bench turns them off to time those).
+    `check` sees the layer as read, before anything is written (the inline path's
+    declared-shape check)."""
     found = direct_route(layout, backend, quant.bits)
     if found is None or layout not in LAYOUTS:
         return None
@@ -646,9 +698,13 @@ def try_direct(
         packed = read_packed(LAYOUTS[layout], tensors, quant, num_experts=num_experts, gated=gated)
     except FormatError:
         return None
+    if check is not None:
+        check(packed)
     if not route.target.applies(packed, options):
         return None
     device = packed.w13.device
+    if kernels and not compile_weights and gpu_repack.usable(device):
+        fn = route.kernels.get(quant.bits, fn)
     w13 = _write_weight(route, fn, packed.w13, device, compile_weights)
     w2 = _write_weight(route, fn, packed.w2, device, compile_weights)
     return finish(
@@ -670,9 +726,12 @@ def canonical(
     num_experts: int,
     gated: bool = True,
     options: ConversionOptions = DEFAULT_OPTIONS,
+    check: Callable[[QuantizedMoELayer], None] | None = None,
 ) -> ConvertedLayer:
-    """The general route: reader -> canonical layer -> writer."""
+    """The general route: reader -> canonical layer -> writer (`check` as `try_direct`'s)."""
     layer = registry.read_layer(layout, tensors, quant, num_experts=num_experts, gated=gated)
+    if check is not None:
+        check(layer)
     return registry.convert(layer, backend, source=layout, options=options)
 
 
@@ -685,14 +744,30 @@ def convert(
     num_experts: int,
     gated: bool = True,
     options: ConversionOptions = DEFAULT_OPTIONS,
+    check: Callable[[PackedLayer | QuantizedMoELayer], None] | None = None,
 ) -> ConvertedLayer:
     """Per-expert checkpoint tensors -> `backend`'s tensors: a direct route when `ROUTES`
-    has one that fits the layer, else the canonical route. Same bytes either way."""
+    has one that fits the layer, else the canonical route. Same bytes either way. `check`
+    sees the layer read (packed or canonical) before anything is written, and may raise."""
     route = try_direct(
-        layout, tensors, quant, backend, num_experts=num_experts, gated=gated, options=options
+        layout,
+        tensors,
+        quant,
+        backend,
+        num_experts=num_experts,
+        gated=gated,
+        options=options,
+        check=check,
     )
     if route is not None:
         return route
     return canonical(
-        layout, tensors, quant, backend, num_experts=num_experts, gated=gated, options=options
+        layout,
+        tensors,
+        quant,
+        backend,
+        num_experts=num_experts,
+        gated=gated,
+        options=options,
+        check=check,
     )
