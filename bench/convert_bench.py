@@ -3,8 +3,10 @@
 Part 1 (layer): a Mixtral-8x7B expert layer (8 experts, hidden 4096, intermediate 14336,
 4-bit, group 128, symmetric) as a GPTQ and as an AWQ checkpoint stores it (per-expert
 tensors, already on --device), converted into each target (TRITON, MARLIN) by each route:
-`canonical` (reader -> one byte per code -> writer) and `direct` (`service.formats.direct`:
-packed words to packed words), each checked byte for byte against the canonical result.
+`canonical` (reader -> one byte per code -> writer), `direct` (`service.formats.direct`:
+packed words to packed words in torch ops) and `triton` (the same routes' fused Triton
+kernels, `service.formats.gpu_repack`), each checked byte for byte against the canonical
+result.
 Each figure is the median of --rounds timings after one warm-up, timed with CUDA events on a
 GPU. Throughput is checkpoint bytes read per second; the floor is the time the bytes read
 plus the bytes written take at the device's copy bandwidth measured in the same run (a
@@ -107,12 +109,15 @@ def nbytes(tensors: Mapping[str, torch.Tensor]) -> int:
 
 ROUTES: dict[str, Callable[..., registry.ConvertedLayer | None]] = {
     "canonical": direct.canonical,
-    "direct": direct.try_direct,
+    "direct": functools.partial(direct.try_direct, kernels=False),
+    "triton": functools.partial(direct.try_direct, kernels=True),
     "compiled": functools.partial(direct.try_direct, compile_weights=True),
 }
 """Route name -> conversion of per-expert tensors (`direct.try_direct` answers None where it
-has no route for the pair; `compiled` is the direct route through torch.compile, whose
-warm-up call compiles)."""
+has no route for the pair): `direct` runs the routes' torch transforms, `triton` their
+fused Triton kernels (service/formats/gpu_repack.py; on a CUDA device, else the same as
+`direct`; the warm-up call compiles them), `compiled` the torch transforms through
+torch.compile (whose warm-up call compiles)."""
 
 
 def identical(a: registry.ConvertedLayer, b: registry.ConvertedLayer) -> bool:
@@ -214,6 +219,12 @@ def layer_part(args: argparse.Namespace, device: torch.device) -> dict[str, Any]
                     )
                 except registry.ConversionUnsupported as exc:
                     row, result = {"source": source, "target": target, "skipped": exc.reason}, None
+                except Exception as exc:  # one failing route keeps the other routes' rows
+                    failed = f"failed: {exc!r}"[:300]
+                    row, result = (
+                        {"source": source, "target": target, "route": route, "skipped": failed},
+                        None,
+                    )
                 if route == "canonical":
                     reference = result
                 del result
@@ -390,7 +401,7 @@ def main() -> int:
     parser.add_argument("--sources", nargs="+", default=["gptq", "awq"])
     parser.add_argument("--targets", nargs="+", default=["TRITON", "MARLIN"])
     parser.add_argument(
-        "--routes", nargs="+", default=["canonical", "direct"], choices=list(ROUTES)
+        "--routes", nargs="+", default=["canonical", "direct", "triton"], choices=list(ROUTES)
     )
     parser.add_argument("--rounds", type=int, default=5, help="median of this many timings")
     parser.add_argument(
