@@ -210,3 +210,43 @@ def test_a_conversion_over_the_layer_byte_limit_is_resource_exhausted(
     assert found["ErrorInfo"].reason == "CONVERT_LIMIT"
     assert dict(found["ErrorInfo"].metadata) == {"field": field, "limit": "convert_max_layer_bytes"}
     assert found["QuotaFailure"].violations[0].subject == field
+
+
+def test_with_replicas_the_convert_limit_is_server_wide(
+    server_factory: Any,
+) -> None:
+    """Two server processes share the port; a replica forwards conversions to the primary,
+    whose one set of limits covers its own public server and the forwarded calls: whichever
+    process a connection lands on, the stream over the limit is refused."""
+    server = server_factory("--server-processes", "2", "--max-concurrent-convert", "2")
+    channels: list[grpc.Channel] = []
+
+    def own_connection() -> Any:
+        channel = grpc.insecure_channel(
+            server.address, options=[("grpc.use_local_subchannel_pool", 1)]
+        )
+        channels.append(channel)
+        return pb_grpc.MoeControlServiceStub(channel)
+
+    try:
+        held = [HeldStream(own_connection()) for _ in range(2)]
+        time.sleep(1.0)  # both calls reached the primary (directly or forwarded)
+        for _ in range(6):
+            over = HeldStream(own_connection())
+            with pytest.raises(grpc.RpcError) as refused:
+                next(iter(over.call))
+            over.cancel()
+            assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            info = details(refused.value)["ErrorInfo"]
+            assert info.metadata["limit"] == "max_concurrent_convert"
+        for stream in held:
+            stream.cancel()
+        time.sleep(0.5)
+        again = [HeldStream(own_connection()) for _ in range(2)]
+        time.sleep(1.0)
+        assert all(stream.call.running() for stream in again)
+        for stream in again:
+            stream.cancel()
+    finally:
+        for channel in channels:
+            channel.close()
