@@ -15,7 +15,9 @@ tiles whose nibbles hold their own positions (one pass per 4-bit digit), checks 
 the four tiles agree (the route is tile-periodic), and keeps the table of one tile: for
 each output word and field, the input word (row and column inside the input tile) and
 the field's bit offset there. Fields are as wide as the permutation allows (32 bits for a
-word transpose, 8 for int8, 4 for int4), so a transpose moves words, not nibbles.
+word transpose, 8 for int8, 4 for int4), so a transpose moves words, not nibbles; a pure
+word transpose (GPTQ -> TRITON) takes the kernel's 2-D block path instead of the table,
+coalesced on both sides.
 
 Triton is imported only when a kernel first runs, so the CPU-only path never needs it.
 `KERNEL_DEVICES` names the device types that take the kernels (the tests add "cpu" under
@@ -216,6 +218,7 @@ def _launch(
         BI=bi,
         BJ=bj,
         TRANSPOSED=repack.transposed,
+        WORD_TRANSPOSE=repack.transposed and per_tile == 1,
         num_warps=8,
     )
 
