@@ -210,6 +210,7 @@ class ServerInterceptor:
         if not is_async:
             return self._wrap_sync(handler, stats, check_auth)
         limit: Limit | None = self._limits.for_method(method) if self._limits else None
+        semaphore = limit.semaphore if limit is not None else None
 
         if not handler.request_streaming and not handler.response_streaming:
             inner: Any = handler.unary_unary
@@ -222,14 +223,17 @@ class ServerInterceptor:
                         raise UnauthenticatedError(DENY)
                     if type(request) is _Undecodable:
                         raise request.error
-                    if limit is None:
+                    if semaphore is None:
                         response = await inner(request, context)
                     else:
-                        await limit.acquire(method)
+                        if semaphore.locked():
+                            await limit.wait_or_refuse(method)  # type: ignore[union-attr]
+                        else:
+                            await semaphore.acquire()  # free: returns without suspending
                         try:
                             response = await inner(request, context)
                         finally:
-                            limit.release()
+                            semaphore.release()
                 except asyncio.CancelledError:
                     stats.handled(_CANCELLED, time.perf_counter() - start)
                     raise

@@ -57,23 +57,29 @@ class Limit:
         self.name = name
         self.value = value
         self._wait_s = wait_s
-        self._semaphore = asyncio.Semaphore(value)
+        self.semaphore = asyncio.Semaphore(value)
         self._refused = refused
 
     @property
     def available(self) -> int:
         """Free slots now (tests use it to prove that nothing leaked)."""
-        return self._semaphore._value  # asyncio keeps no public counter
+        return self.semaphore._value  # asyncio keeps no public counter
 
     async def acquire(self, method: str) -> None:
         """Take a slot, waiting at most the configured wait; raises ConcurrencyLimitError.
 
         A free slot is taken without suspending (asyncio.Semaphore.acquire returns at once
-        when it is not locked), so the hot path costs no event-loop round trip."""
-        semaphore = self._semaphore
+        when it is not locked), so the hot path costs no event-loop round trip; the unary
+        wrapper does that part inline and calls `wait_or_refuse` only when locked."""
+        semaphore = self.semaphore
         if not semaphore.locked():
             await semaphore.acquire()
             return
+        await self.wait_or_refuse(method)
+
+    async def wait_or_refuse(self, method: str) -> None:
+        """The slow path: every slot taken. Wait at most the configured wait, else refuse."""
+        semaphore = self.semaphore
         if self._wait_s > 0:
             try:
                 await asyncio.wait_for(semaphore.acquire(), self._wait_s)
@@ -84,7 +90,7 @@ class Limit:
         raise ConcurrencyLimitError(method, self.name, self.value)
 
     def release(self) -> None:
-        self._semaphore.release()
+        self.semaphore.release()
 
 
 @dataclass(frozen=True, slots=True)

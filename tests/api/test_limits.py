@@ -213,6 +213,11 @@ def test_streams_hold_their_slot_until_they_end_and_cancellation_leaks_none() ->
             for call in calls:
                 assert await call.code() is grpc.StatusCode.OK
             await h.settle(lambda: h.available("ConvertWeights") == limit)
+            # Streams cut by their deadline give their slots back as well.
+            cut = [h.stream()(timeout=0.3) for _ in range(limit)]
+            for call in cut:
+                assert await call.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+            await h.settle(lambda: h.available("ConvertWeights") == limit)
 
     asyncio.run(scenario())
 
