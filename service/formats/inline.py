@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from service.formats import registry
+from service.formats import direct, registry
 from service.formats.checkpoint import descriptor_json
 from service.formats.input_errors import ConvertInputError
 from service.formats.naming import normalize_names
@@ -69,7 +69,12 @@ def convert_layer(
 ) -> InlineResult:
     """Read, check against `shape`, write in `backend`'s layout. Outputs are on the CPU
     unless `keep_device` (a layer kept loaded on a GPU worker stays there). Stacked
-    parameters under `--quantization moe_wna16` (`vllm_quantization`) are MoeWNA16's."""
+    parameters under `--quantization moe_wna16` (`vllm_quantization`) are MoeWNA16's.
+
+    Per-expert tensors take `direct.convert`: packed words to packed words where a direct
+    route covers the pair (fused Triton kernels on a GPU), the canonical route otherwise;
+    the same bytes either way, and the declared shape is checked before anything is
+    written. Stacked parameters take the canonical route (no direct route reads them)."""
     registry.writer_for(backend)  # ConversionUnsupported before any work
     naming, module, keys = normalize_names(list(tensors))
     target = torch.device(device)
@@ -81,13 +86,18 @@ def convert_layer(
     if naming == "stacked":
         layout = "moe_wna16" if vllm_quantization == "moe_wna16" else source.layout
         layer = registry.read_stacked_layer(layout, renamed, quant)
-        source = SourceSpec(layout, *astuple(source)[1:])
+        _check_shape(layer, shape)
+        converted = registry.convert(layer, backend, source=layout)
     else:
-        layer = registry.read_layer(
-            source.layout, renamed, quant, num_experts=shape.num_experts, gated=shape.gated
+        converted = direct.convert(
+            source.layout,
+            renamed,
+            quant,
+            backend,
+            num_experts=shape.num_experts,
+            gated=shape.gated,
+            check=lambda layer: _check_shape(layer, shape),
         )
-    _check_shape(layer, shape)
-    converted = registry.convert(layer, backend, source=source.layout)
     if target.type == "cuda":
         torch.cuda.synchronize(target)
     seconds = time.perf_counter() - began
