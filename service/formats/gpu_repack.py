@@ -26,6 +26,7 @@ TRITON_INTERPRET=1).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 from collections.abc import Callable
@@ -201,26 +202,33 @@ def _launch(
     bj = 1 << (block.bit_length() // 2)
     bi = max(1, block // bj)
     grid = (triton_cdiv(tiles[0], bi), triton_cdiv(tiles[1], bj))
-    kernel[grid](
-        stored,
-        out,
-        table.packed,
-        int(stored.stride(0)),
-        int(out.stride(0)),
-        tiles[0],
-        tiles[1],
-        TIR=repack.in_tile[0],
-        TIC=repack.in_tile[1],
-        TOR=tor,
-        TOC=toc,
-        S=table.fields,
-        F=table.width,
-        BI=bi,
-        BJ=bj,
-        TRANSPOSED=repack.transposed,
-        WORD_TRANSPOSE=repack.transposed and per_tile == 1,
-        num_warps=8,
-    )
+    # Triton launches on the current CUDA device: make it the tensors' (a multi-GPU
+    # conversion converts on several devices from one process).
+    with _on_device(stored.device):
+        kernel[grid](
+            stored,
+            out,
+            table.packed,
+            int(stored.stride(0)),
+            int(out.stride(0)),
+            tiles[0],
+            tiles[1],
+            TIR=repack.in_tile[0],
+            TIC=repack.in_tile[1],
+            TOR=tor,
+            TOC=toc,
+            S=table.fields,
+            F=table.width,
+            BI=bi,
+            BJ=bj,
+            TRANSPOSED=repack.transposed,
+            WORD_TRANSPOSE=repack.transposed and per_tile == 1,
+            num_warps=8,
+        )
+
+
+def _on_device(device: torch.device) -> Any:
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def triton_cdiv(a: int, b: int) -> int:
