@@ -430,6 +430,9 @@ class WorkerHandle:
         self.profile = profile
 
     async def _read_loop(self, process: asyncio.subprocess.Process) -> None:
+        """Resolve each answer's future as its line arrives. The pipe is read by the event
+        loop itself (asyncio's pipe transport), not a reader thread: an answer wakes only
+        this process's loop, with no hop between threads on the way to the caller."""
         assert process.stdout is not None
         while True:
             try:
