@@ -197,10 +197,15 @@ def _launch(
     tor, toc = repack.out_tile
     per_tile = tor * toc * table.fields
     block = max(1, _TARGET_ELEMENTS // per_tile)
-    # A square-ish block of tiles; a transposed route reads its input block by columns,
-    # so both sides of the block stay within a few cache lines per row.
-    bj = 1 << (block.bit_length() // 2)
-    bi = max(1, block // bj)
+    # A transposed route's lanes run along the input's rows (tile rows i): 32 of them fill
+    # a warp (a word transpose, its own 2-D path, takes 64 x 128). Otherwise a square-ish
+    # block of tiles.
+    if repack.transposed:
+        bi = min(block, 64 if per_tile == 1 else 32)
+        bj = max(1, block // bi)
+    else:
+        bj = 1 << (block.bit_length() // 2)
+        bi = max(1, block // bj)
     grid = (triton_cdiv(tiles[0], bi), triton_cdiv(tiles[1], bj))
     # Triton launches on the current CUDA device: make it the tensors' (a multi-GPU
     # conversion converts on several devices from one process).

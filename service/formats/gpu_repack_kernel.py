@@ -3,9 +3,9 @@
 One program builds BI x BJ output tiles of TOR x TOC int32 words. Output word w of a tile
 is the sum (= the OR: the bits are disjoint) of its S fields of F bits; field s comes from
 the input word the table names (row and column inside the input tile, bit offset),
-shifted from that offset to s * F. The elements are ordered so that one output row's
-words are consecutive (coalesced stores); a tile's input words are re-read from L1 for
-each field, so memory sees each input byte once.
+shifted from that offset to s * F. Elements are ordered so that a warp's lanes read
+neighbouring input words for each field (coalesced loads, S per word; a transposed
+route then scatters its one store per word); every input byte comes from memory once.
 """
 
 # Triton idiom: compile-time parameters are UPPER_CASE, kernels take many arguments.
@@ -55,17 +55,30 @@ def repack_kernel(
         )
     else:
         WORDS: tl.constexpr = BI * TOR * BJ * TOC
-        # element e = ((((ii, out row), jj), out column), field): consecutive output words
-        # of one row are consecutive elements, so the stores are whole coalesced rows.
+        # Neighbouring elements (a warp's lanes) follow the innermost digit. A field's
+        # input words lie along the output's columns (oc) when not transposed, along the
+        # tile rows (ii) when transposed: that digit goes innermost and the field (s)
+        # just outside it, so each of a word's S loads is coalesced (one transposed store
+        # per word is the cheaper side to scatter).
         e = tl.arange(0, WORDS * S)
-        s = e % S
-        t = e // S
-        oc = t % TOC
-        t = t // TOC
-        jj = t % BJ
-        t = t // BJ
-        orow = t % TOR
-        ii = t // TOR
+        if TRANSPOSED:  # e = ((((out row, jj), field), out column), ii)
+            ii = e % BI
+            t = e // BI
+            oc = t % TOC
+            t = t // TOC
+            s = t % S
+            t = t // S
+            jj = t % BJ
+            orow = t // BJ
+        else:  # e = ((((ii, out row), jj), field), out column)
+            oc = e % TOC
+            t = e // TOC
+            s = t % S
+            t = t // S
+            jj = t % BJ
+            t = t // BJ
+            orow = t % TOR
+            ii = t // TOR
         i = tl.program_id(0) * BI + ii
         j = tl.program_id(1) * BJ + jj
         mask = (i < tile_rows) & (j < tile_cols)
@@ -81,14 +94,26 @@ def repack_kernel(
             shift = entry & 0xFF
             x = ((x >> shift) & ((1 << F) - 1)) << (s * F)
             # the fields' bits are disjoint: their sum is their OR, and has no carries
-            x = tl.sum(tl.reshape(x, (WORDS, S)), axis=1)
-        q = tl.arange(0, WORDS)
-        qc = q % TOC
-        u = q // TOC
-        qj = u % BJ
-        u = u // BJ
-        qrow = u % TOR
-        qi = u // TOR
+            if TRANSPOSED:
+                x = tl.sum(tl.reshape(x, (TOR * BJ, S, TOC * BI)), axis=1)
+            else:
+                x = tl.sum(tl.reshape(x, (BI * TOR * BJ, S, TOC)), axis=1)
+            x = tl.reshape(x, (WORDS,))
+        q = tl.arange(0, WORDS)  # the words in the elements' order, less the field
+        if TRANSPOSED:
+            qi = q % BI
+            u = q // BI
+            qc = u % TOC
+            u = u // TOC
+            qj = u % BJ
+            qrow = u // BJ
+        else:
+            qc = q % TOC
+            u = q // TOC
+            qj = u % BJ
+            u = u // BJ
+            qrow = u % TOR
+            qi = u // TOR
         wi = tl.program_id(0) * BI + qi
         wj = tl.program_id(1) * BJ + qj
         store_mask = (wi < tile_rows) & (wj < tile_cols)
