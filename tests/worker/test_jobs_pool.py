@@ -96,3 +96,15 @@ def test_cancel_all_stops_a_running_call_and_ends_the_threads() -> None:
     answer = answers.get()
     assert answer["id"] == 5 and answer["error"]["details"]["category"] == "cancelled"
     assert runner.threads == {"convert": 0} and runner.active == 0
+
+
+def test_a_call_cancelled_before_its_thread_takes_it_never_runs() -> None:
+    answers = Answers()
+    runner = jobs.Jobs(answers)
+    ran: list[int] = []
+    context = jobs.JobContext(9, answers)
+    context.cancel_event.set()
+    runner._run(jobs._Job(context, "m", lambda values, ctx: ran.append(1) or {}, {}))
+    answer = answers.get()
+    assert answer["id"] == 9 and answer["error"]["details"]["category"] == "cancelled"
+    assert ran == []
