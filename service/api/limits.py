@@ -113,6 +113,9 @@ class Limits:
                     name, value, settings.concurrency_wait_s, _refusals(metrics, name)
                 )
             by_method[method] = limit
+            # The series exists at 0 from the start, so dashboards and rate() see a limit
+            # that has never refused anything (a labelled counter has no series until used).
+            _refusals(metrics, name)(method)
         return cls(by_method)
 
     def for_method(self, method: str) -> Limit | None:
