@@ -679,14 +679,18 @@ def try_direct(
     gated: bool = True,
     options: ConversionOptions = DEFAULT_OPTIONS,
     compile_weights: bool = False,
-    kernels: bool = True,
+    kernels: bool = False,
     check: Callable[[PackedLayer], None] | None = None,
 ) -> ConvertedLayer | None:
     """The direct route's result, or None when there is none for this layer (or the input
     is malformed: the canonical reader then says how). `compile_weights` runs the weight
     transforms through torch.compile (the bench's `compiled` route; the first call per
     shape compiles). `kernels`: on a device `gpu_repack.usable` accepts, the route's fused
-    Triton kernels replace its torch transforms (the bench turns them off to time those).
+    Triton kernels replace its torch transforms. Off by default: the kernels pass every
+    check in Triton's interpreter, but their first H200 run (session 2) failed to compile
+    for sm_90a, which turned every GPU conversion into an internal error; the torch
+    transforms are byte-identical to the canonical route on the H200 (bench/RESULTS.md).
+    The bench's `triton` route turns them on.
     `check` sees the layer as read, before anything is written (the inline path's
     declared-shape check)."""
     found = direct_route(layout, backend, quant.bits)
