@@ -189,11 +189,13 @@ def _coarsen(nibbles: torch.Tensor) -> _Table:
 # -- the kernel -------------------------------------------------------------------------
 
 
-def _launch(
-    repack: Repack, stored: torch.Tensor, out: torch.Tensor, tiles: tuple[int, int]
-) -> None:
-    table = repack.table(stored.device)
-    kernel = _kernel()
+NUM_WARPS = 8
+"""Warps per program (`_TARGET_ELEMENTS` is sized for them)."""
+
+
+def launch_constexprs(repack: Repack, table: _Table) -> dict[str, int | bool]:
+    """The kernel's compile-time parameters for `repack` (what `_launch` passes, and what
+    the CPU test compiles for sm_90a: one set per route and bit width)."""
     tor, toc = repack.out_tile
     per_tile = tor * toc * table.fields
     block = max(1, _TARGET_ELEMENTS // per_tile)
@@ -206,7 +208,27 @@ def _launch(
     else:
         bj = 1 << (block.bit_length() // 2)
         bi = max(1, block // bj)
-    grid = (triton_cdiv(tiles[0], bi), triton_cdiv(tiles[1], bj))
+    return {
+        "TIR": repack.in_tile[0],
+        "TIC": repack.in_tile[1],
+        "TOR": tor,
+        "TOC": toc,
+        "S": table.fields,
+        "F": table.width,
+        "BI": bi,
+        "BJ": bj,
+        "TRANSPOSED": repack.transposed,
+        "WORD_TRANSPOSE": repack.transposed and per_tile == 1,
+    }
+
+
+def _launch(
+    repack: Repack, stored: torch.Tensor, out: torch.Tensor, tiles: tuple[int, int]
+) -> None:
+    table = repack.table(stored.device)
+    kernel = _kernel()
+    consts = launch_constexprs(repack, table)
+    grid = (triton_cdiv(tiles[0], int(consts["BI"])), triton_cdiv(tiles[1], int(consts["BJ"])))
     # Triton launches on the current CUDA device: make it the tensors' (a multi-GPU
     # conversion converts on several devices from one process).
     with _on_device(stored.device):
@@ -218,17 +240,8 @@ def _launch(
             int(out.stride(0)),
             tiles[0],
             tiles[1],
-            TIR=repack.in_tile[0],
-            TIC=repack.in_tile[1],
-            TOR=tor,
-            TOC=toc,
-            S=table.fields,
-            F=table.width,
-            BI=bi,
-            BJ=bj,
-            TRANSPOSED=repack.transposed,
-            WORD_TRANSPOSE=repack.transposed and per_tile == 1,
-            num_warps=8,
+            **consts,
+            num_warps=NUM_WARPS,
         )
 
 

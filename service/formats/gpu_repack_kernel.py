@@ -8,13 +8,14 @@ neighbouring input words for each field (coalesced loads, S per word; a transpos
 route then scatters its one store per word); every input byte comes from memory once.
 """
 
-# Triton idiom: compile-time parameters are UPPER_CASE, kernels take many arguments.
+# Triton idiom: compile-time parameters are UPPER_CASE, kernels take many arguments. The
+# runtime parameters carry no annotations: the compiler evaluates them as globals and
+# rejects any but tl.constexpr (the interpreter does not; tests/formats/test_gpu_repack.py
+# compiles every launched variant for sm_90a).
 # mypy: disable-error-code="untyped-decorator,no-untyped-def"
 # ruff: noqa: N803, N806, PLR0917
 
 from __future__ import annotations
-
-from typing import Any
 
 import triton
 import triton.language as tl
@@ -22,13 +23,13 @@ import triton.language as tl
 
 @triton.jit
 def repack_kernel(
-    src: Any,
-    dst: Any,
-    table: Any,
-    src_stride: Any,
-    dst_stride: Any,
-    tile_rows: Any,
-    tile_cols: Any,
+    src,
+    dst,
+    table,
+    src_stride,
+    dst_stride,
+    tile_rows,
+    tile_cols,
     TIR: tl.constexpr,
     TIC: tl.constexpr,
     TOR: tl.constexpr,
@@ -39,7 +40,7 @@ def repack_kernel(
     BJ: tl.constexpr,
     TRANSPOSED: tl.constexpr,
     WORD_TRANSPOSE: tl.constexpr,
-) -> None:
+):
     if WORD_TRANSPOSE:
         # 1 x 1 tiles of whole words, transposed (GPTQ -> TRITON): a 2-D block loaded
         # along the input's rows and stored along the output's, the compiler turning it

@@ -5,12 +5,18 @@ set before the kernel is first decorated) on CPU tensors, at small shapes; the `
 run them compiled on the H200 at Mixtral's size. Each kernel is checked twice: on random
 int32 words (every bit pattern, the bare transform against the route's torch transform)
 and through `direct.try_direct` over the variants a layer can have (4/8 bit, channelwise
-and grouped, symmetric and asymmetric) against the canonical route.
+and grouped, symmetric and asymmetric) against the canonical route. The interpreter accepts what the
+compiler rejects (the kernels' first H200 run failed to compile: `Any` annotations on the
+kernel's parameters, which the compiler evaluates as globals), so every launched variant
+is also compiled for sm_90a here, on the CPU.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+from collections import Counter
 
 import pytest
 import torch
@@ -20,6 +26,7 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
 
 from service.formats import direct, gpu_repack
 from tests.formats.test_direct import E, _checkpoint, _same
+from tests.kernels._ttgir import compiled_asm
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -155,6 +162,51 @@ def test_cpu_default_keeps_the_torch_transforms(monkeypatch: pytest.MonkeyPatch)
     tensors, quant = _checkpoint("gptq")
     got = direct.try_direct("gptq", tensors, quant, "MARLIN", num_experts=E)
     assert got is not None and calls == []
+
+
+#: The kernel's parameters a launch at Mixtral's size specializes as multiples of 16 (fresh
+#: allocations, strides and tile counts of 16 k) - what lets the compiler vectorize.
+ALIGNED = ("src", "dst", "table", "src_stride", "dst_stride", "tile_rows", "tile_cols")
+
+
+def _launched_variants() -> dict[str, list[tuple[str, str, int]]]:
+    """Each distinct set of constexprs `gpu_repack._launch` passes (as JSON) -> the routes
+    (layout, backend, bits) that launch it."""
+    cpu = torch.device("cpu")
+    found: dict[str, list[tuple[str, str, int]]] = {}
+    for layout, backend, bits in KERNEL_ROUTES:
+        kernel = direct.ROUTES[(layout, backend)].kernels[bits]
+        assert isinstance(kernel, gpu_repack.Repack)
+        consts = gpu_repack.launch_constexprs(kernel, kernel.table(cpu))
+        found.setdefault(json.dumps(consts, sort_keys=True), []).append((layout, backend, bits))
+    return found
+
+
+@pytest.mark.parametrize("aligned", [ALIGNED, ()], ids=["aligned", "unaligned"])
+def test_kernels_compile_for_sm90(aligned: tuple[str, ...]) -> None:
+    """Every route's kernel, with the constexprs and argument types its launch uses,
+    compiles for sm_90a (no GPU needed). Aligned as at Mixtral's size, the word transpose
+    loads and stores int32 x 4 vectors and the untransposed routes store them (their loads
+    are gathers through the table: one word each, coalesced across a warp's lanes)."""
+    variants = _launched_variants()
+    asm = compiled_asm(
+        "service.formats.gpu_repack_kernel",
+        "repack_kernel",
+        [json.loads(v) for v in variants],
+        types={"src": "*i32", "dst": "*i32", "table": "*i32"},
+        options={"num_warps": gpu_repack.NUM_WARPS},
+        aligned=aligned,
+    )
+    for (consts, routes), compiled in zip(variants.items(), asm, strict=True):
+        ops = Counter(re.findall(r"\b(ld|st)\.global(\.v\d)?\.b32\b", compiled["ptx"]))
+        assert ops[("ld", "")] + ops[("ld", ".v4")] > 0, routes
+        if not aligned:
+            continue
+        if json.loads(consts)["WORD_TRANSPOSE"]:
+            assert ops[("ld", ".v4")] and ops[("st", ".v4")] and not ops[("ld", "")], (routes, ops)
+        elif not json.loads(consts)["TRANSPOSED"]:
+            assert ops[("st", ".v4")] and not ops[("st", "")], (routes, ops)
+    assert sorted(r for rs in variants.values() for r in rs) == KERNEL_ROUTES
 
 
 @pytest.mark.gpu
