@@ -690,6 +690,9 @@ def try_direct(
     check in Triton's interpreter, but their first H200 run (session 2) failed to compile
     for sm_90a, which turned every GPU conversion into an internal error; the torch
     transforms are byte-identical to the canonical route on the H200 (bench/RESULTS.md).
+    They now compile for sm_90a (checked on the CPU by tests/formats/test_gpu_repack.py)
+    but await an H200 run before they are trusted: `python3 -m pytest -q -m gpu
+    tests/formats/test_gpu_repack.py` and `bash scripts/gpu_convert_bench.sh`.
     The bench's `triton` route turns them on.
     `check` sees the layer as read, before anything is written (the inline path's
     declared-shape check)."""
