@@ -10,6 +10,7 @@ half-written, and the conversion completes when run again, resuming what was fin
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -34,19 +35,24 @@ from service.api.convert_client import (
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.formats.checkpoint import MANIFEST_NAME, convert_checkpoint, plan_job
 from service.formats.paths import DataRoot
+from service.formats.synthetic import write_synthetic_checkpoint
 from service.oracle import preset
 from service.server import RUNTIME_PREFIX
 
 #: What a client of a call the server ended may see.
 ENDED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
-#: Shorter than what is left of the conversion when the signal comes (about a second).
+#: Shorter than what is left of the conversion when the signal comes.
 GRACE_S = 0.1
+#: The model the SIGTERM test converts: four times the shared one's layers, so the
+#: conversion still has well over the grace period to go when the signal comes (with the
+#: direct repack routes, the shared six-layer model converts in a few tenths of a second).
+LONG_MODEL = dataclasses.replace(faults.MODEL, num_layers=4 * faults.MODEL.num_layers)
 
 
 def test_sigterm_during_convert_streams(tmp_path: Path) -> None:
     data, segments = tmp_path / "root", tmp_path / "segments"
     segments.mkdir()
-    faults.model_into(data / "model")
+    write_synthetic_checkpoint(data / "model", LONG_MODEL, keep_layers=False)
     server = launch(
         "--data-root", str(data), "--segment-dir", str(segments), "--grace-s", str(GRACE_S)
     )  # fmt: skip
@@ -106,7 +112,7 @@ def test_sigterm_during_convert_streams(tmp_path: Path) -> None:
         "model", "out/stopped", root=DataRoot.at(data), platform=preset("cpu"), backend="TRITON"
     )
     result = convert_checkpoint(job)
-    assert result.layers_converted + result.layers_skipped == faults.MODEL.num_layers
+    assert result.layers_converted + result.layers_skipped == LONG_MODEL.num_layers
     assert result.manifest_path is not None
     assert faults.temp_files(out) == []
     manifest = json.loads(result.manifest_path.read_text())
