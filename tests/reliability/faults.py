@@ -10,6 +10,7 @@ exactly what the metrics cannot show.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import hashlib
 import json
 import os
@@ -45,6 +46,10 @@ E, H, I, TOP_K = 4, 64, 64, 2  # noqa: E741
 MODEL = SyntheticSpec(
     num_layers=6, num_experts=8, hidden_size=512, intermediate_size=512, shards=3, fast=True
 )
+#: Four times `MODEL`'s layers: for the tests that strike in the middle of a whole
+#: conversion, which the direct repack routes finish in a few tenths of a second at
+#: `MODEL`'s size (a strike after "the first layer is done" could find it all done).
+LONG_MODEL = dataclasses.replace(MODEL, num_layers=4 * MODEL.num_layers)
 #: The most warm-up plus timed forwards one RunMoE may ask for: seconds of CPU work even at
 #: this layer's size, so a call is still running when the test strikes.
 LONG_RUN = {"warmup": 1000, "iterations": 1000}

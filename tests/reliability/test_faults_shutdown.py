@@ -10,7 +10,6 @@ half-written, and the conversion completes when run again, resuming what was fin
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import json
 import os
@@ -43,10 +42,7 @@ from service.server import RUNTIME_PREFIX
 ENDED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
 #: Shorter than what is left of the conversion when the signal comes.
 GRACE_S = 0.1
-#: The model the SIGTERM test converts: four times the shared one's layers, so the
-#: conversion still has well over the grace period to go when the signal comes (with the
-#: direct repack routes, the shared six-layer model converts in a few tenths of a second).
-LONG_MODEL = dataclasses.replace(faults.MODEL, num_layers=4 * faults.MODEL.num_layers)
+LONG_MODEL = faults.LONG_MODEL
 
 
 def test_sigterm_during_convert_streams(tmp_path: Path) -> None:

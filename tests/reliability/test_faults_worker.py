@@ -29,8 +29,10 @@ from service.api.convert_client import Connection, convert_checkpoint_remote, he
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.formats.checkpoint import MANIFEST_NAME
+from service.formats.synthetic import write_synthetic_checkpoint
 
 MODEL = faults.MODEL
+LONG_MODEL = faults.LONG_MODEL
 
 
 @pytest.fixture(scope="module")
@@ -132,13 +134,14 @@ def test_kill_during_checkpoint_conversion_then_resume(
     server: ServerProcess, stub: Any, root: Path
 ) -> None:
     data = root / "root"
+    write_synthetic_checkpoint(data / "model-long", LONG_MODEL, keep_layers=False)
     connection = Connection(server.address, timeout=120)
     reference = convert_checkpoint_remote(
-        connection, header_for(backend="TRITON", checkpoint=("model", "out/reference"))
+        connection, header_for(backend="TRITON", checkpoint=("model-long", "out/reference"))
     )
-    assert reference.layers_converted == MODEL.num_layers
+    assert reference.layers_converted == LONG_MODEL.num_layers
 
-    header = header_for(backend="TRITON", checkpoint=("model", "out/killed"))
+    header = header_for(backend="TRITON", checkpoint=("model-long", "out/killed"))
     pid = worker(stub).pid
     first_done = threading.Event()
 
@@ -174,7 +177,7 @@ def test_kill_during_checkpoint_conversion_then_resume(
 
     resumed = convert_checkpoint_remote(connection, header)
     assert resumed.layers_skipped >= 1, "the layer finished before the kill was redone"
-    assert resumed.layers_converted + resumed.layers_skipped == MODEL.num_layers
+    assert resumed.layers_converted + resumed.layers_skipped == LONG_MODEL.num_layers
     assert faults.temp_files(out) == [], f"left behind: {stale}"
     assert faults.visible_outputs(out) == reference_files
     manifest = json.loads((out / MANIFEST_NAME).read_text())
