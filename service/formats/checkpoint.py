@@ -448,7 +448,12 @@ class _Shards:
 
 
 class _Progress:
-    """Progress events, at most every `interval` seconds unless forced."""
+    """Progress events, at most every `interval` seconds unless forced.
+
+    A count and the event that reports it are one step under one lock (`__call__` with
+    `layers`/`nbytes`), and events leave in the order their counts were taken: two layers
+    written at once by two threads report 1/2 then 2/2, never 2/2 twice, and a consumer
+    sees the counts only ever grow."""
 
     def __init__(self, emit: ProgressFn | None, layers_total: int, bytes_total: int) -> None:
         self.emit = emit
@@ -460,6 +465,7 @@ class _Progress:
         self._lock = threading.Lock()
 
     def add(self, *, layers: int = 0, nbytes: int = 0) -> None:
+        """Count without reporting (the next event carries it)."""
         with self._lock:
             self.layers_done += layers
             self.bytes_done += nbytes
@@ -471,25 +477,32 @@ class _Progress:
         *,
         force: bool = False,
         extra: Mapping[str, Any] | None = None,
+        layers: int = 0,
+        nbytes: int = 0,
     ) -> None:
-        if self.emit is None:
-            return
+        """Count `layers` and `nbytes` done, then emit an event (unless throttled) with the
+        counts as this call left them. The emit runs under the lock: the callbacks only
+        print or queue, and holding it is what keeps the events in count order."""
         with self._lock:
+            self.layers_done += layers
+            self.bytes_done += nbytes
+            if self.emit is None:
+                return
             now = time.monotonic()
             if not force and now - self._last < 0.1:
                 return
             self._last = now
-        self.emit(
-            {
-                "stage": stage,
-                "layers_done": self.layers_done,
-                "layers_total": self.layers_total,
-                "bytes_done": min(self.bytes_done, self.bytes_total),
-                "bytes_total": self.bytes_total,
-                "current": current,
-                **(extra or {}),
-            }
-        )
+            self.emit(
+                {
+                    "stage": stage,
+                    "layers_done": self.layers_done,
+                    "layers_total": self.layers_total,
+                    "bytes_done": min(self.bytes_done, self.bytes_total),
+                    "bytes_total": self.bytes_total,
+                    "current": current,
+                    **(extra or {}),
+                }
+            )
 
 
 def _no_check() -> None:
@@ -852,12 +865,11 @@ class _Run:
             return None
         return record
 
-    def _skip(self, unit: str, record: dict[str, Any], bytes_in: int) -> None:
+    def _skip(self, unit: str, record: dict[str, Any]) -> None:
         self.records[unit] = record
         if record.get("descriptor") and self.descriptor is None:
             self.descriptor = record["descriptor"]
         self.journal.write(unit, record)
-        self.report.add(nbytes=bytes_in)
 
     def _record(
         self,
@@ -902,9 +914,8 @@ class _Run:
             with self._lock:
                 self.skipped += 1
                 self._add_stages({"verify": verify})
-            self._skip(layer.unit, record, bytes_in)
-            self.report.add(layers=1)
-            self.report("skipped", layer.file, force=True)
+            self._skip(layer.unit, record)
+            self.report("skipped", layer.file, force=True, layers=1, nbytes=bytes_in)
             return
         self.report("converting", layer.module, force=True)
         sources = {key: self.shards[t.file].tensor(t.name) for key, t in layer.tensors.items()}
@@ -972,12 +983,13 @@ class _Run:
             self.descriptor = self.descriptor or descriptor
             self.converted += 1
             self._add_stages(stages)
-        self.report.add(layers=1, nbytes=bytes_in)
         self.report(
             "converted",
             layer.file,
             force=True,
             extra={"stages": {name: round(value, 4) for name, value in stages.items()}},
+            layers=1,
+            nbytes=bytes_in,
         )
 
     def copy_shard(self, file: str, names: list[str]) -> None:
@@ -987,7 +999,8 @@ class _Run:
         self.report("verifying", file)
         record = self.verified(unit, [file])
         if record is not None:
-            self._skip(unit, record, bytes_in)
+            self._skip(unit, record)
+            self.report.add(nbytes=bytes_in)
             return
         self.report("copying", file, force=True)
         began = time.perf_counter()
@@ -1001,8 +1014,7 @@ class _Run:
             for name in names:
                 self.check()
                 out.write(name, shard.raw(name))
-                self.report.add(nbytes=shard.entries[name].nbytes)
-                self.report("copying", name)
+                self.report("copying", name, nbytes=shard.entries[name].nbytes)
             out.commit()
         with self._lock:
             self.bytes_in += bytes_in
