@@ -123,10 +123,12 @@ class KernelConfig:
     """BLOCK_M (shared by both GEMMs: they read one alignment) and each GEMM's tile.
 
     `version` picks the kernel pair: "v3" (the design of bench/KERNEL_NOTES.md versions 1-3,
-    kept selectable until v4 is measured faster everywhere) or "v4" (the Hopper redesign,
-    `triton_wna16_v4.py`). `fused_routes` (v4): no alignment pass; each program finds its
-    expert and routes from `topk_ids` itself, and the last w2 program of each column tile
-    writes the 16-bit output (decode: two launches in all).
+    kept selectable until v4 is measured faster everywhere), "v4" (the Hopper redesign,
+    `triton_wna16_v4.py`) or "decode" (one program per route, split-K GEMVs, no alignment:
+    `triton_wna16_decode.py`; BLOCK_M unused, each tile's `split_k` used). `fused_routes`
+    (v4): no alignment pass; each program finds its expert and routes from `topk_ids`
+    itself, and the last w2 program of each column tile writes the 16-bit output (decode:
+    two launches in all).
     """
 
     block_m: int
@@ -322,12 +324,14 @@ class TritonWNA16Experts(ExpertsBackend):
         """`config` pins the tiles (tests, the tuner); `poison_workspace` fills the
         intermediate with NaN before each forward, so an unwritten element shows up."""
         super().__init__()
+        from service.kernels.triton_wna16_decode import DecodeWorkspace
         from service.kernels.triton_wna16_v4 import Workspace
 
         self._config = config
         self._poison = poison_workspace
         self._tensors: dict[str, torch.Tensor] = {}
         self._workspace = Workspace()
+        self._decode_workspace = DecodeWorkspace()
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
@@ -363,6 +367,13 @@ class TritonWNA16Experts(ExpertsBackend):
         config = self._config or self.config_for(m, top_k, device)
         if interpreting():
             fix_interpreter_index()
+        if config.version == "decode":
+            from service.kernels.triton_wna16_decode import fused_moe_decode
+
+            return fused_moe_decode(
+                hidden_states, topk_ids, topk_weights, t, spec, activation, config,
+                self._decode_workspace, self._poison, out,
+            )  # fmt: skip
         if config.version == "v4":
             from service.kernels.triton_wna16_v4 import fused_moe_v4
 
@@ -377,13 +388,19 @@ class TritonWNA16Experts(ExpertsBackend):
     def config_for(self, num_tokens: int, top_k: int, device: torch.device) -> KernelConfig:
         """The tiles for this token count: the tuned table shipped in triton_configs/ for
         this device and layer shape when it has one, else the v3 heuristic (or the v4 one
-        when MOE_CONTROL_TRITON_VERSION=v4)."""
+        when MOE_CONTROL_TRITON_VERSION=v4). Before both, with MOE_CONTROL_TRITON_DECODE=1,
+        the decode variant for M·k <= 64 routes (triton_wna16_decode.py; off by default
+        until measured faster on the H200)."""
         spec = self.spec
+        num_sms = 4 if device.type != "cuda" else _num_sms(device.index or 0)
+        from service.kernels.triton_wna16_decode import choose_config_decode, use_decode
+
+        if use_decode(num_tokens, top_k):
+            return choose_config_decode(num_tokens, top_k, spec, num_sms)
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         tuned = tuned_config(name, spec, num_tokens, top_k)
         if tuned is not None:
             return tuned
-        num_sms = 4 if device.type != "cuda" else _num_sms(device.index or 0)
         if os.environ.get("MOE_CONTROL_TRITON_VERSION", "v3") == "v4":
             return choose_config_v4(num_tokens, top_k, spec, num_sms)
         return choose_config(num_tokens, top_k, spec, num_sms)

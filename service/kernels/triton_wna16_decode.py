@@ -1,0 +1,451 @@
+"""TRITON decode variant (v5 in bench/KERNEL_NOTES.md): one program per route, no alignment.
+
+Why a separate design for few routes (M·k up to `DECODE_MAX_ROUTES`): at Qwen3-30B-A3B M=1
+v3 and v4 spend 36-39 µs on 19.5 MB (a 4.6 µs floor). Decode there is a serial chain, not a
+byte stream: v3's w13 has 192 programs (1.5 per SM) each walking H=2048 in 16 dependent K
+steps, behind an alignment pass (6.6 µs) and a memset, with a cast after w2; v4 removed the
+nodes but put a histogram/scan/compaction preamble in front of every program's first weight
+load. This variant shortens the chain at every link:
+
+* **No alignment, no preamble.** Program (route, column tile, K split) loads `topk_ids[route]`
+  (one dependent load) and then every weight address is known. Routes that share an expert
+  re-read its tile, but the route is the fastest grid axis, so such programs run side by side
+  and the second read hits L2 (at M·k <= 64 few routes share an expert anyway).
+* **No tensor cores: a GEMV.** One route is one activation row; `tl.dot` would pad it to 16
+  rows and stage the dequantized tile through shared memory every K step (the compiled v3/v4
+  decode tiles: 8-12 `bar.sync` and ~40 shared accesses per step). Here the packed bytes are
+  used as they load: low nibbles meet the even inputs and high nibbles the odd ones (two
+  strided activation vectors), so there is no join/reshape and no layout conversion; the
+  zero point leaves the inner loop (sum (q - z)·x = sum q·x - z·sum x) and the group scale
+  multiplies each [rows, groups] partial once. Arithmetic is float32 (weights never rounded
+  to 16 bits, unlike the MMA paths). The Triton 3.6 MMAv2 K-16 wrap cannot occur (no dot).
+* **Split-K in both GEMMs** so each program makes 1-2 K steps and ~8 programs per SM are in
+  flight: Qwen3 M=1 w13 runs 8 routes x 24 column tiles x 8 splits of one 256-wide K step
+  instead of 192 programs of 16 steps. w13's partials (gate and up) go into a float32
+  workspace; the last-arriving split of a (route, column tile), found with one
+  acquire-release counter (the w2 machinery of v4), reads the sums back (atomic exchange
+  with zero: read and reset in one operation), applies bias and activation and writes
+  `inter`. w2 adds router-weighted partials into a float32 [M, H] workspace; the last
+  arriver of a column tile writes the 16-bit output. Every workspace and counter is left
+  zeroed, so a forward is exactly two launches (graph nodes): no memset, no cast.
+
+Selected by `KernelConfig.version == "decode"` (a tuned-table row or a caller's config) or,
+for M·k <= DECODE_MAX_ROUTES, by `MOE_CONTROL_TRITON_DECODE=1` (`use_decode`); the default
+path is unchanged until bench/profile_forward.py measures this faster on the H200.
+"""
+
+# Triton idiom: compile-time parameters are UPPER_CASE, kernels take many arguments and
+# constexpr branches stay statements (not conditional expressions);
+# @triton.jit device functions are untyped (triton has no type information).
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+# ruff: noqa: N803, N806, PLR0917
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import torch
+import triton
+import triton.language as tl
+
+from service.kernels.activation import ResolvedActivation
+from service.kernels.interface import LayerSpec
+from service.kernels.runtime import interpreting
+from service.kernels.triton_wna16 import (
+    GemmTile,
+    KernelConfig,
+    _gated_activation,
+    _plain_activation,
+    _round16,
+    fit_block_k,
+)
+from service.kernels.triton_wna16_v4 import _zero_point
+
+#: Most routes (M·k) the decode variant is chosen for by `use_decode`: past it experts are
+#: shared by many routes and re-reading their tiles per route (even from L2) costs more
+#: than the aligned paths' alignment.
+DECODE_MAX_ROUTES = 64
+#: Programs per SM the split-K choice aims each GEMM at (enough bytes in flight per SM to
+#: cover the DRAM latency: ~8 programs x 8 KB).
+DECODE_PROGRAMS_PER_SM = 8
+#: The K tile the heuristic starts from (fitted to K and the group); >= 32 like every
+#: compiled K tile of this package, though no tensor-core dot is involved here.
+DECODE_BLOCK_K = 256
+#: Rows of the final [M, BLOCK_N] read-back of w2's last arriver per step.
+_FLUSH_M = 16
+
+
+def use_decode(num_tokens: int, top_k: int) -> bool:
+    """Whether the dispatcher takes this variant (over the tuned table and the heuristics):
+    only with MOE_CONTROL_TRITON_DECODE=1 and M·k <= DECODE_MAX_ROUTES. Off by default until
+    the H200 measures it faster than the shipped configurations."""
+    enabled = os.environ.get("MOE_CONTROL_TRITON_DECODE", "0") == "1"
+    return enabled and num_tokens * top_k <= DECODE_MAX_ROUTES
+
+
+def _splits(k: int, block_k: int, programs: int, target: int) -> int:
+    """K splits raising `programs` towards `target`, each split a whole number of K tiles."""
+    steps = k // block_k
+    want = max(1, min(steps, -(-target // max(programs, 1))))
+    span = max(1, steps // want)  # round towards more programs
+    return -(-steps // span)
+
+
+def choose_config_decode(
+    num_tokens: int, top_k: int, spec: LayerSpec, num_sms: int
+) -> KernelConfig:
+    """The untuned decode tiles: 32 intermediate columns (gate + up: 64 weight rows) and 64
+    hidden columns per program, 256-wide K tiles (128 for int8: the same bytes per row),
+    and K splits up to `DECODE_PROGRAMS_PER_SM` programs per SM in each GEMM."""
+    routes = num_tokens * top_k
+    h, i = spec.hidden_size, spec.intermediate_size
+    g13 = h if spec.group_size == -1 else spec.group_size
+    g2 = i if spec.group_size == -1 else spec.group_size
+    base_k = DECODE_BLOCK_K // (2 if spec.bits == 8 else 1)
+    target = DECODE_PROGRAMS_PER_SM * num_sms
+    bn1 = min(32, triton.next_power_of_2(i))
+    bk1 = fit_block_k(base_k, h, g13)
+    s1 = _splits(h, bk1, routes * triton.cdiv(i, bn1), target)
+    bn2 = min(64, triton.next_power_of_2(h))
+    bk2 = fit_block_k(base_k, i, g2)
+    s2 = _splits(i, bk2, routes * triton.cdiv(h, bn2), target)
+    return KernelConfig(
+        1,
+        GemmTile(bn1, bk1, 4, 2, split_k=s1),
+        GemmTile(bn2, bk2, 4, 2, split_k=s2),
+        version="decode",
+    )
+
+
+class DecodeWorkspace:
+    """The persistent float32 sums and int32 counters of both GEMMs' split reductions.
+
+    Zero between forwards: each last arriver resets what it read and its counter. Grown (a
+    fresh zeroed tensor) when a forward needs more; one forward at a time per workspace.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        buf = self._buffers.get(name)
+        if buf is None or buf.device != device or buf.dtype != dtype or buf.numel() < numel:
+            buf = torch.zeros(max(numel, 1024), dtype=dtype, device=device)
+            self._buffers[name] = buf
+        return buf
+
+
+def fused_moe_decode(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    t: dict[str, torch.Tensor],
+    spec: LayerSpec,
+    act: ResolvedActivation,
+    config: KernelConfig,
+    workspace: DecodeWorkspace,
+    poison: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The whole decode forward: two launches, no host synchronisation, into `out` if given."""
+    m, top_k = topk_ids.shape
+    h, i, e = spec.hidden_size, spec.intermediate_size, spec.num_experts
+    routes = m * top_k
+    result = torch.empty_like(x) if out is None else out
+    if routes == 0:
+        return result
+    device = x.device
+    ids = topk_ids.reshape(-1)
+    weights = topk_weights.reshape(-1)
+    interp = interpreting()
+    inter = torch.empty((routes, i), dtype=x.dtype, device=device)
+    if poison:
+        inter.fill_(float("nan"))
+    dummy = t["w13_scales"]  # a valid pointer for absent optional tensors (never read)
+    q13, s13 = t["w13_qweight"], t["w13_scales"]
+    z13, b13 = t.get("w13_qzeros", dummy), t.get("w13_bias", dummy)
+    g13 = h if spec.group_size == -1 else spec.group_size
+    c1 = replace(config.w13, block_k=fit_block_k(config.w13.block_k, h, g13))
+    span1, split1 = _span(h, c1.block_k, c1.split_k)
+    tiles1 = triton.cdiv(i, c1.block_n)
+    rows13 = 2 * i if act.gated else i
+    ws1 = workspace.get("w13", routes * rows13 if split1 > 1 else 1, torch.float32, device)
+    cnt1 = workspace.get("w13_count", routes * tiles1 if split1 > 1 else 1, torch.int32, device)
+    _decode_w13_kernel[(routes, tiles1, split1)](
+        x, q13, s13, z13, b13, ids, inter, ws1, cnt1, i, e,
+        x.stride(0), q13.stride(0), q13.stride(1), s13.stride(0), s13.stride(1),
+        z13.stride(0), z13.stride(1), b13.stride(0), inter.stride(0),
+        act.limit, act.alpha, act.beta,
+        K=h, TOP_K=top_k, BITS=spec.bits, GROUP=g13, SUB=min(g13, c1.block_k),
+        HAS_ZP=spec.has_zero_points, HAS_BIAS=spec.has_bias,
+        ACT=act.code, GATED=act.gated, INTERLEAVED=act.interleaved,
+        BLOCK_N=c1.block_n, BLOCK_K=c1.block_k, K_SPAN=span1, SPLIT_K=split1,
+        NUM_STAGES=c1.num_stages, INTERP=interp,
+        num_warps=c1.num_warps,
+    )  # fmt: skip
+    g2 = i if spec.group_size == -1 else spec.group_size
+    c2 = replace(config.w2, block_k=fit_block_k(config.w2.block_k, i, g2))
+    span2, split2 = _span(i, c2.block_k, c2.split_k)
+    tiles2 = triton.cdiv(h, c2.block_n)
+    reduce = top_k > 1 or split2 > 1
+    ws2 = workspace.get("w2", m * h if reduce else 1, torch.float32, device)
+    cnt2 = workspace.get("w2_count", tiles2 if reduce else 1, torch.int32, device)
+    q2, s2 = t["w2_qweight"], t["w2_scales"]
+    z2, b2 = t.get("w2_qzeros", dummy), t.get("w2_bias", dummy)
+    _decode_w2_kernel[(routes, tiles2, split2)](
+        inter, q2, s2, z2, b2, ids, weights, result, ws2, cnt2, routes, m, h, e,
+        inter.stride(0), q2.stride(0), q2.stride(1), s2.stride(0), s2.stride(1),
+        z2.stride(0), z2.stride(1), b2.stride(0), result.stride(0),
+        K=i, TOP_K=top_k, BITS=spec.bits, GROUP=g2, SUB=min(g2, c2.block_k),
+        HAS_ZP=spec.has_zero_points, HAS_BIAS=spec.has_bias,
+        BLOCK_N=c2.block_n, BLOCK_K=c2.block_k, K_SPAN=span2, SPLIT_K=split2,
+        REDUCE=reduce, FLUSH_M=_FLUSH_M, NUM_STAGES=c2.num_stages, INTERP=interp,
+        num_warps=c2.num_warps,
+    )  # fmt: skip
+    return result
+
+
+def _span(k: int, block_k: int, split_k: int) -> tuple[int, int]:
+    """(inputs per split, splits that have work): whole K tiles per split."""
+    steps = k // block_k
+    span = -(-steps // max(1, min(split_k, steps))) * block_k
+    return span, -(-k // span)
+
+
+# --- device code ------------------------------------------------------------------------------
+
+
+@triton.jit
+def _x_tile(x_row, k0, BITS: tl.constexpr, SUB: tl.constexpr, NG: tl.constexpr):
+    """The activations meeting one K tile as [NG, SUB / codes-per-byte] float32 vectors: for
+    int4 the even inputs (low nibbles) and the odd ones (high nibbles); their sum per
+    sub-block (for the zero-point term)."""
+    PACK: tl.constexpr = 8 // BITS
+    HALF: tl.constexpr = SUB // PACK
+    g = tl.arange(0, NG)
+    j = tl.arange(0, HALF)
+    if BITS == 4:
+        k = k0 + g[:, None] * SUB + 2 * j[None, :]
+        xa = tl.load(x_row + k).to(tl.float32)
+        xb = tl.load(x_row + k + 1).to(tl.float32)
+        xs = tl.sum(xa + xb, axis=1)
+        xb = xb * 0.0625  # the high nibble is taken in place, as 16·q (exact)
+    else:
+        k = k0 + g[:, None] * SUB + j[None, :]
+        xa = tl.load(x_row + k).to(tl.float32)
+        xb = xa
+        xs = tl.sum(xa, axis=1)
+    return xa, xb, xs
+
+
+@triton.jit
+def _gemv_tile(xa, xb, xs, q_e, s_e, z_e, rows, row_mask, k0, stride_qn, stride_sn, stride_zn,
+               BITS: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr, NG: tl.constexpr,
+               HAS_ZP: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """sum_k w[row, k]·x[k] over one K tile ([BLOCK_N] float32), w = (q - z)·s.
+
+    The tile is loaded as [BLOCK_N, NG, SUB / codes-per-byte] bytes (NG sub-blocks of one
+    quantization group each), so the group scale multiplies a [BLOCK_N, NG] partial once and
+    the zero point enters as z·sum(x) per sub-block: per weight only the nibble split, an
+    int->float conversion and a fused multiply-add remain."""
+    PACK: tl.constexpr = 8 // BITS
+    HALF: tl.constexpr = SUB // PACK
+    g = tl.arange(0, NG)
+    j = tl.arange(0, HALF)
+    kb = k0 // PACK + g[:, None] * HALF + j[None, :]
+    p = tl.load(
+        q_e + rows[:, None, None] * stride_qn + kb[None, :, :],
+        mask=row_mask[:, None, None],
+        other=0,
+    ).to(tl.int32)
+    # Codes to exact floats without the int->float conversion unit (16 per clock per SM on
+    # Hopper, the bound of a first version): OR the code into the mantissa of 2^23, one
+    # LOP3 with the mask, then subtract 2^23. The high nibble stays in place (16·q) and
+    # meets activations scaled by 1/16.
+    if BITS == 4:
+        lo = ((p & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+        hi = ((p & 0xF0) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+        dot = tl.sum(lo * xa[None, :, :] + hi * xb[None, :, :], axis=2)
+    else:
+        q = (p | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+        dot = tl.sum(q * xa[None, :, :], axis=2)
+    grp = (k0 + g * SUB) // GROUP
+    grp2 = grp[None, :] + tl.zeros([BLOCK_N, NG], dtype=tl.int32)
+    rows2 = rows[:, None] + tl.zeros([BLOCK_N, NG], dtype=tl.int32)
+    mask2 = row_mask[:, None] & (grp2 >= 0)
+    s = tl.load(s_e + rows2 * stride_sn + grp2, mask=mask2, other=0).to(tl.float32)
+    z = _zero_point(z_e, rows2, mask2, grp2, stride_zn, BITS, HAS_ZP).to(tl.float32)
+    return tl.sum((dot - z * xs[None, :]) * s, axis=1)
+
+
+@triton.jit
+def _take(ptrs, mask):
+    """The float32 values at `ptrs`, read at L2 and replaced by zero in one atomic exchange
+    (as 32-bit integers: the interpreter exchanges no floats; the same `atom.exch.b32`)."""
+    bits = tl.atomic_xchg(ptrs.to(tl.pointer_type(tl.int32)), 0, mask=mask, sem="relaxed")
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _w13_epilogue(acc_u, acc_g, bias_e, up_rows, gate_rows, cols, n_mask, out_row, limit,
+                  alpha, beta, ACT: tl.constexpr, GATED: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  INTERP: tl.constexpr):  # fmt: skip
+    """Bias, activation, 16-bit store of one route's BLOCK_N intermediate columns."""
+    if HAS_BIAS:
+        acc_u += tl.load(bias_e + up_rows, mask=n_mask, other=0.0).to(tl.float32)
+        if GATED:
+            acc_g += tl.load(bias_e + gate_rows, mask=n_mask, other=0.0).to(tl.float32)
+    if GATED:
+        hidden = _gated_activation(acc_g, acc_u, limit, alpha, beta, ACT)
+    else:
+        hidden = _plain_activation(acc_u, ACT)
+    out_dtype = out_row.dtype.element_ty
+    tl.store(out_row + cols, _round16(hidden, out_dtype, INTERP).to(out_dtype), mask=n_mask)
+
+
+@triton.jit
+def _decode_w13_kernel(
+    x_ptr, q_ptr, s_ptr, z_ptr, bias_ptr, ids_ptr, out_ptr, ws_ptr, count_ptr,
+    inter, num_experts,
+    stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_ze, stride_zn, stride_be,
+    stride_om, limit, alpha, beta,
+    K: tl.constexpr, TOP_K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
+    SUB: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+    GATED: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, K_SPAN: tl.constexpr, SPLIT_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr, INTERP: tl.constexpr,
+):  # fmt: skip
+    """act(x[token]·w13[expert]ᵀ + b) for one route, BLOCK_N columns of I, one K split.
+
+    With SPLIT_K > 1 the gate and up partials are added into the float32 workspace (row
+    `route`: up at columns [0, I), gate at [I, 2I)) and the last split to arrive for this
+    (route, column tile) finishes the tile; an expert id outside [0, E) reads no weights."""
+    route = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    expert = tl.load(ids_ptr + route).to(tl.int64)
+    valid = (expert >= 0) & (expert < num_experts)
+    expert = tl.where(valid, expert, 0)
+    token = (route // TOP_K).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = cols < inter
+    w_mask = n_mask & valid
+    if GATED:
+        if INTERLEAVED:
+            gate_rows = 2 * cols
+            up_rows = 2 * cols + 1
+        else:
+            gate_rows = cols
+            up_rows = cols + inter
+    else:
+        up_rows = cols
+        gate_rows = cols
+    q_e = q_ptr + expert * stride_qe
+    s_e = s_ptr + expert * stride_se
+    z_e = z_ptr + expert * stride_ze
+    x_row = x_ptr + token * stride_xm
+    NG: tl.constexpr = BLOCK_K // SUB
+    acc_u = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
+    k_lo = pid_k * K_SPAN
+    for k0 in tl.range(k_lo, tl.minimum(k_lo + K_SPAN, K), BLOCK_K, num_stages=NUM_STAGES):
+        xa, xb, xs = _x_tile(x_row, k0, BITS, SUB, NG)
+        acc_u += _gemv_tile(
+            xa, xb, xs, q_e, s_e, z_e, up_rows, w_mask, k0, stride_qn, stride_sn, stride_zn,
+            BITS, GROUP, SUB, NG, HAS_ZP, BLOCK_N,
+        )  # fmt: skip
+        if GATED:
+            acc_g += _gemv_tile(
+                xa, xb, xs, q_e, s_e, z_e, gate_rows, w_mask, k0, stride_qn, stride_sn,
+                stride_zn, BITS, GROUP, SUB, NG, HAS_ZP, BLOCK_N,
+            )  # fmt: skip
+    bias_e = bias_ptr + expert * stride_be
+    out_row = out_ptr + route.to(tl.int64) * stride_om
+    if SPLIT_K == 1:
+        _w13_epilogue(acc_u, acc_g, bias_e, up_rows, gate_rows, cols, n_mask, out_row,
+                      limit, alpha, beta, ACT, GATED, HAS_BIAS, INTERP)  # fmt: skip
+    else:
+        if GATED:
+            ws_row = ws_ptr + route.to(tl.int64) * (2 * inter)
+        else:
+            ws_row = ws_ptr + route.to(tl.int64) * inter
+        tl.atomic_add(ws_row + cols, acc_u, mask=n_mask, sem="relaxed")
+        if GATED:
+            tl.atomic_add(ws_row + inter + cols, acc_g, mask=n_mask, sem="relaxed")
+        # Every thread's adds are issued before one thread's release-acquire count.
+        tl.debug_barrier()
+        tile = route * tl.num_programs(1) + pid_n
+        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            # Read at L2 and reset in one operation (the other splits are done with it).
+            sum_u = _take(ws_row + cols, n_mask)
+            sum_g = sum_u
+            if GATED:
+                sum_g = _take(ws_row + inter + cols, n_mask)
+            tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed")
+            _w13_epilogue(sum_u, sum_g, bias_e, up_rows, gate_rows, cols, n_mask, out_row,
+                          limit, alpha, beta, ACT, GATED, HAS_BIAS, INTERP)  # fmt: skip
+
+
+@triton.jit
+def _decode_w2_kernel(
+    a_ptr, q_ptr, s_ptr, z_ptr, bias_ptr, ids_ptr, topk_w_ptr, out_ptr, ws_ptr, count_ptr,
+    num_routes, num_tokens, hidden, num_experts,
+    stride_am, stride_qe, stride_qn, stride_se, stride_sn, stride_ze, stride_zn, stride_be,
+    stride_om,
+    K: tl.constexpr, TOP_K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
+    SUB: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, K_SPAN: tl.constexpr, SPLIT_K: tl.constexpr,
+    REDUCE: tl.constexpr, FLUSH_M: tl.constexpr, NUM_STAGES: tl.constexpr,
+    INTERP: tl.constexpr,
+):  # fmt: skip
+    """weight·(inter[route]·w2[expert]ᵀ + b) for one route, BLOCK_N columns of H, one K split.
+
+    REDUCE False (top-1, one split): the token's row has one writer, stored in 16 bits.
+    Otherwise float32 atomic adds into the [M, H] workspace; the last of the
+    routes x splits programs of this column tile writes the 16-bit output and zeroes it."""
+    route = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    expert = tl.load(ids_ptr + route).to(tl.int64)
+    valid = (expert >= 0) & (expert < num_experts)
+    expert = tl.where(valid, expert, 0)
+    token = (route // TOP_K).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = cols < hidden
+    w_mask = n_mask & valid
+    q_e = q_ptr + expert * stride_qe
+    s_e = s_ptr + expert * stride_se
+    z_e = z_ptr + expert * stride_ze
+    a_row = a_ptr + route.to(tl.int64) * stride_am
+    NG: tl.constexpr = BLOCK_K // SUB
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    k_lo = pid_k * K_SPAN
+    for k0 in tl.range(k_lo, tl.minimum(k_lo + K_SPAN, K), BLOCK_K, num_stages=NUM_STAGES):
+        xa, xb, xs = _x_tile(a_row, k0, BITS, SUB, NG)
+        acc += _gemv_tile(
+            xa, xb, xs, q_e, s_e, z_e, cols, w_mask, k0, stride_qn, stride_sn, stride_zn,
+            BITS, GROUP, SUB, NG, HAS_ZP, BLOCK_N,
+        )  # fmt: skip
+    if HAS_BIAS:
+        # Only the first K split adds the bias.
+        bias = tl.load(bias_ptr + expert * stride_be + cols, mask=w_mask & (pid_k == 0), other=0.0)
+        acc += bias.to(tl.float32)
+    acc *= tl.load(topk_w_ptr + route).to(tl.float32)
+    out_dtype = out_ptr.dtype.element_ty
+    if REDUCE:
+        tl.atomic_add(ws_ptr + token * hidden + cols, acc, mask=n_mask, sem="relaxed")
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_routes * SPLIT_K - 1:
+            for m0 in range(0, num_tokens, FLUSH_M):
+                rows = (m0 + tl.arange(0, FLUSH_M)).to(tl.int64)
+                mask = (rows[:, None] < num_tokens) & n_mask[None, :]
+                total = _take(ws_ptr + rows[:, None] * hidden + cols[None, :], mask)
+                o_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :]
+                tl.store(o_ptrs, _round16(total, out_dtype, INTERP).to(out_dtype), mask=mask)
+            tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")
+    else:
+        o_ptrs = out_ptr + token * stride_om + cols
+        tl.store(o_ptrs, _round16(acc, out_dtype, INTERP).to(out_dtype), mask=n_mask)
