@@ -339,7 +339,7 @@ def main() -> int:
     parser.add_argument("--tokens", nargs="+", type=int, default=[1, 4, 16])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--sweep", action="store_true", help="alternative decode tiles at M=1")
-    parser.add_argument("--replays", type=int, default=30, help="profiled replays per point")
+    parser.add_argument("--replays", type=int, default=20, help="profiled replays per point")
     parser.add_argument("--budget-s", type=float, default=170.0,
                         help="start no new point after this many seconds")  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="CPU/interpreter, tiny shape")
@@ -365,6 +365,8 @@ def main() -> int:
     results: list[Result] = []
     out_dir = Path(args.out) if args.out else None
     cut = False
+    # Every layer first, then token counts outer: a budget cut drops the larger M last.
+    layers = {}
     for seed, key in enumerate(args.shapes):
         name, shape = SHAPES[key]
         tensors, spec = kernel_check.make_layer(shape, kernel_check.PRIMARY, device, seed)
@@ -373,7 +375,11 @@ def main() -> int:
         reference.prepare(canonical, LayerSpec.from_canonical(canonical))
         probe = TritonWNA16Experts()
         probe.prepare(tensors, spec)
-        for m in args.tokens:
+        layers[key] = (seed, tensors, spec, reference, probe)
+    print(f"[{time.perf_counter() - started:6.1f}s] layers built", flush=True)
+    for m in args.tokens:
+        for key, (seed, tensors, spec, reference, probe) in layers.items():
+            name, shape = SHAPES[key]
             for label, config in configs_for(
                 args.variants, m, shape[3], probe, num_sms, device, args.sweep
             ):
@@ -389,9 +395,6 @@ def main() -> int:
                 results.append(result)
                 print(f"[{time.perf_counter() - started:6.1f}s] {table([result]).splitlines()[-1]}",
                       flush=True)  # fmt: skip
-        del tensors, canonical, reference, probe
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
     markdown = (
         f"Device {gpu}; per-node medians of {args.replays} profiled graph replays, each after "
         f"a 256 MB L2 flush; graph µs: do_bench median, L2 flushed; span: first node start "
