@@ -574,7 +574,7 @@ def _kernel(
     *,
     in_tile: tuple[int, int],
     out_tile: tuple[int, int],
-    transposed: bool = False,
+    kind: str = "table",
 ) -> gpu_repack.Repack:
     """`fn` as one Triton kernel; its permutation is read off `fn` itself (run on a probe
     of one expert's stored words, into the target's word matrix)."""
@@ -585,7 +585,7 @@ def _kernel(
         fn(stored, target.rows(out_e, 0, n, probe_bits), probe_bits)
         return out_e.view(torch.int32).view(int(out_e.shape[0]), -1)
 
-    return gpu_repack.Repack(fn, probe, bits, in_tile, out_tile, transposed=transposed)
+    return gpu_repack.Repack(fn, probe, bits, in_tile, out_tile, kind=kind)
 
 
 # Tiles in int32 words, [rows, columns] of the stored tensor -> of the output word matrix:
@@ -598,12 +598,20 @@ _GPTQ_MARLIN = {
 _AWQ_MARLIN = {4: _kernel("awq", MARLIN, _marlin4_from_awq, 4, in_tile=(16, 8), out_tile=(1, 128))}
 _GPTQ_TRITON = {
     bits: _kernel(
-        "gptq", TRITON, _triton_from_k_first, bits, in_tile=(1, 1), out_tile=(1, 1), transposed=True
+        "gptq",
+        TRITON,
+        _triton_from_k_first,
+        bits,
+        in_tile=(1, 1),
+        out_tile=(1, 1),
+        kind="transpose",
     )
     for bits in (4, 8)
 }
 _AWQ_TRITON = {
-    4: _kernel("awq", TRITON, _triton_from_awq, 4, in_tile=(8, 1), out_tile=(8, 1), transposed=True)
+    4: _kernel(
+        "awq", TRITON, _triton_from_awq, 4, in_tile=(8, 1), out_tile=(8, 1), kind="awq_triton"
+    )
 }
 
 ROUTES: Mapping[tuple[str, str], Route] = {
@@ -627,6 +635,12 @@ ROUTES: Mapping[tuple[str, str], Route] = {
     ),
 }
 """(source layout, backend) -> direct route. Absent pairs take the canonical route."""
+
+KERNEL_DEFAULTS: frozenset[tuple[str, str, int]] = frozenset()
+"""(layout, backend, bits) whose fused Triton kernels replace the torch transforms by
+default (`try_direct(kernels=None)`) on a device `gpu_repack.usable` accepts. Empty until
+an H200 run shows a route's kernel faster than its torch transform (bench/RESULTS.md,
+`bash scripts/gpu_convert_bench.sh`); the bench's `triton` route forces them on."""
 
 
 _COMPILED: dict[WeightFn, WeightFn] = {}
@@ -653,13 +667,19 @@ def _write_weight(
         fn = compiled(fn)
     bits = projection.bits
     out = route.target.allocate(projection.num_experts, projection.n, projection.k, bits, device)
+    pairs = []
     for expert, shards in enumerate(projection.weights):
         start = 0
         rows = projection.n // len(shards)
         for stored in shards:
             view = route.target.rows(out[expert], start, start + rows, bits)
-            fn(stored.to(device), view, bits)
+            pairs.append((stored.to(device), view))
             start += rows
+    if isinstance(fn, gpu_repack.Repack):
+        fn.run(pairs, bits)  # every expert and shard in one launch
+    else:
+        for stored, view in pairs:
+            fn(stored, view, bits)
     return out
 
 
@@ -679,21 +699,18 @@ def try_direct(
     gated: bool = True,
     options: ConversionOptions = DEFAULT_OPTIONS,
     compile_weights: bool = False,
-    kernels: bool = False,
+    kernels: bool | None = None,
     check: Callable[[PackedLayer], None] | None = None,
 ) -> ConvertedLayer | None:
     """The direct route's result, or None when there is none for this layer (or the input
     is malformed: the canonical reader then says how). `compile_weights` runs the weight
     transforms through torch.compile (the bench's `compiled` route; the first call per
     shape compiles). `kernels`: on a device `gpu_repack.usable` accepts, the route's fused
-    Triton kernels replace its torch transforms. Off by default: the kernels pass every
-    check in Triton's interpreter, but their first H200 run (session 2) failed to compile
-    for sm_90a, which turned every GPU conversion into an internal error; the torch
-    transforms are byte-identical to the canonical route on the H200 (bench/RESULTS.md).
-    They now compile for sm_90a (checked on the CPU by tests/formats/test_gpu_repack.py)
-    but await an H200 run before they are trusted: `python3 -m pytest -q -m gpu
-    tests/formats/test_gpu_repack.py` and `bash scripts/gpu_convert_bench.sh`.
-    The bench's `triton` route turns them on.
+    Triton kernels replace its torch transforms (True), or not (False); None (the default)
+    takes them for the routes in `KERNEL_DEFAULTS` (none until an H200 run shows them
+    faster; their first H200 run failed to compile for sm_90a, now checked on the CPU by
+    tests/formats/test_gpu_repack.py).
+    The bench's `triton` route forces them on, its `direct` route off.
     `check` sees the layer as read, before anything is written (the inline path's
     declared-shape check)."""
     found = direct_route(layout, backend, quant.bits)
@@ -710,6 +727,8 @@ def try_direct(
     if not route.target.applies(packed, options):
         return None
     device = packed.w13.device
+    if kernels is None:
+        kernels = (layout, backend, quant.bits) in KERNEL_DEFAULTS
     if kernels and not compile_weights and gpu_repack.usable(device):
         fn = route.kernels.get(quant.bits, fn)
     w13 = _write_weight(route, fn, packed.w13, device, compile_weights)

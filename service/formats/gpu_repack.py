@@ -1,23 +1,25 @@
 """Fused Triton repack kernels for the direct packed -> packed routes on a GPU.
 
 The torch direct routes (`service.formats.direct`) move a weight in several passes (a
-nibble exchange over int32 words, then a strided byte copy): on an H200 they reach 5-15 %
-of the memory bandwidth. Every one of those routes is a fixed permutation of the weight's
-nibbles (bytes for 8-bit codes, whole words for a transpose) that repeats tile by tile, so
-one kernel does them all: each program builds a 2-D block of output tiles, every output
-word assembled from the input words its fields come from, and stores whole int32 words.
-Every input byte is read from memory once (a tile's input words are re-read from L1 for
-each field), every output byte written once.
+nibble exchange over int32 words, then a strided byte copy), expert by expert: on an H200
+they reach 5-16 % of the memory bandwidth. Every one of those routes is a fixed
+permutation of the weight's nibbles (bytes for 8-bit codes, whole words for a transpose)
+that repeats tile by tile, so a kernel assembles each output int32 word in registers from
+the input words its fields come from and stores whole words: every input byte read from
+memory once, every output byte written once. `Repack.run` converts all of a
+projection's stored tensors (every expert, gate and up) in one launch, the kernel reading
+each slab's two pointers from a small device table: at Mixtral's size one tensor is a few
+microseconds of bandwidth, less than a launch costs the host.
 
-The permutation is not written down a second time: `Repack` derives it by running the
-route's own torch transform (the exactness reference) on the CPU over a probe of 2 x 2
-tiles whose nibbles hold their own positions (one pass per 4-bit digit), checks that
-the four tiles agree (the route is tile-periodic), and keeps the table of one tile: for
-each output word and field, the input word (row and column inside the input tile) and
-the field's bit offset there. Fields are as wide as the permutation allows (32 bits for a
-word transpose, 8 for int8, 4 for int4), so a transpose moves words, not nibbles; a pure
-word transpose (GPTQ -> TRITON) takes the kernel's 2-D block path instead of the table,
-coalesced on both sides.
+Three kernels (`gpu_repack_kernel`): a 2-D word transpose (GPTQ -> TRITON), a dedicated
+AWQ int4 -> TRITON kernel (an 8 x 8 nibble transpose per block, constant shifts), and a
+table kernel for the Marlin routes. The table is not written down a second time: `Repack`
+derives it by running the route's own torch transform (the exactness reference) on the
+CPU over a probe of 2 x 2 tiles whose nibbles hold their own positions (one pass per
+4-bit digit), checks that the four tiles agree (the route is tile-periodic), and keeps the
+table of one tile: for each output word and field, the input word (row and column inside
+the input tile) and the field's bit offset there. Fields are as wide as the permutation
+allows (32 bits for a word transpose, 8 for int8, 4 for int4).
 
 Triton is imported only when a kernel first runs, so the CPU-only path never needs it.
 `KERNEL_DEVICES` names the device types that take the kernels (the tests add "cpu" under
@@ -29,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +63,7 @@ def usable(device: torch.device) -> bool:
 @dataclass(frozen=True)
 class _Table:
     """One output tile: for output word w and field s (`fields` per word of `width` bits),
-    `packed[w * fields + s]` = input row << 16 | input column << 8 | bit offset, inside
+    `packed[s * words + w]` = input row << 16 | input column << 8 | bit offset, inside
     the input tile."""
 
     width: int
@@ -69,22 +71,37 @@ class _Table:
     packed: torch.Tensor
 
 
+KINDS = ("table", "transpose", "awq_triton")
+"""Which kernel a `Repack` launches: `table` (any tile-periodic permutation, table read off
+the route's torch transform), `transpose` (a word transpose), `awq_triton` (AWQ int4 ->
+TRITON's 8 x 8 nibble transpose). The last two are transposed: output tile (i, j) comes
+from input tile (j, i)."""
+
+
 @dataclass
 class Repack:
-    """A route's weight transform as one Triton kernel (a `direct.WeightFn`).
+    """A route's weight transform as one Triton kernel (a `direct.WeightFn`; `run` does
+    many stored tensors, e.g. a projection's experts, in one launch).
 
     `in_tile`/`out_tile` are one tile's [rows, cols] of int32 words in the stored tensor and
-    in the output word matrix; `transposed`: output tile (i, j) comes from input tile
-    (j, i). Shapes that are not whole tiles (or outputs that are not int32 word matrices)
-    take the torch transform `fallback`."""
+    in the output word matrix. Shapes that are not whole tiles (or outputs that are not int32
+    word matrices) take the torch transform `fallback`."""
 
     fallback: Callable[[torch.Tensor, torch.Tensor, int], None]
     probe: ProbeFn
     bits: int
     in_tile: tuple[int, int]
     out_tile: tuple[int, int]
-    transposed: bool = False
+    kind: str = "table"
     _tables: dict[str, _Table] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown kernel kind {self.kind!r}")
+
+    @property
+    def transposed(self) -> bool:
+        return self.kind != "table"
 
     def table(self, device: torch.device) -> _Table:
         found = self._tables.get(str(device))
@@ -96,6 +113,26 @@ class Repack:
         return found
 
     def __call__(self, stored: torch.Tensor, out: torch.Tensor, bits: int) -> None:
+        self.run([(stored, out)], bits)
+
+    def run(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], bits: int) -> None:
+        """Each (stored tensor, its output view) converted, in one launch when they all
+        have one shape and strides (a projection's experts and shards do), else one by one
+        (through the torch transform where a pair is not whole tiles)."""
+        slabs = [self._slab(stored, out) for stored, out in pairs]
+        if not slabs:
+            return
+        first = slabs[0]
+        if first is None or any(s is None or s.key != first.key for s in slabs):
+            for (stored, out), slab in zip(pairs, slabs, strict=True):
+                if slab is None:
+                    self.fallback(stored, out, bits)
+                else:
+                    _launch(self, [slab])
+            return
+        _launch(self, [s for s in slabs if s is not None])
+
+    def _slab(self, stored: torch.Tensor, out: torch.Tensor) -> _Slab | None:
         matrix = _word_matrix(out)
         tir, tic = self.in_tile
         tor, toc = self.out_tile
@@ -103,19 +140,35 @@ class Repack:
         if (
             matrix is None
             or stored.dtype != torch.int32
+            or stored.dim() != 2
             or rows % tir
             or cols % tic
             or int(matrix.shape[0]) % tor
             or int(matrix.shape[1]) % toc
+            or matrix.device != stored.device
         ):
-            self.fallback(stored, out, bits)
-            return
+            return None
         tiles = (int(matrix.shape[0]) // tor, int(matrix.shape[1]) // toc)
         source_tiles = (tiles[1], tiles[0]) if self.transposed else tiles
         if source_tiles != (rows // tir, cols // tic):
-            self.fallback(stored, out, bits)
-            return
-        _launch(self, stored.contiguous(), matrix, tiles)
+            return None
+        stored = stored.contiguous()
+        key = (tiles, cols, int(matrix.stride(0)), stored.device)
+        return _Slab(stored, matrix, key)
+
+
+@dataclass(frozen=True)
+class _Slab:
+    """One stored tensor and its output word matrix; `key` = what one launch shares
+    (tile counts, the strides, the device)."""
+
+    stored: torch.Tensor
+    matrix: torch.Tensor
+    key: tuple[tuple[int, int], int, int, torch.device]
+
+    @property
+    def tiles(self) -> tuple[int, int]:
+        return self.key[0]
 
 
 def _word_matrix(out: torch.Tensor) -> torch.Tensor | None:
@@ -181,33 +234,40 @@ def _coarsen(nibbles: torch.Tensor) -> _Table:
         aligned = bool((head[..., 2] % f == 0).all())
         if same_word and in_order and aligned:
             h = head[:, :, 0]
-            packed = (h[..., 0] << 16) | (h[..., 1] << 8) | (h[..., 2] * 4)
-            return _Table(width, 8 // f, packed.reshape(-1).to(torch.int32).contiguous())
+            packed = (h[..., 0] << 16) | (h[..., 1] << 8) | (h[..., 2] * 4)  # [word, field]
+            return _Table(width, 8 // f, packed.t().reshape(-1).to(torch.int32).contiguous())
     raise AssertionError("unreachable: 4-bit fields always fit")
 
 
-# -- the kernel -------------------------------------------------------------------------
+# -- the kernels ------------------------------------------------------------------------
 
 
 NUM_WARPS = 8
-"""Warps per program (`_TARGET_ELEMENTS` is sized for them)."""
+"""Warps per program (the block sizes below give each thread 8-16 words)."""
+
+_TABLE_WORDS = 2048
+"""Output words per program of the table kernel (8 per thread, times S field loads)."""
+
+KERNEL_NAMES = {
+    "table": "table_kernel",
+    "transpose": "transpose_kernel",
+    "awq_triton": "awq_triton_kernel",
+}
+"""`Repack.kind` -> its kernel in `gpu_repack_kernel`."""
 
 
-def launch_constexprs(repack: Repack, table: _Table) -> dict[str, int | bool]:
-    """The kernel's compile-time parameters for `repack` (what `_launch` passes, and what
-    the CPU test compiles for sm_90a: one set per route and bit width)."""
+def launch_constexprs(repack: Repack, *, aligned: bool = True) -> dict[str, int | bool]:
+    """The compile-time parameters of `repack`'s kernel (what `_launch` passes, and what
+    the CPU test compiles for sm_90a: one set per route and bit width). Every block size is
+    a power of two, so the kernels' index arithmetic is shifts and masks."""
+    if repack.kind == "transpose":
+        return {"BI": 64, "BJ": 64, "ALIGNED": aligned}
+    if repack.kind == "awq_triton":
+        return {"BK": 16, "BN": 32, "ALIGNED": aligned}
+    table = repack.table(torch.device("cpu"))
     tor, toc = repack.out_tile
-    per_tile = tor * toc * table.fields
-    block = max(1, _TARGET_ELEMENTS // per_tile)
-    # A transposed route's lanes run along the input's rows (tile rows i): 32 of them fill
-    # a warp (a word transpose, its own 2-D path, takes 64 x 128). Otherwise a square-ish
-    # block of tiles.
-    if repack.transposed:
-        bi = min(block, 64 if per_tile == 1 else 32)
-        bj = max(1, block // bi)
-    else:
-        bj = 1 << (block.bit_length() // 2)
-        bi = max(1, block // bj)
+    per_tile = tor * toc
+    block = max(1, _TABLE_WORDS // per_tile)
     return {
         "TIR": repack.in_tile[0],
         "TIC": repack.in_tile[1],
@@ -215,31 +275,56 @@ def launch_constexprs(repack: Repack, table: _Table) -> dict[str, int | bool]:
         "TOC": toc,
         "S": table.fields,
         "F": table.width,
-        "BI": bi,
-        "BJ": bj,
-        "TRANSPOSED": repack.transposed,
-        "WORD_TRANSPOSE": repack.transposed and per_tile == 1,
+        "BI": 1,
+        "BJ": block,
+        "ALIGNED": aligned,
     }
 
 
-def _launch(
-    repack: Repack, stored: torch.Tensor, out: torch.Tensor, tiles: tuple[int, int]
-) -> None:
-    table = repack.table(stored.device)
-    kernel = _kernel()
-    consts = launch_constexprs(repack, table)
-    grid = (triton_cdiv(tiles[0], int(consts["BI"])), triton_cdiv(tiles[1], int(consts["BJ"])))
+def _aligned(slabs: Sequence[_Slab]) -> bool:
+    """Every pointer 16-byte aligned and every row a multiple of 16 bytes (fresh torch
+    allocations and Mixtral's shapes are)."""
+    first = slabs[0]
+    return (
+        all(s.stored.data_ptr() % 16 == 0 and s.matrix.data_ptr() % 16 == 0 for s in slabs)
+        and int(first.stored.stride(0)) % 4 == 0
+        and int(first.matrix.stride(0)) % 4 == 0
+    )
+
+
+def _launch(repack: Repack, slabs: Sequence[_Slab]) -> None:
+    first = slabs[0]
+    device = first.stored.device
+    ptrs = torch.tensor(
+        [s.stored.data_ptr() for s in slabs] + [s.matrix.data_ptr() for s in slabs],
+        dtype=torch.int64,
+    ).to(device)
+    consts = launch_constexprs(repack, aligned=_aligned(slabs))
+    kernel = _kernel(repack.kind)
+    tiles = first.tiles
+    count = len(slabs)
+    src_stride, dst_stride = int(first.stored.stride(0)), int(first.matrix.stride(0))
+    # The two extents the grid's axes 0 and 1 cover: the transposed kernels count
+    # (output rows, output words) and (input blocks of 8 rows, input words), the table
+    # kernel output tiles.
+    extent = (tiles[1], tiles[0]) if repack.kind == "awq_triton" else tiles
+    blocks = ("BK", "BN") if repack.kind == "awq_triton" else ("BI", "BJ")
+    grid = (
+        triton_cdiv(extent[0], int(consts[blocks[0]])),
+        triton_cdiv(extent[1], int(consts[blocks[1]])),
+        count,
+    )
+    table = (repack.table(device).packed,) if repack.kind == "table" else ()
     # Triton launches on the current CUDA device: make it the tensors' (a multi-GPU
     # conversion converts on several devices from one process).
-    with _on_device(stored.device):
+    with _on_device(device):
         kernel[grid](
-            stored,
-            out,
-            table.packed,
-            int(stored.stride(0)),
-            int(out.stride(0)),
-            tiles[0],
-            tiles[1],
+            ptrs,
+            count,
+            *table,
+            src_stride,
+            dst_stride,
+            *extent,
             **consts,
             num_warps=NUM_WARPS,
         )
@@ -254,12 +339,12 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 @functools.cache
-def _kernel() -> Any:
-    """The Triton kernel, imported on first use (so importing this module needs no Triton,
-    and the TRITON_INTERPRET switch is read when the tests have set it)."""
+def _kernel(kind: str) -> Any:
+    """The Triton kernel of `kind`, imported on first use (so importing this module needs no
+    Triton, and the TRITON_INTERPRET switch is read when the tests have set it)."""
     from service.formats import gpu_repack_kernel
     from service.kernels.runtime import fix_interpreter_index, interpreting
 
     if interpreting():
         fix_interpreter_index()
-    return gpu_repack_kernel.repack_kernel
+    return getattr(gpu_repack_kernel, KERNEL_NAMES[kind])

@@ -1,11 +1,24 @@
-"""The Triton kernel of `gpu_repack` (imported only when a kernel first runs).
+"""The Triton kernels of `gpu_repack` (imported only when a kernel first runs).
 
-One program builds BI x BJ output tiles of TOR x TOC int32 words. Output word w of a tile
-is the sum (= the OR: the bits are disjoint) of its S fields of F bits; field s comes from
-the input word the table names (row and column inside the input tile, bit offset),
-shifted from that offset to s * F. Elements are ordered so that a warp's lanes read
-neighbouring input words for each field (coalesced loads, S per word; a transposed
-route then scatters its one store per word); every input byte comes from memory once.
+Each launch converts every stored tensor of one projection (all experts, gate and up):
+grid axis 2 is the slab (one stored tensor and its output rows), whose two pointers the
+kernel reads from `ptrs` ([2, slabs] int64: sources, then targets). One launch per
+projection instead of one per stored tensor: at Mixtral's size a tensor is 15-30 MB, a
+few microseconds of bandwidth, less than a launch costs the host.
+
+Three kernels, none of which reduces across threads (a cross-lane sum over a reshaped
+field axis went through shared memory in the first version):
+- `transpose_kernel`: a word transpose (GPTQ -> TRITON), a 2-D block loaded along the
+  input's rows and stored along the output's, the compiler turning it round in shared
+  memory.
+- `awq_triton_kernel`: AWQ int4 -> TRITON, an 8 x 8 nibble transpose inside each block of
+  8 rows x 1 word: 8 coalesced 2-D loads (one per input row t of a block), every output
+  word assembled in registers with constant shifts, one store along the output's rows.
+- `table_kernel`: any tile-periodic permutation (the Marlin routes): per output word,
+  S fields of F bits, field s from the input word the table names (row, column, bit
+  offset inside the input tile); a static loop over the fields ORs them into the word (the
+  bits are disjoint), and whole words are stored along the output row. The input tile is
+  read S times, from L1 after the first.
 """
 
 # Triton idiom: compile-time parameters are UPPER_CASE, kernels take many arguments. The
@@ -22,9 +35,81 @@ import triton.language as tl
 
 
 @triton.jit
-def repack_kernel(
-    src,
-    dst,
+def _slab(ptrs, slabs, ALIGNED: tl.constexpr):
+    """This program's source and target int32 pointers (16-byte aligned when ALIGNED, which
+    lets the compiler vectorize contiguous accesses)."""
+    slab = tl.program_id(2)
+    src = tl.load(ptrs + slab).to(tl.pointer_type(tl.int32))
+    dst = tl.load(ptrs + slabs + slab).to(tl.pointer_type(tl.int32))
+    if ALIGNED:
+        src = tl.multiple_of(src, 16)
+        dst = tl.multiple_of(dst, 16)
+    return src, dst
+
+
+@triton.jit
+def transpose_kernel(
+    ptrs,
+    slabs,
+    src_stride,
+    dst_stride,
+    rows,
+    cols,
+    BI: tl.constexpr,
+    BJ: tl.constexpr,
+    ALIGNED: tl.constexpr,
+):
+    """out[rows, cols] = src[cols, rows] transposed, whole int32 words."""
+    src, dst = _slab(ptrs, slabs, ALIGNED)
+    oi = tl.program_id(0) * BI + tl.arange(0, BI)  # output rows = input columns
+    oj = tl.program_id(1) * BJ + tl.arange(0, BJ)  # output columns = input rows
+    inside = (oj[:, None] < cols) & (oi[None, :] < rows)
+    block = tl.load(src + oj[:, None] * src_stride + oi[None, :], mask=inside, other=0)
+    tl.store(
+        dst + oi[:, None] * dst_stride + oj[None, :],
+        tl.trans(block),
+        mask=(oi[:, None] < rows) & (oj[None, :] < cols),
+    )
+
+
+@triton.jit
+def awq_triton_kernel(
+    ptrs,
+    slabs,
+    src_stride,
+    dst_stride,
+    kw_count,
+    nw_count,
+    BK: tl.constexpr,
+    BN: tl.constexpr,
+    ALIGNED: tl.constexpr,
+):
+    """AWQ int4 [K, N/8] (word (k, nw): column 8 nw + c in nibble c // 2 + 4 (c % 2)) ->
+    TRITON words [N, K/8] (word (n, kw): row 8 kw + t in nibble t). A program takes BN
+    input word columns x BK blocks of 8 input rows."""
+    src, dst = _slab(ptrs, slabs, ALIGNED)
+    kw = tl.program_id(0) * BK + tl.arange(0, BK)
+    nw = tl.program_id(1) * BN + tl.arange(0, BN)
+    c = tl.arange(0, 8)
+    shift = 4 * ((c % 2) * 4 + c // 2)  # the nibble holding column c of a word
+    inside = (nw[:, None] < nw_count) & (kw[None, :] < kw_count)  # [BN, BK]
+    first = src + (kw[None, :] * 8) * src_stride + nw[:, None]
+    word = tl.zeros([BN, 8, BK], dtype=tl.int32)  # output rows (nw, c), columns kw
+    for t in tl.static_range(8):
+        x = tl.load(first + t * src_stride, mask=inside, other=0)
+        word |= ((x[:, None, :] >> shift[None, :, None]) & 0xF) << (4 * t)
+    n = nw[:, None, None] * 8 + c[None, :, None]
+    tl.store(
+        dst + n * dst_stride + kw[None, None, :],
+        word,
+        mask=(nw[:, None, None] < nw_count) & (kw[None, None, :] < kw_count),
+    )
+
+
+@triton.jit
+def table_kernel(
+    ptrs,
+    slabs,
     table,
     src_stride,
     dst_stride,
@@ -38,84 +123,31 @@ def repack_kernel(
     F: tl.constexpr,
     BI: tl.constexpr,
     BJ: tl.constexpr,
-    TRANSPOSED: tl.constexpr,
-    WORD_TRANSPOSE: tl.constexpr,
+    ALIGNED: tl.constexpr,
 ):
-    if WORD_TRANSPOSE:
-        # 1 x 1 tiles of whole words, transposed (GPTQ -> TRITON): a 2-D block loaded
-        # along the input's rows and stored along the output's, the compiler turning it
-        # round through shared memory, so both sides stay coalesced.
-        oi = tl.program_id(0) * BI + tl.arange(0, BI)  # output rows = input columns
-        oj = tl.program_id(1) * BJ + tl.arange(0, BJ)  # output columns = input rows
-        inside = (oj[:, None] < tile_cols) & (oi[None, :] < tile_rows)
-        block = tl.load(src + oj[:, None] * src_stride + oi[None, :], mask=inside, other=0)
-        tl.store(
-            dst + oi[:, None] * dst_stride + oj[None, :],
-            tl.trans(block),
-            mask=(oi[:, None] < tile_rows) & (oj[None, :] < tile_cols),
-        )
-    else:
-        WORDS: tl.constexpr = BI * TOR * BJ * TOC
-        # Neighbouring elements (a warp's lanes) follow the innermost digit. A field's
-        # input words lie along the output's columns (oc) when not transposed, along the
-        # tile rows (ii) when transposed: that digit goes innermost and the field (s)
-        # just outside it, so each of a word's S loads is coalesced (one transposed store
-        # per word is the cheaper side to scatter).
-        e = tl.arange(0, WORDS * S)
-        if TRANSPOSED:  # e = ((((out row, jj), field), out column), ii)
-            ii = e % BI
-            t = e // BI
-            oc = t % TOC
-            t = t // TOC
-            s = t % S
-            t = t // S
-            jj = t % BJ
-            orow = t // BJ
-        else:  # e = ((((ii, out row), jj), field), out column)
-            oc = e % TOC
-            t = e // TOC
-            s = t % S
-            t = t // S
-            jj = t % BJ
-            t = t // BJ
-            orow = t % TOR
-            ii = t // TOR
-        i = tl.program_id(0) * BI + ii
-        j = tl.program_id(1) * BJ + jj
-        mask = (i < tile_rows) & (j < tile_cols)
-        entry = tl.load(table + (orow * TOC + oc) * S + s)
-        r = entry >> 16
-        c = (entry >> 8) & 0xFF
-        if TRANSPOSED:
-            offset = (j * TIR + r) * src_stride + i * TIC + c
+    """BI x BJ output tiles of TOR x TOC words; output tile (i, j) from input tile (i, j)
+    of TIR x TIC words. `table[s, w]` = row << 16 | column << 8 | bit offset of output
+    word w's field s inside the input tile."""
+    src, dst = _slab(ptrs, slabs, ALIGNED)
+    WORDS: tl.constexpr = BI * TOR * BJ * TOC
+    q = tl.arange(0, WORDS)  # ((ii, output row), jj, output column): stores run along rows
+    oc = q % TOC
+    u = q // TOC
+    jj = u % BJ
+    u = u // BJ
+    orow = u % TOR
+    ii = u // TOR
+    i = tl.program_id(0) * BI + ii
+    j = tl.program_id(1) * BJ + jj
+    inside = (i < tile_rows) & (j < tile_cols)
+    base = src + (i * TIR) * src_stride + j * TIC
+    w = orow * TOC + oc
+    word = tl.zeros([WORDS], dtype=tl.int32)
+    for s in tl.static_range(S):
+        entry = tl.load(table + s * (TOR * TOC) + w)
+        x = tl.load(base + (entry >> 16) * src_stride + ((entry >> 8) & 0xFF), mask=inside, other=0)
+        if S == 1:
+            word = x
         else:
-            offset = (i * TIR + r) * src_stride + j * TIC + c
-        x = tl.load(src + offset, mask=mask, other=0)
-        if S > 1:
-            shift = entry & 0xFF
-            x = ((x >> shift) & ((1 << F) - 1)) << (s * F)
-            # the fields' bits are disjoint: their sum is their OR, and has no carries
-            if TRANSPOSED:
-                x = tl.sum(tl.reshape(x, (TOR * BJ, S, TOC * BI)), axis=1)
-            else:
-                x = tl.sum(tl.reshape(x, (BI * TOR * BJ, S, TOC)), axis=1)
-            x = tl.reshape(x, (WORDS,))
-        q = tl.arange(0, WORDS)  # the words in the elements' order, less the field
-        if TRANSPOSED:
-            qi = q % BI
-            u = q // BI
-            qc = u % TOC
-            u = u // TOC
-            qj = u % BJ
-            qrow = u // BJ
-        else:
-            qc = q % TOC
-            u = q // TOC
-            qj = u % BJ
-            u = u // BJ
-            qrow = u % TOR
-            qi = u // TOR
-        wi = tl.program_id(0) * BI + qi
-        wj = tl.program_id(1) * BJ + qj
-        store_mask = (wi < tile_rows) & (wj < tile_cols)
-        tl.store(dst + (wi * TOR + qrow) * dst_stride + wj * TOC + qc, x, mask=store_mask)
+            word |= ((x >> (entry & 0xFF)) & ((1 << F) - 1)) << (s * F)
+    tl.store(dst + (i * TOR + orow) * dst_stride + j * TOC + oc, word, mask=inside)

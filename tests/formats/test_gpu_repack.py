@@ -154,59 +154,153 @@ def test_layer_through_kernels_equals_canonical(
 
 
 def test_cpu_default_keeps_the_torch_transforms(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without the device in KERNEL_DEVICES (a plain CPU run) no kernel is called."""
+    """Without the device in KERNEL_DEVICES (a plain CPU run) no kernel is called, even
+    when asked for."""
     monkeypatch.setattr(gpu_repack, "KERNEL_DEVICES", {"cuda"})
     calls: list[str] = []
-    kernel = direct.ROUTES[("gptq", "MARLIN")].kernels[4]
-    monkeypatch.setattr(type(kernel), "__call__", lambda *a: calls.append("kernel"))
+    monkeypatch.setattr(gpu_repack, "_launch", lambda *a: calls.append("kernel"))
     tensors, quant = _checkpoint("gptq")
-    got = direct.try_direct("gptq", tensors, quant, "MARLIN", num_experts=E)
+    got = direct.try_direct("gptq", tensors, quant, "MARLIN", num_experts=E, kernels=True)
     assert got is not None and calls == []
 
 
-#: The kernel's parameters a launch at Mixtral's size specializes as multiples of 16 (fresh
-#: allocations, strides and tile counts of 16 k) - what lets the compiler vectorize.
-ALIGNED = ("src", "dst", "table", "src_stride", "dst_stride", "tile_rows", "tile_cols")
+def _counting_launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The slab count of every kernel launch from now on (the launches still run)."""
+    launched: list[int] = []
+    real = gpu_repack._launch
+
+    def counted(repack: gpu_repack.Repack, slabs: list[object]) -> None:
+        launched.append(len(slabs))
+        real(repack, slabs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gpu_repack, "_launch", counted)
+    return launched
 
 
-def _launched_variants() -> dict[str, list[tuple[str, str, int]]]:
-    """Each distinct set of constexprs `gpu_repack._launch` passes (as JSON) -> the routes
-    (layout, backend, bits) that launch it."""
-    cpu = torch.device("cpu")
-    found: dict[str, list[tuple[str, str, int]]] = {}
+def test_kernel_defaults_are_a_per_route_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kernels=None` takes the kernel only for routes in `KERNEL_DEFAULTS`; a layer then
+    costs one launch per projection (every expert, gate and up: 2 x E slabs for w13, E for
+    w2), with the canonical route's bytes."""
+    launched = _counting_launches(monkeypatch)
+    tensors, quant = _checkpoint("gptq", group=128)
+    want = direct.canonical("gptq", tensors, quant, "MARLIN", num_experts=E)
+    assert not direct.KERNEL_DEFAULTS
+    _same(direct.try_direct("gptq", tensors, quant, "MARLIN", num_experts=E), want)
+    assert launched == []
+    monkeypatch.setattr(direct, "KERNEL_DEFAULTS", frozenset({("gptq", "MARLIN", 4)}))
+    _same(direct.try_direct("gptq", tensors, quant, "MARLIN", num_experts=E), want)
+    assert launched == [2 * E, E]
+    launched.clear()
+    direct.try_direct("gptq", tensors, quant, "TRITON", num_experts=E)
+    direct.try_direct("gptq", tensors, quant, "MARLIN", num_experts=E, kernels=False)
+    assert launched == []
+
+
+@pytest.mark.parametrize(("layout", "backend", "bits"), KERNEL_ROUTES)
+def test_run_over_mixed_slabs(
+    layout: str, backend: str, bits: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Repack.run` on tensors of one shape launches once, on tensors of different shapes
+    once per tensor; either way each output is the torch transform's."""
+    launched = _counting_launches(monkeypatch)
+    n, k = SHAPES[(layout, backend)][-1]
+    sizes = [(n, k), (n, k), (n, 2 * k)]  # the last: another shape
+    route = direct.ROUTES[(layout, backend)]
+    kernel = route.kernels[bits]
+    assert isinstance(kernel, gpu_repack.Repack)
+    for shapes, launches in ((sizes[:2], [2]), (sizes, [1, 1, 1])):
+        pairs, want = [], []
+        for seed, (ni, ki) in enumerate(shapes):
+            stored, _, out = _stored_and_out(layout, backend, bits, n=ni, k=ki, seed=seed)
+            reference = torch.full_like(out, 0x5A)
+            route.weight[bits](stored, route.target.rows(reference[0], 0, ni, bits), bits)
+            out.fill_(0x5A)
+            pairs.append((stored, route.target.rows(out[0], 0, ni, bits)))
+            want.append((out, reference))
+        launched.clear()
+        kernel.run(pairs, bits)
+        assert launched == launches
+        for got, reference in want:
+            assert torch.equal(got.view(torch.uint8), reference.view(torch.uint8))
+
+
+#: The kernels' parameters a launch at Mixtral's size specializes as multiples of 16 (fresh
+#: allocations, strides and tile counts of 16 k) - what lets the compiler vectorize. The
+#: slab pointers are read from `ptrs`; their alignment is the ALIGNED constexpr.
+ALIGNED = (
+    "ptrs",
+    "table",
+    "src_stride",
+    "dst_stride",
+    "tile_rows",
+    "tile_cols",
+    "rows",
+    "cols",
+    "kw_count",
+    "nw_count",
+)
+
+
+def _launched_variants() -> dict[tuple[str, str], list[tuple[str, str, int]]]:
+    """Each distinct (kernel kind, constexprs as JSON) `gpu_repack._launch` uses -> the
+    routes (layout, backend, bits) that launch it."""
+    found: dict[tuple[str, str], list[tuple[str, str, int]]] = {}
     for layout, backend, bits in KERNEL_ROUTES:
         kernel = direct.ROUTES[(layout, backend)].kernels[bits]
         assert isinstance(kernel, gpu_repack.Repack)
-        consts = gpu_repack.launch_constexprs(kernel, kernel.table(cpu))
-        found.setdefault(json.dumps(consts, sort_keys=True), []).append((layout, backend, bits))
+        consts = json.dumps(gpu_repack.launch_constexprs(kernel), sort_keys=True)
+        found.setdefault((kernel.kind, consts), []).append((layout, backend, bits))
     return found
 
 
-@pytest.mark.parametrize("aligned", [ALIGNED, ()], ids=["aligned", "unaligned"])
-def test_kernels_compile_for_sm90(aligned: tuple[str, ...]) -> None:
+def test_launches_are_powers_of_two() -> None:
+    """Block sizes are powers of two (the kernels' index arithmetic is shifts and masks),
+    the hot routes take their own kernels, the Marlin ones the table kernel."""
+    kinds = {}
+    for (kind, consts), routes in _launched_variants().items():
+        for name, value in json.loads(consts).items():
+            if name.startswith("B"):
+                assert value & (value - 1) == 0, (routes, name, value)
+        kinds.update(dict.fromkeys(routes, kind))
+    assert kinds[("gptq", "TRITON", 4)] == "transpose"
+    assert kinds[("awq", "TRITON", 4)] == "awq_triton"
+    assert kinds[("gptq", "MARLIN", 4)] == kinds[("awq", "MARLIN", 4)] == "table"
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
+def test_kernels_compile_for_sm90(aligned: bool) -> None:
     """Every route's kernel, with the constexprs and argument types its launch uses,
     compiles for sm_90a (no GPU needed). Aligned as at Mixtral's size, the word transpose
-    loads and stores int32 x 4 vectors and the untransposed routes store them (their loads
-    are gathers through the table: one word each, coalesced across a warp's lanes)."""
+    and the AWQ -> TRITON kernel load int32 vectors (x 4, x 2), store int32 x 4 and touch
+    no scalar word, and the table kernel stores int32 x 4 (its loads are gathers through
+    the table)."""
     variants = _launched_variants()
-    asm = compiled_asm(
-        "service.formats.gpu_repack_kernel",
-        "repack_kernel",
-        [json.loads(v) for v in variants],
-        types={"src": "*i32", "dst": "*i32", "table": "*i32"},
-        options={"num_warps": gpu_repack.NUM_WARPS},
-        aligned=aligned,
-    )
-    for (consts, routes), compiled in zip(variants.items(), asm, strict=True):
-        ops = Counter(re.findall(r"\b(ld|st)\.global(\.v\d)?\.b32\b", compiled["ptx"]))
-        assert ops[("ld", "")] + ops[("ld", ".v4")] > 0, routes
-        if not aligned:
-            continue
-        if json.loads(consts)["WORD_TRANSPOSE"]:
-            assert ops[("ld", ".v4")] and ops[("st", ".v4")] and not ops[("ld", "")], (routes, ops)
-        elif not json.loads(consts)["TRANSPOSED"]:
-            assert ops[("st", ".v4")] and not ops[("st", "")], (routes, ops)
-    assert sorted(r for rs in variants.values() for r in rs) == KERNEL_ROUTES
+    by_kind: dict[str, list[tuple[dict[str, object], list[tuple[str, str, int]]]]] = {}
+    for (kind, consts), routes in variants.items():
+        loaded = {**json.loads(consts), "ALIGNED": aligned}
+        by_kind.setdefault(kind, []).append((loaded, routes))
+    launched: list[tuple[str, str, int]] = []
+    for kind, entries in sorted(by_kind.items()):
+        asm = compiled_asm(
+            "service.formats.gpu_repack_kernel",
+            gpu_repack.KERNEL_NAMES[kind],
+            [consts for consts, _ in entries],
+            types={"ptrs": "*i64", "table": "*i32"},
+            options={"num_warps": gpu_repack.NUM_WARPS},
+            aligned=ALIGNED if aligned else (),
+        )
+        for (_, routes), compiled in zip(entries, asm, strict=True):
+            launched += routes
+            ops = Counter(re.findall(r"\b(ld|st)\.global(\.v\d)?\.b32\b", compiled["ptx"]))
+            assert ops[("ld", "")] + ops[("ld", ".v2")] + ops[("ld", ".v4")] > 0, routes
+            if not aligned:
+                continue
+            if kind != "table":
+                assert ops[("ld", ".v2")] + ops[("ld", ".v4")] and ops[("st", ".v4")], (routes, ops)
+                assert not ops[("ld", "")] and not ops[("st", "")], (routes, ops)
+            else:
+                assert ops[("st", ".v4")] and not ops[("st", "")], (routes, ops)
+    assert sorted(launched) == KERNEL_ROUTES
 
 
 @pytest.mark.gpu
