@@ -1,13 +1,21 @@
 #!/usr/bin/env python
-"""What the server <-> worker seam adds to a RunMoE forward, without gRPC.
+"""What the server <-> worker seam adds to a RunMoE forward, without gRPC, stage by stage.
 
-Starts a `WorkerPool` with one real worker process (the device given), keeps a small
-synthetic layer on it (convert_layer with keep_loaded), then times `run_moe` calls through
-`WorkerHandle.call` one at a time, inputs and output in segments made once: the pipe both
-ways, the worker's hand-over to a job thread and its run_moe outside the forward. Prints
-the median call time, device time and their difference, and a ping's round trip.
+Starts a `WorkerPool` with one real worker process (the device given), keeps a synthetic
+layer on it (convert_layer with keep_loaded), then times `run_moe` calls through
+`WorkerHandle.call` one at a time at M = 1, inputs and output in segments made once: the
+pipe both ways, the worker's hand-over to a job thread and its run_moe around the forward.
+Prints the median call time, device time and their difference, a ping's round trip, and
+the medians of the stages the worker's answer reports (`stages`, service/worker/run.py:
+host seconds per stage; on a GPU the copies and routing only launch work, which the
+forward's end event waits for). "pipe + hand-over" is the call minus the stages' sum.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/worker_call_overhead.py
+    OMP_NUM_THREADS=1 .venv/bin/python bench/worker_call_overhead.py          # CPU, 4x64x64
+    python3 bench/worker_call_overhead.py --device cuda:0 --shape qwen3     # TRITON, g128
+
+`--shape qwen3` is Qwen3-30B-A3B's layer (128 experts, top 8, H 2048, I 768, GPTQ int4
+g128), kept as TRITON by default (`--backend`); the default `small` is 4 experts, top 2,
+H = I = 64, int4 g32, EMULATION.
 """
 
 from __future__ import annotations
@@ -16,9 +24,9 @@ import argparse
 import asyncio
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -26,85 +34,137 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 from worker.test_convert_job import params, put_inputs  # noqa: E402
-from worker.test_run_job import DEPLOYMENT  # noqa: E402
 
+from service.formats.plan import SourceSpec  # noqa: E402
 from service.formats.quantize import random_layer  # noqa: E402
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint  # noqa: E402
+from service.formats.synthetic import SyntheticSpec, synthetic_layer  # noqa: E402
 from service.worker.segments import SegmentDir  # noqa: E402
 from service.worker.supervisor import SupervisorConfig, WorkerPool  # noqa: E402
 
-EXPERTS, HIDDEN = 4, 64
+#: name -> (experts, top_k, hidden, intermediate, group_size, default backend)
+SHAPES: dict[str, tuple[int, int, int, int, int, str]] = {
+    "small": (4, 2, 64, 64, 32, "EMULATION"),
+    "qwen3": (128, 8, 2048, 768, 128, "TRITON"),
+}
 
 
-async def measure(device: str, calls: int, warmup: int) -> None:
-    pool = WorkerPool([device], SupervisorConfig())
-    pool.start()
-    try:
-        if not await pool.wait_ready(180):
-            raise SystemExit("the worker never became ready")
-        worker = pool.workers[0]
-        segments = SegmentDir.create(Path(tempfile.mkdtemp()))
-        layer = random_layer(
-            EXPERTS, HIDDEN, HIDDEN, bits=4, group_size=32, symmetric=True,
+def make_layer(experts: int, hidden: int, intermediate: int, group: int) -> Any:
+    """Random int4 weights; the big shape through the synthetic fast path (seconds, not
+    minutes, of quantization on the host)."""
+    if experts * hidden * intermediate <= 1 << 20:
+        return random_layer(
+            experts, hidden, intermediate, bits=4, group_size=group, symmetric=True,
             generator=torch.Generator().manual_seed(3),
         )  # fmt: skip
-        tensors = write_checkpoint(GPTQ, layer, SourceQuantization(4, 32), naming="mixtral")
+    spec = SyntheticSpec(
+        num_experts=experts, top_k=2, hidden_size=hidden, intermediate_size=intermediate,
+        group_size=group, fast=True, dtype=torch.bfloat16,
+    )  # fmt: skip
+    return synthetic_layer(spec, torch.Generator().manual_seed(3))
+
+
+def _ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1e3:.3f}"
+
+
+async def measure(device: str, shape: str, backend: str, calls: int, warmup: int) -> None:
+    experts, top_k, hidden, intermediate, group, default_backend = SHAPES[shape]
+    backend = backend or default_backend
+    pool = WorkerPool([device], SupervisorConfig(start_timeout_s=300))
+    pool.start()
+    # Where the server keeps its own: /dev/shm when it has room.
+    segments = SegmentDir.create(prefer_shm=1 << 30)
+    try:
+        if not await pool.wait_ready(300):
+            raise SystemExit("the worker never became ready")
+        worker = pool.workers[0]
+        started = time.perf_counter()
+        layer = make_layer(experts, hidden, intermediate, group)
+        tensors = write_checkpoint(GPTQ, layer, SourceQuantization(4, group), naming="mixtral")
+        deployment = {
+            "layer": {
+                "top_k": top_k,
+                "activation": "silu",
+                "routing": {"renormalize": True, "scoring_func": "softmax"},
+            }
+        }
         values = params(
             segments,
             put_inputs(segments, tensors),
-            backend="EMULATION",
+            source=SourceSpec("gptq", 4, group).to_json(),
+            backend=backend,
             keep_loaded=True,
             return_tensors=False,
-            deployment=DEPLOYMENT,
+            deployment=deployment,
         )
-        values["shape"]["num_experts"] = EXPERTS
+        values["shape"].update(
+            num_experts=experts, hidden_size=hidden, intermediate_size=intermediate
+        )
         layer_id = (await worker.call("convert_layer", values, cancellable=True))["layer_id"]
         segments.remove("t-in-")
+        del layer, tensors
+        print(f"layer kept ({backend}) in {time.perf_counter() - started:.1f} s", flush=True)
         gen = torch.Generator().manual_seed(0)
         given = {
-            "hidden_states": torch.randn(1, HIDDEN, generator=gen).to(torch.bfloat16),
-            "router_logits": torch.randn(1, EXPERTS, generator=gen),
+            "hidden_states": torch.randn(1, hidden, generator=gen).to(torch.bfloat16),
+            "router_logits": torch.randn(1, experts, generator=gen),
         }
-        segments.new("out", 4096).close()
+        capacity = max(4096, 2 * hidden)
+        segments.new("out", capacity).close()
         run = {
             "segments_dir": str(segments.path),
             "inputs": put_inputs(segments, given),
             "out_segment": "out",
-            "out_capacity": 4096,
+            "out_capacity": capacity,
             "layer_id": layer_id,
         }
-        timings = []
-        for _ in range(warmup + calls):
+        timings: list[tuple[float, float]] = []
+        stages: dict[str, list[float]] = {}
+        for number in range(warmup + calls):
             started = time.perf_counter()
             answer = await worker.call(
                 "run_moe", run, cancellable=True, on_abandon=lambda late: None
             )
-            timings.append((time.perf_counter() - started, float(answer["device_seconds"])))
-        timings = timings[warmup:]
+            wall = time.perf_counter() - started
+            if number < warmup:  # JIT, autotuning, caches
+                continue
+            timings.append((wall, float(answer["device_seconds"])))
+            for stage, seconds in answer.get("stages", {}).items():
+                stages.setdefault(stage, []).append(float(seconds))
+            stages.setdefault("pipe + hand-over", []).append(
+                wall - sum(answer.get("stages", {}).values())
+            )
         pings = []
         for _ in range(calls):
             started = time.perf_counter()
             await worker.call("ping")
             pings.append(time.perf_counter() - started)
-        ms = 1e3
         print(
-            f"run_moe M=1: call {statistics.median(t for t, _ in timings) * ms:.3f} ms, "
-            f"device {statistics.median(d for _, d in timings) * ms:.3f} ms, "
-            f"call - device {statistics.median(t - d for t, d in timings) * ms:.3f} ms; "
-            f"ping {statistics.median(pings) * ms:.3f} ms (medians of {calls})"
+            f"run_moe M=1 on {device} ({shape}: E={experts} k={top_k} H={hidden} "
+            f"I={intermediate} int4 g{group}, {answer['backend']}): "
+            f"call {_ms([t for t, _ in timings])} ms, device {_ms([d for _, d in timings])} ms, "
+            f"call - device {_ms([t - d for t, d in timings])} ms; ping {_ms(pings)} ms "
+            f"(medians of {calls})"
         )
-        segments.destroy()
+        print("\n| stage | median ms | p90 ms |\n|---|---|---|")
+        for stage, values in stages.items():
+            p90 = sorted(values)[min(len(values) - 1, int(0.9 * len(values)))]
+            print(f"| {stage} | {_ms(values)} | {p90 * 1e3:.3f} |")
     finally:
+        segments.destroy()
         await pool.stop()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="the worker's device, e.g. cuda:0")
+    parser.add_argument("--shape", default="small", choices=sorted(SHAPES))
+    parser.add_argument("--backend", default="", help="the kept layer's; default per shape")
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     args = parser.parse_args()
-    asyncio.run(measure(args.device, args.calls, args.warmup))
+    asyncio.run(measure(args.device, args.shape, args.backend, args.calls, args.warmup))
     return 0
 
 

@@ -243,7 +243,25 @@ def _segment_dir(path: str) -> SegmentDir:
     return SegmentDir(Path(path))
 
 
+class _Stages:
+    """Host wall-clock seconds per stage of one run_moe call, in order: what the worker's
+    thread spends where, returned in the answer as `stages` (bench/worker_call_overhead.py
+    prints them; the server may ignore them). No synchronisation is added: on a GPU the
+    copies and routing only launch work, which the forward's end event waits for, so their
+    device time shows up under "forward" and theirs is the launch cost alone."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def done(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + now - self._last
+        self._last = now
+
+
 def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict[str, Any]:
+    stages = _Stages()
     segments = _segment_dir(str(params["segments_dir"]))
     opened: list[Segment] = []
     device = torch.device(worker.device)
@@ -259,6 +277,7 @@ def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict
             return out
 
         inputs = load(params["inputs"])
+        stages.done("open")
         if "layer_id" in params:
             layer = worker.layers.use(str(params["layer_id"]))
             if layer is None:
@@ -275,10 +294,13 @@ def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict
         if validate and hidden.dtype.is_floating_point and not bool(hidden.isfinite().all()):
             raise KernelInputError("hidden_states", "contains NaN or Inf")
         runner = prepared(layer, str(params.get("backend", "")), device)
+        stages.done("layer")
         on_device = {k: worker.transport.to_device(v) for k, v in inputs.items()}
         hidden = on_device["hidden_states"]
+        stages.done("to_device")
         weights, ids = _route(on_device, layer, hidden.shape[0], validate)
         activation = str((layer.deployment.get("layer") or {}).get("activation", "silu"))
+        stages.done("routing")
         warmup = min(int(params.get("warmup", 0)), MAX_ITERATIONS)
         timed = max(1, min(int(params.get("timed", 1)), MAX_ITERATIONS))
         # Checked before every forward: up to 2000 of them may follow a caller that has
@@ -296,6 +318,7 @@ def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict
         # Triton interpreter on CPU each one costs seconds).
         seconds = _Timer(device).time(once, timed)
         out = results[0]
+        stages.done("forward")
         answer: dict[str, Any] = {
             "backend": runner.name,
             "device_seconds": seconds,
@@ -305,6 +328,7 @@ def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict
             reference = _reference(layer, hidden, ids, weights, activation)
             diff = (out.to(torch.float32) - reference).abs()
             answer["max_abs_error"] = float(diff.max()) if diff.numel() else 0.0
+            stages.done("compare")
         name, nbytes = str(params["out_segment"]), out.numel() * out.element_size()
         capacity = params.get("out_capacity")
         if capacity is None or nbytes > int(capacity):
@@ -321,6 +345,8 @@ def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict
                 "output", FROM_TORCH[str(out.dtype).removeprefix("torch.")], tuple(out.shape)
             ).to_json(),
         }
+        stages.done("output")
+        answer["stages"] = stages.seconds
         return answer
     finally:
         for segment in opened:

@@ -129,6 +129,26 @@ def test_run_by_id_matches_the_fp32_reference(layer: Any, tmp_path: Path, backen
     assert stored.backend is prepared
 
 
+def test_the_answer_times_each_stage_in_order(layer: Any, tmp_path: Path) -> None:
+    """`stages`: host seconds per stage, in the order run, "compare" only when asked for;
+    they cover the forward (at least the device time on a CPU worker) and nothing is
+    counted twice (their sum is under the call's own wall time)."""
+    import time
+
+    rig = Rig(layer, tmp_path)
+    layer_id = rig.keep("EMULATION")
+    started = time.perf_counter()
+    answer = rig.run(inputs(3), layer_id=layer_id)["result"]
+    wall = time.perf_counter() - started
+    stages = answer["stages"]
+    assert list(stages) == ["open", "layer", "to_device", "routing", "forward", "output"]
+    assert all(seconds >= 0 for seconds in stages.values())
+    assert stages["forward"] >= answer["device_seconds"]
+    assert sum(stages.values()) <= wall
+    compared = rig.run(inputs(3), layer_id=layer_id, compare=True)["result"]["stages"]
+    assert list(compared)[-2:] == ["compare", "output"]
+
+
 def test_given_topk_and_emulation_on_a_triton_layer(layer: Any, tmp_path: Path) -> None:
     rig = Rig(layer, tmp_path)
     layer_id = rig.keep("TRITON")
