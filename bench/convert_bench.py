@@ -17,7 +17,10 @@ Part 2 (checkpoint): a synthetic 8-layer checkpoint of Mixtral's shape (GPTQ, 3 
 attention, norms, router and embeddings too), converted into each target by
 `checkpoint.convert_checkpoint` (what `moe-control convert` and path-mode ConvertWeights
 run); then converted again (the resume: every finished layer verified by SHA-256 and
-kept). Beside it, the disk's read speed (O_DIRECT, so the page cache does not flatter it).
+kept). Beside it, the disk's read speed (O_DIRECT, so the page cache does not flatter it,
+and buffered after evicting the files, as the conversion reads them), and what bounds the
+CPU side: the process's CPU seconds over the cores, and the SHA-256 floor (every source and
+output byte hashed once, at the measured one-core SHA-256 speed, over the cores).
 
     .venv/bin/python bench/convert_bench.py                 # CPU, everything
     .venv/bin/python bench/convert_bench.py --device cuda:0 --skip-checkpoint
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
 import mmap
 import os
@@ -260,6 +264,36 @@ def disk_read_speed(paths: list[Path], limit: int = 2 << 30) -> float:
     return total / (time.perf_counter() - began)
 
 
+def disk_read_speed_buffered(paths: list[Path], limit: int = 2 << 30) -> float:
+    """Bytes per second reading the files, evicted first, through the page cache (as the
+    conversion and its source hashing read them): one sequential stream, 16 MB reads."""
+    evict(paths)
+    buffer = bytearray(16 << 20)
+    total = 0
+    began = time.perf_counter()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            while total < limit and (count := os.readv(fd, [buffer])):
+                total += count
+        finally:
+            os.close(fd)
+    return total / (time.perf_counter() - began)
+
+
+def sha256_speed(size: int = 256 << 20, rounds: int = 3) -> float:
+    """Bytes per second of hashlib's SHA-256 on one core (best of `rounds`): the manifest
+    hashes every source byte and every output byte once, so this bounds the CPU side."""
+    data = bytearray(os.urandom(1 << 20)) * (size >> 20)
+    best = float("inf")
+    for _ in range(rounds):
+        began = time.perf_counter()
+        hashlib.sha256(data).digest()
+        best = min(best, time.perf_counter() - began)
+    return size / best
+
+
 def disk_write_speed(directory: Path, size: int = 1 << 30) -> float:
     """Bytes per second writing a file and fsyncing it (what a converted shard costs)."""
     block = os.urandom(16 << 20)
@@ -321,7 +355,10 @@ def checkpoint_part(args: argparse.Namespace, device: torch.device) -> dict[str,
     size = sum(p.stat().st_size for p in shards)
     evict(shards)
     disk = disk_read_speed(shards)
+    disk_buffered = disk_read_speed_buffered(shards)
     disk_write = disk_write_speed(base)
+    sha = sha256_speed()
+    cores = len(os.sched_getaffinity(0))
     rows: list[dict[str, Any]] = []
     for target in args.targets:
         out = base / f"out-{target.lower()}"
@@ -353,6 +390,9 @@ def checkpoint_part(args: argparse.Namespace, device: torch.device) -> dict[str,
         # Reads and writes overlapped (max) or, on one disk, one after the other (sum).
         floor = max(first.bytes_in / disk, first.bytes_out / disk_write)
         serial = first.bytes_in / disk + first.bytes_out / disk_write
+        # SHA-256 of every source file and every output tensor, spread over every core.
+        sha_floor = (size + first.bytes_out) / sha / cores
+        cpu = statistics.median(cpus)
         rows.append(
             {
                 "target": target,
@@ -361,7 +401,10 @@ def checkpoint_part(args: argparse.Namespace, device: torch.device) -> dict[str,
                 "GB_out": round(first.bytes_out / GB, 3),
                 "seconds (median)": round(first.seconds, 2),
                 "all s": " / ".join(f"{r.seconds:.2f}" for r in firsts),
-                "CPU s (median)": round(statistics.median(cpus), 2),
+                "CPU s (median)": round(cpu, 2),
+                "CPU s / cores": round(cpu / cores, 2),
+                "read s (buffered)": round(first.bytes_in / disk_buffered, 2),
+                "sha256 s / cores": round(sha_floor, 2),
                 "GB_per_s": round(first.bytes_in / first.seconds / GB, 3),
                 "conversion_s": round(first.convert_seconds, 2),
                 "disk_floor_s": round(floor, 2),
@@ -381,6 +424,9 @@ def checkpoint_part(args: argparse.Namespace, device: torch.device) -> dict[str,
         "shape": shape,
         "checkpoint_GB": round(size / GB, 3),
         "disk_read_GB_per_s": round(disk / GB, 3),
+        "disk_read_buffered_GB_per_s": round(disk_buffered / GB, 3),
+        "sha256_GB_per_s_per_core": round(sha / GB, 3),
+        "cores": cores,
         "disk_write_GB_per_s": round(disk_write / GB, 3),
         "rows": rows,
     }
@@ -449,8 +495,11 @@ def main() -> int:
         report += [
             f"\nCheckpoint: {part['layers']} layers of {part['shape']}, "
             f"{part['checkpoint_GB']} GB, disk read "
-            f"{part['disk_read_GB_per_s']} GB/s (O_DIRECT), write+fsync "
-            f"{part['disk_write_GB_per_s']} GB/s; input evicted from the page cache first\n",
+            f"{part['disk_read_GB_per_s']} GB/s (O_DIRECT), "
+            f"{part['disk_read_buffered_GB_per_s']} GB/s (buffered, evicted first), "
+            f"write+fsync {part['disk_write_GB_per_s']} GB/s; SHA-256 "
+            f"{part['sha256_GB_per_s_per_core']} GB/s a core, {part['cores']} cores; input "
+            "evicted from the page cache first\n",
             markdown(part["rows"]),
         ]
     text = "\n".join(report) + "\n"

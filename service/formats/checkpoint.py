@@ -949,7 +949,10 @@ class _Run:
         stages: dict[str, float],
     ) -> None:
         """Write, hash (both at once: SafetensorsWriter), make durable and record one
-        converted layer; its stage times go out with the `converted` event."""
+        converted layer; its stage times go out with the `converted` event. `write_hash`
+        is the writes, with the tensors' SHA-256s running beside them on hashing threads;
+        `fsync_rename` includes waiting for the last of those hashes (overlapping the
+        fsync)."""
         began = time.perf_counter()
         named = {f"{layer.module}.{name}": tensor for name, tensor in tensors.items()}
         path = self.job.output_dir / layer.file

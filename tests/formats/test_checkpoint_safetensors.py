@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,13 @@ from safetensors.torch import load_file, save_file
 
 from service.formats.input_errors import ConvertInputError
 from service.formats.safetensors_io import (
+    HASH_AHEAD,
+    HASH_IN_THREAD,
+    WRITE_SLICE,
     SafetensorsFile,
     SafetensorsWriter,
     atomic_write_bytes,
+    hash_file,
     hash_tensors,
     plan_of,
     tensor_bytes,
@@ -47,15 +52,77 @@ def test_safetensors_reads_what_we_write(tmp_path: Path) -> None:
     path = tmp_path / "y.safetensors"
     with SafetensorsWriter(path, [plan_of(n, t) for n, t in tensors.items()], {"k": "v"}) as w:
         for name, tensor in tensors.items():
-            digest = w.write(name, tensor_bytes(tensor))
-            assert digest == hashlib.sha256(bytes(tensor_bytes(tensor))).hexdigest()
+            w.write(name, tensor_bytes(tensor))
         w.commit()
+    assert w.sha256 == {
+        name: hashlib.sha256(bytes(tensor_bytes(tensor))).hexdigest()
+        for name, tensor in tensors.items()
+    }
     loaded = load_file(path)
     assert set(loaded) == set(tensors)
     for name, tensor in tensors.items():
         assert torch.equal(loaded[name], tensor)
     assert hash_tensors(path) == w.sha256
     assert [p.name for p in tmp_path.iterdir()] == ["y.safetensors"]
+
+
+def large() -> dict[str, torch.Tensor]:
+    """Tensors past HASH_IN_THREAD (hashed by helper threads while the writer goes on),
+    mixed with small ones (hashed inline), one of them not contiguous."""
+    g = torch.Generator().manual_seed(1)
+    words = HASH_IN_THREAD // 4
+    return {
+        "w13": torch.randint(-(2**31), 2**31 - 1, (3, words), dtype=torch.int32, generator=g),
+        "s": torch.randn(7, 9, generator=g).to(torch.float16),
+        "w2": torch.randint(0, 255, (words, 5), dtype=torch.uint8, generator=g).t(),
+        "tail": torch.randint(0, 255, (HASH_IN_THREAD + 3,), dtype=torch.uint8, generator=g),
+    }
+
+
+def test_large_tensors_hash_beside_the_writes(tmp_path: Path) -> None:
+    """Each digest is the tensor's own (none swapped between threads), files from several
+    writers at once included, and every one equals a re-read of the written file."""
+    sets = [large(), sample(), large()]
+    writers = []
+    for number, tensors in enumerate(sets):
+        path = tmp_path / f"l{number}.safetensors"
+        writers.append(SafetensorsWriter(path, [plan_of(n, t) for n, t in tensors.items()]))
+    for tensors, writer in zip(sets, writers, strict=True):
+        for name, tensor in tensors.items():
+            writer.write(name, tensor_bytes(tensor))
+    for tensors, writer in zip(sets, writers, strict=True):
+        writer.commit()
+        assert writer.sha256 == {
+            name: hashlib.sha256(bytes(tensor_bytes(tensor))).hexdigest()
+            for name, tensor in tensors.items()
+        }
+        assert list(writer.sha256) == list(tensors)
+        assert hash_tensors(writer.path) == writer.sha256
+        loaded = load_file(writer.path)
+        assert all(torch.equal(loaded[n], t) for n, t in tensors.items())
+
+
+def test_an_aborted_write_with_hashes_in_flight_leaves_nothing(tmp_path: Path) -> None:
+    tensors = large()
+    plans = [plan_of(n, t) for n, t in tensors.items()]
+    with pytest.raises(RuntimeError), SafetensorsWriter(tmp_path / "x.safetensors", plans) as w:
+        for name in ("w13", "s", "w2"):
+            w.write(name, tensor_bytes(tensors[name]))
+        raise RuntimeError("cancelled")
+    assert list(tmp_path.iterdir()) == []
+    assert w.sha256 == {}
+
+
+def test_hash_file_is_the_files_sha256(tmp_path: Path) -> None:
+    """Hashed from a mapping in WRITE_SLICE steps, read ahead by HASH_AHEAD: sizes around
+    both, and an empty file."""
+    block = os.urandom(4096 + 13)
+    sizes = (0, 1, WRITE_SLICE - 1, WRITE_SLICE, 2 * WRITE_SLICE + 5, HASH_AHEAD + 7)
+    for size in sizes:
+        data = (block * (size // len(block) + 1))[:size]
+        path = tmp_path / f"f{size}"
+        path.write_bytes(data)
+        assert hash_file(path) == hashlib.sha256(data).hexdigest(), size
 
 
 def test_an_aborted_write_leaves_nothing(tmp_path: Path) -> None:
