@@ -163,7 +163,7 @@ def fused_moe_decode(
     if poison:
         inter.fill_(float("nan"))
     dummy = t["w13_scales"]  # a valid pointer for absent optional tensors (never read)
-    q13, s13 = t["w13_qweight"], t["w13_scales"]
+    q13, s13 = _codes(t["w13_qweight"], spec.bits), t["w13_scales"]
     z13, b13 = t.get("w13_qzeros", dummy), t.get("w13_bias", dummy)
     g13 = h if spec.group_size == -1 else spec.group_size
     c1 = replace(config.w13, block_k=fit_block_k(config.w13.block_k, h, g13))
@@ -176,7 +176,7 @@ def fused_moe_decode(
         x, q13, s13, z13, b13, ids, inter, ws1, cnt1, i, e,
         x.stride(0), q13.stride(0), q13.stride(1), s13.stride(0), s13.stride(1),
         z13.stride(0), z13.stride(1), b13.stride(0), inter.stride(0),
-        act.limit, act.alpha, act.beta,
+        act.limit, act.alpha, act.beta, ONE_BITS,
         K=h, TOP_K=top_k, BITS=spec.bits, GROUP=g13, SUB=min(g13, c1.block_k),
         HAS_ZP=spec.has_zero_points, HAS_BIAS=spec.has_bias,
         ACT=act.code, GATED=act.gated, INTERLEAVED=act.interleaved,
@@ -191,12 +191,12 @@ def fused_moe_decode(
     reduce = top_k > 1 or split2 > 1
     ws2 = workspace.get("w2", m * h if reduce else 1, torch.float32, device)
     cnt2 = workspace.get("w2_count", tiles2 if reduce else 1, torch.int32, device)
-    q2, s2 = t["w2_qweight"], t["w2_scales"]
+    q2, s2 = _codes(t["w2_qweight"], spec.bits), t["w2_scales"]
     z2, b2 = t.get("w2_qzeros", dummy), t.get("w2_bias", dummy)
     _decode_w2_kernel[(routes, tiles2, split2)](
         inter, q2, s2, z2, b2, ids, weights, result, ws2, cnt2, routes, m, h, e,
         inter.stride(0), q2.stride(0), q2.stride(1), s2.stride(0), s2.stride(1),
-        z2.stride(0), z2.stride(1), b2.stride(0), result.stride(0),
+        z2.stride(0), z2.stride(1), b2.stride(0), result.stride(0), ONE_BITS,
         K=i, TOP_K=top_k, BITS=spec.bits, GROUP=g2, SUB=min(g2, c2.block_k),
         HAS_ZP=spec.has_zero_points, HAS_BIAS=spec.has_bias,
         BLOCK_N=c2.block_n, BLOCK_K=c2.block_k, K_SPAN=span2, SPLIT_K=split2,
@@ -204,6 +204,17 @@ def fused_moe_decode(
         num_warps=c2.num_warps,
     )  # fmt: skip
     return result
+
+
+def _codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """int4 codes as 32-bit words of 8 (rows of K/2 bytes are multiples of 8: K is a
+    multiple of 16; a copy only if the tensor does not start on a 4-byte boundary); int8
+    codes as they are."""
+    if bits == 8:
+        return packed
+    if packed.data_ptr() % 4:
+        packed = packed.clone()
+    return packed.view(torch.int32)
 
 
 def _span(k: int, block_k: int, split_k: int) -> tuple[int, int]:
@@ -216,60 +227,110 @@ def _span(k: int, block_k: int, split_k: int) -> tuple[int, int]:
 # --- device code ------------------------------------------------------------------------------
 
 
+#: int4 codes become floats 1 + q·2^-11 (field B: the code at bits 12-15 of a 32-bit word)
+#: or 1 + q·2^-7 (field A: bits 16-19) by one LOP3, (word & field) | one, where `one`
+#: (1.0f's bits) is a kernel argument: a register operand, so ptxas merges the AND and the
+#: OR (with both as immediates it emitted two LOP3s per code). Each field has its own
+#: accumulator, sum f·x = sum x + 2^-7 (or 2^-11)·sum q·x; the plain sums of x are
+#: subtracted once per sub-block after the reduction.
+ONE_BITS = 0x3F800000
+_FIELD_B = tl.constexpr(0xF000)
+_FIELD_A = tl.constexpr(0xF0000)
+
+
 @triton.jit
 def _x_tile(x_row, k0, BITS: tl.constexpr, SUB: tl.constexpr, NG: tl.constexpr):
-    """The activations meeting one K tile as [NG, SUB / codes-per-byte] float32 vectors: for
-    int4 the even inputs (low nibbles) and the odd ones (high nibbles); their sum per
-    sub-block (for the zero-point term)."""
-    PACK: tl.constexpr = 8 // BITS
-    HALF: tl.constexpr = SUB // PACK
+    """The activations meeting one K tile, float32 [NG, words per sub-block] vectors.
+
+    int4: x0..x7 meet nibble j of each 32-bit code word (input 8w + j), loaded as one
+    16-byte vector per word and split in registers; c_a, c_b: per sub-block, the sums of
+    the ones read in field A (nibbles 1, 4, 6, 7) and in field B (0, 2, 3, 5).
+    int8: x0 the activations (x1..x7 unused), c_a = 0, c_b their sum."""
     g = tl.arange(0, NG)
-    j = tl.arange(0, HALF)
     if BITS == 4:
-        k = k0 + g[:, None] * SUB + 2 * j[None, :]
-        xa = tl.load(x_row + k).to(tl.float32)
-        xb = tl.load(x_row + k + 1).to(tl.float32)
-        xs = tl.sum(xa + xb, axis=1)
-        xb = xb * 0.0625  # the high nibble is taken in place, as 16·q (exact)
+        W: tl.constexpr = SUB // 8
+        w = tl.arange(0, W)
+        j = tl.arange(0, 8)
+        base = k0 + g[:, None] * SUB + 8 * w[None, :]
+        xv = tl.load(x_row + base[:, :, None] + j[None, None, :]).to(tl.float32)
+        even, odd = tl.split(xv.reshape(NG, W, 4, 2))  # inputs 2i, 2i + 1
+        e0, e2 = tl.split(even.reshape(NG, W, 2, 2))  # 4a, 4a + 2
+        o1, o3 = tl.split(odd.reshape(NG, W, 2, 2))  # 4a + 1, 4a + 3
+        x0, x4 = tl.split(e0)
+        x2, x6 = tl.split(e2)
+        x1, x5 = tl.split(o1)
+        x3, x7 = tl.split(o3)
+        c_a = tl.sum(x1 + x4 + x6 + x7, axis=1)
+        c_b = tl.sum(x0 + x2 + x3 + x5, axis=1)
     else:
-        k = k0 + g[:, None] * SUB + j[None, :]
-        xa = tl.load(x_row + k).to(tl.float32)
-        xb = xa
-        xs = tl.sum(xa, axis=1)
-    return xa, xb, xs
+        w = tl.arange(0, SUB)
+        x0 = tl.load(x_row + k0 + g[:, None] * SUB + w[None, :]).to(tl.float32)
+        x1 = x0
+        x2 = x0
+        x3 = x0
+        x4 = x0
+        x5 = x0
+        x6 = x0
+        x7 = x0
+        c_a = tl.zeros([NG], dtype=tl.float32)
+        c_b = tl.sum(x0, axis=1)
+    return x0, x1, x2, x3, x4, x5, x6, x7, c_a, c_b
 
 
 @triton.jit
-def _gemv_tile(xa, xb, xs, q_e, s_e, z_e, rows, row_mask, k0, stride_qn, stride_sn, stride_zn,
-               BITS: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr, NG: tl.constexpr,
-               HAS_ZP: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+def _field(word, MASK: tl.constexpr, one):
+    """The code under MASK (field A or B) as the float 1 + q·2^-7 or 1 + q·2^-11."""
+    return ((word & MASK) | one).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _gemv_tile(x0, x1, x2, x3, x4, x5, x6, x7, c_a, c_b, q_e, s_e, z_e, rows, row_mask, k0,
+               stride_qn, stride_sn, stride_zn, one, BITS: tl.constexpr, GROUP: tl.constexpr,
+               SUB: tl.constexpr, NG: tl.constexpr, HAS_ZP: tl.constexpr,
+               BLOCK_N: tl.constexpr):  # fmt: skip
     """sum_k w[row, k]·x[k] over one K tile ([BLOCK_N] float32), w = (q - z)·s.
 
-    The tile is loaded as [BLOCK_N, NG, SUB / codes-per-byte] bytes (NG sub-blocks of one
-    quantization group each), so the group scale multiplies a [BLOCK_N, NG] partial once and
-    the zero point enters as z·sum(x) per sub-block: per weight only the nibble split, an
-    int->float conversion and a fused multiply-add remain."""
-    PACK: tl.constexpr = 8 // BITS
-    HALF: tl.constexpr = SUB // PACK
+    The tile is loaded as [BLOCK_N, NG, words] (NG sub-blocks of one quantization group
+    each; int4 as 32-bit words of 8 codes, int8 as bytes), so the group scale multiplies a
+    [BLOCK_N, NG] partial once and the zero point enters as z·sum(x) per sub-block. Codes
+    never pass the int->float conversion unit (16 per clock per SM on Hopper): int4, per
+    8 codes, 4 shifts, 8 LOP3s and 8 FFMAs (the byte-wise first version compiled to ~3.4
+    integer and 3 float instructions per code); int8 ORs the byte into 2^23's mantissa
+    and subtracts 2^23."""
     g = tl.arange(0, NG)
-    j = tl.arange(0, HALF)
-    kb = k0 // PACK + g[:, None] * HALF + j[None, :]
-    p = tl.load(
-        q_e + rows[:, None, None] * stride_qn + kb[None, :, :],
-        mask=row_mask[:, None, None],
-        other=0,
-    ).to(tl.int32)
-    # Codes to exact floats without the int->float conversion unit (16 per clock per SM on
-    # Hopper, the bound of a first version): OR the code into the mantissa of 2^23, one
-    # LOP3 with the mask, then subtract 2^23. The high nibble stays in place (16·q) and
-    # meets activations scaled by 1/16.
+    xs = c_a + c_b
     if BITS == 4:
-        lo = ((p & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-        hi = ((p & 0xF0) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-        dot = tl.sum(lo * xa[None, :, :] + hi * xb[None, :, :], axis=2)
+        W: tl.constexpr = SUB // 8
+        w = tl.arange(0, W)
+        kw = k0 // 8 + g[:, None] * W + w[None, :]
+        word = tl.load(
+            q_e + rows[:, None, None] * stride_qn + kw[None, :, :],
+            mask=row_mask[:, None, None],
+            other=0,
+        )
+        up12 = word << 12
+        down8 = word >> 8
+        acc_a = _field(up12, _FIELD_A, one) * x1[None, :, :]
+        acc_a += _field(word, _FIELD_A, one) * x4[None, :, :]
+        acc_a += _field(down8, _FIELD_A, one) * x6[None, :, :]
+        acc_a += _field(word >> 12, _FIELD_A, one) * x7[None, :, :]
+        acc_b = _field(up12, _FIELD_B, one) * x0[None, :, :]
+        acc_b += _field(word << 4, _FIELD_B, one) * x2[None, :, :]
+        acc_b += _field(word, _FIELD_B, one) * x3[None, :, :]
+        acc_b += _field(down8, _FIELD_B, one) * x5[None, :, :]
+        dot_a = tl.sum(acc_a, axis=2) - c_a[None, :]
+        dot_b = tl.sum(acc_b, axis=2) - c_b[None, :]
+        dot = dot_a * 128.0 + dot_b * 2048.0
     else:
+        j = tl.arange(0, SUB)
+        kb = k0 + g[:, None] * SUB + j[None, :]
+        p = tl.load(
+            q_e + rows[:, None, None] * stride_qn + kb[None, :, :],
+            mask=row_mask[:, None, None],
+            other=0,
+        ).to(tl.int32)
         q = (p | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-        dot = tl.sum(q * xa[None, :, :], axis=2)
+        dot = tl.sum(q * x0[None, :, :], axis=2)
     grp = (k0 + g * SUB) // GROUP
     grp2 = grp[None, :] + tl.zeros([BLOCK_N, NG], dtype=tl.int32)
     rows2 = rows[:, None] + tl.zeros([BLOCK_N, NG], dtype=tl.int32)
@@ -309,7 +370,7 @@ def _decode_w13_kernel(
     x_ptr, q_ptr, s_ptr, z_ptr, bias_ptr, ids_ptr, out_ptr, ws_ptr, count_ptr,
     inter, num_experts,
     stride_xm, stride_qe, stride_qn, stride_se, stride_sn, stride_ze, stride_zn, stride_be,
-    stride_om, limit, alpha, beta,
+    stride_om, limit, alpha, beta, one,
     K: tl.constexpr, TOP_K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
     SUB: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
     GATED: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -350,15 +411,15 @@ def _decode_w13_kernel(
     acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
     k_lo = pid_k * K_SPAN
     for k0 in tl.range(k_lo, tl.minimum(k_lo + K_SPAN, K), BLOCK_K, num_stages=NUM_STAGES):
-        xa, xb, xs = _x_tile(x_row, k0, BITS, SUB, NG)
+        x0, x1, x2, x3, x4, x5, x6, x7, c_a, c_b = _x_tile(x_row, k0, BITS, SUB, NG)
         acc_u += _gemv_tile(
-            xa, xb, xs, q_e, s_e, z_e, up_rows, w_mask, k0, stride_qn, stride_sn, stride_zn,
-            BITS, GROUP, SUB, NG, HAS_ZP, BLOCK_N,
+            x0, x1, x2, x3, x4, x5, x6, x7, c_a, c_b, q_e, s_e, z_e, up_rows, w_mask, k0,
+            stride_qn, stride_sn, stride_zn, one, BITS, GROUP, SUB, NG, HAS_ZP, BLOCK_N,
         )  # fmt: skip
         if GATED:
             acc_g += _gemv_tile(
-                xa, xb, xs, q_e, s_e, z_e, gate_rows, w_mask, k0, stride_qn, stride_sn,
-                stride_zn, BITS, GROUP, SUB, NG, HAS_ZP, BLOCK_N,
+                x0, x1, x2, x3, x4, x5, x6, x7, c_a, c_b, q_e, s_e, z_e, gate_rows, w_mask, k0,
+                stride_qn, stride_sn, stride_zn, one, BITS, GROUP, SUB, NG, HAS_ZP, BLOCK_N,
             )  # fmt: skip
     bias_e = bias_ptr + expert * stride_be
     out_row = out_ptr + route.to(tl.int64) * stride_om
@@ -393,7 +454,7 @@ def _decode_w2_kernel(
     a_ptr, q_ptr, s_ptr, z_ptr, bias_ptr, ids_ptr, topk_w_ptr, out_ptr, ws_ptr, count_ptr,
     num_routes, num_tokens, hidden, num_experts,
     stride_am, stride_qe, stride_qn, stride_se, stride_sn, stride_ze, stride_zn, stride_be,
-    stride_om,
+    stride_om, one,
     K: tl.constexpr, TOP_K: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr,
     SUB: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, K_SPAN: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -423,10 +484,10 @@ def _decode_w2_kernel(
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     k_lo = pid_k * K_SPAN
     for k0 in tl.range(k_lo, tl.minimum(k_lo + K_SPAN, K), BLOCK_K, num_stages=NUM_STAGES):
-        xa, xb, xs = _x_tile(a_row, k0, BITS, SUB, NG)
+        x0, x1, x2, x3, x4, x5, x6, x7, c_a, c_b = _x_tile(a_row, k0, BITS, SUB, NG)
         acc += _gemv_tile(
-            xa, xb, xs, q_e, s_e, z_e, cols, w_mask, k0, stride_qn, stride_sn, stride_zn,
-            BITS, GROUP, SUB, NG, HAS_ZP, BLOCK_N,
+            x0, x1, x2, x3, x4, x5, x6, x7, c_a, c_b, q_e, s_e, z_e, cols, w_mask, k0,
+            stride_qn, stride_sn, stride_zn, one, BITS, GROUP, SUB, NG, HAS_ZP, BLOCK_N,
         )  # fmt: skip
     if HAS_BIAS:
         # Only the first K split adds the bias.

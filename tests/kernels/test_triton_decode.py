@@ -180,7 +180,7 @@ _W2 = {
     "HAS_BIAS": False, "BLOCK_N": 64, "BLOCK_K": 256, "K_SPAN": 256, "SPLIT_K": 3,
     "REDUCE": True, "FLUSH_M": 16, "NUM_STAGES": 2, "INTERP": False,
 }  # fmt: skip
-_TYPES = {"q_ptr": "*u8", "ws_ptr": "*fp32", "ids_ptr": "*i64", "inter": "i32"}
+_TYPES = {"q_ptr": "*i32", "ws_ptr": "*fp32", "ids_ptr": "*i64", "inter": "i32"}
 _ALIGNED = ("x_ptr", "q_ptr", "s_ptr", "a_ptr", "stride_xm", "stride_qe", "stride_qn",
             "stride_se", "stride_am", "stride_om", "inter", "hidden")  # fmt: skip
 
@@ -189,16 +189,16 @@ def test_kernels_compile_for_sm90a() -> None:
     """The Qwen3 M=1 launches (and an int8 asymmetric, bias, unsplit one) compile for
     sm_90a; no tensor-core instruction (the MMAv2 K-16 wrap cannot apply), 16-byte weight
     loads, and the split reductions' acquire-release counter and atomic exchanges."""
-    w13 = compiled_asm(
-        "service.kernels.triton_wna16_decode",
-        "_decode_w13_kernel",
-        [_W13, {**_W13, "BITS": 8, "BLOCK_K": 128, "K_SPAN": 2048, "SUB": 128, "HAS_ZP": True,
-                "HAS_BIAS": True, "SPLIT_K": 1}],
-        types=_TYPES,
+    module = "service.kernels.triton_wna16_decode"
+    int8 = {"BITS": 8, "BLOCK_K": 128, "K_SPAN": 2048, "SUB": 128, "HAS_ZP": True,
+            "HAS_BIAS": True, "SPLIT_K": 1}  # fmt: skip
+    w13 = compiled_asm(module, "_decode_w13_kernel", [_W13], types=_TYPES, aligned=_ALIGNED)
+    w13 += compiled_asm(
+        module, "_decode_w13_kernel", [{**_W13, **int8}], types={**_TYPES, "q_ptr": "*u8"},
         aligned=_ALIGNED,
     )  # fmt: skip
     w2 = compiled_asm(
-        "service.kernels.triton_wna16_decode",
+        module,
         "_decode_w2_kernel",
         [_W2, {**_W2, "TOP_K": 1, "SPLIT_K": 1, "K_SPAN": 768, "REDUCE": False}],
         types={**_TYPES, "topk_w_ptr": "*fp32"},
