@@ -80,6 +80,7 @@ class Row:
     device_ms: float
     server_overhead_ms: float
     transport_ms: float
+    wall_minus_device_ms: float
 
 
 def start_server(
@@ -116,6 +117,14 @@ def wait_ready(channel: grpc.Channel, timeout: float = 300.0) -> None:
         if time.monotonic() > deadline:
             raise SystemExit("the server's workers never became ready")
         time.sleep(0.1)
+
+
+def anonymous_rss_mib(pid: int) -> float:
+    """The process's anonymous resident memory (heap, mappings of its own; not files)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def handled_seconds(metrics_url: str, method: str) -> tuple[float, float]:
@@ -198,15 +207,15 @@ def _ms(values: list[float]) -> float:
 def table(rows: list[Row]) -> str:
     head = (
         "| call | M | calls | request B | response B | client wall ms (p90) | server ms "
-        "| device ms | server - device ms | transport + client ms |"
+        "| device ms | server - device ms | transport + client ms | W - D ms |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 11]
     for r in rows:
         lines.append(
             f"| {r.method} | {r.tokens} | {r.calls} | {r.request_bytes:,} | "
             f"{r.response_bytes:,} | {r.client_wall_ms:.3f} ({r.client_wall_p90_ms:.3f}) | "
             f"{r.server_ms:.3f} | {r.device_ms:.3f} | {r.server_overhead_ms:.3f} | "
-            f"{r.transport_ms:.3f} |"
+            f"{r.transport_ms:.3f} | {r.wall_minus_device_ms:.3f} |"
         )
     return "\n".join(lines)
 
@@ -217,10 +226,11 @@ def row_of(
 ) -> Row:  # fmt: skip
     over = [s - d for s, d in zip(servers, devices, strict=True)]
     transport = [w - s for w, s in zip(walls, servers, strict=True)]
+    beyond = [w - d for w, d in zip(walls, devices, strict=True)]
     p90 = sorted(walls)[min(len(walls) - 1, int(0.9 * len(walls)))]
     return Row(
         method, tokens, len(walls), sizes[0], sizes[1], _ms(walls), p90 * 1e3, _ms(servers),
-        _ms(devices), _ms(over), _ms(transport),
+        _ms(devices), _ms(over), _ms(transport), _ms(beyond),
     )  # fmt: skip
 
 
@@ -294,6 +304,12 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="command the server runs under, e.g. 'py-spy record -o prof.svg --' (profiling)",
     )
+    parser.add_argument(
+        "--idle-s",
+        type=float,
+        default=0.0,
+        help="then the server's anonymous RSS once idle this long (what its malloc keeps)",
+    )
     parser.add_argument("serve_args", nargs="*", help="extra `serve` flags after --")
     args = parser.parse_args(argv)
     cpu = args.devices == "cpu"
@@ -304,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         args.devices, args.serve_args, args.server_prefix.split()
     )
     rows: list[Row] = []
+    memory = ""
     try:
         channel = grpc.insecure_channel(
             address,
@@ -362,6 +379,16 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             print(table(rows[-1:]).splitlines()[-1], flush=True)
+        # What the server process keeps after the calls, and after a rest (Linux only).
+        if Path(f"/proc/{process.pid}/status").exists():
+            rss = [anonymous_rss_mib(process.pid)]
+            if args.idle_s > 0:
+                time.sleep(args.idle_s)
+                rss.append(anonymous_rss_mib(process.pid))
+            memory = "server anonymous RSS MiB after the calls / idle: " + " / ".join(
+                f"{r:.1f}" for r in rss
+            )
+            print(memory, flush=True)
         measured_text = (
             measured_selection(stub, shape, token_list, metrics_url) if args.measured else ""
         )
@@ -376,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         f"RunMoE over loopback gRPC, devices {args.devices}, layer E={experts} k={top_k} "
         f"H={hidden} I={intermediate} int4 g128, medians of {args.calls} calls"
     )
+    if memory:
+        text += "\n\n" + memory
     print(f"\n{header}\n{text}")
     if measured_text:
         print("\n" + measured_text)

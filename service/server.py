@@ -41,6 +41,7 @@ from service.logs import configure_logging
 from service.metrics import Metrics, enable_multiprocess
 from service.replica import ReplicaSet, settings_to_json
 from service.settings import Settings
+from service.worker.memory import tune_malloc
 from service.worker.supervisor import SupervisorConfig, WorkerHandle, WorkerPool, discover_devices
 
 log = logging.getLogger("moe_control.server")
@@ -317,6 +318,10 @@ async def _serve(server: MoeControlServer) -> None:
 
 
 def run(settings: Settings) -> int:
+    # Before any thread starts. Every RunMoE at large M moves tens of MiB through fresh
+    # buffers here; under glibc's default thresholds each was mapped or grown, faulted in,
+    # zeroed and given back per call (bench/RESULTS.md, memory.py's SERVER row).
+    tune_malloc("server")
     configure_logging(settings.log_level, settings.log_format)
     try:
         asyncio.run(serve(settings))

@@ -7,6 +7,7 @@ decide its figures are checked.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -63,4 +64,13 @@ def test_row_splits_each_call() -> None:
     assert row.server_ms == pytest.approx(8.5)
     assert row.server_overhead_ms == pytest.approx(3.5)  # median of server - device
     assert row.transport_ms == pytest.approx(2.5)  # median of wall - server
+    assert row.wall_minus_device_ms == pytest.approx(6.0)  # median of wall - device
     assert "| RunMoE | 1 | 3 | 100 | 200 | 11.000" in runmoe_overhead.table([row])
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux /proc")
+def test_anonymous_rss_grows_with_a_touched_block() -> None:
+    before = runmoe_overhead.anonymous_rss_mib(os.getpid())
+    block = b"\x01" * (64 << 20)  # written: every page touched
+    assert runmoe_overhead.anonymous_rss_mib(os.getpid()) - before > 32
+    del block

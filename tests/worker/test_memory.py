@@ -14,13 +14,13 @@ import sys
 
 import pytest
 
-from service.worker.memory import SETTINGS
+from service.worker.memory import ENVIRONMENT, SETTINGS
 
 CODE = (
     "import json; from service.worker.memory import tune_malloc; print(json.dumps(tune_malloc()))"
 )
 GLIBC = sys.platform.startswith("linux") and bool(os.confstr("CS_GNU_LIBC_VERSION"))
-NAMES = [name for name, _ in SETTINGS.values()]
+NAMES = [ENVIRONMENT[parameter] for parameter in SETTINGS["worker"]]
 
 
 def applied(env: dict[str, str]) -> list[str]:
@@ -38,7 +38,7 @@ def applied(env: dict[str, str]) -> list[str]:
 
 @pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
 def test_both_settings_are_applied() -> None:
-    env = {k: v for k, v in os.environ.items() if k not in NAMES}
+    env = {k: v for k, v in os.environ.items() if k not in ENVIRONMENT.values()}
     assert applied(env) == NAMES
 
 

@@ -1,0 +1,85 @@
+"""The server process applies memory.py's "server" row of malloc settings at start.
+
+Why: at M = 4096 a RunMoE moves 8+ MiB each way through fresh buffers in this process;
+under glibc's default thresholds each was mapped (or the heap grown), faulted in, zeroed and
+given back per call (bench/RESULTS.md). Checked by the effect, in a fresh process that goes
+through `service.server.run` (stopped at once by a busy metrics port): a block between the
+default and our mmap threshold comes from the heap, not a mapping of its own, and once
+freed the heap keeps it rather than trimming it. An operator's MALLOC_* variable wins.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from service.worker.memory import ENVIRONMENT, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, SETTINGS
+
+# 48 MiB: above glibc's highest dynamic mmap threshold (32 MiB), so without our setting it
+# is always a mapping of its own; and below the server's mmap threshold.
+BLOCK = 48 << 20
+CODE = f"""
+import ctypes, json, socket
+from service.server import run
+from service.settings import Settings
+
+busy = socket.socket()
+busy.bind(("127.0.0.1", 0))
+busy.listen()
+code = run(Settings(port=0, metrics_port=busy.getsockname()[1], devices="cpu",
+                    log_level="ERROR"))
+
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+mallinfo2 = ctypes.CDLL(None).mallinfo2
+mallinfo2.restype = Info
+mapped = mallinfo2().hblks
+block = bytearray({BLOCK})
+mapped = mallinfo2().hblks - mapped
+del block
+print(json.dumps({{"code": code, "mapped": mapped, "kept": mallinfo2().keepcost}}))
+"""
+HAS_MALLINFO2 = hasattr(ctypes.CDLL(None), "mallinfo2")
+
+
+def started(extra_env: dict[str, str]) -> dict[str, int]:
+    env = {k: v for k, v in os.environ.items() if k not in ENVIRONMENT.values()}
+    done = subprocess.run(
+        [sys.executable, "-c", CODE],
+        env={**env, **extra_env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    result: dict[str, int] = json.loads(done.stdout.splitlines()[-1])
+    assert result["code"] == 1, done.stderr  # the busy metrics port stopped it at start
+    return result
+
+
+def test_the_server_row_holds_the_block() -> None:
+    row = SETTINGS["server"]
+    assert row[M_MMAP_THRESHOLD] > BLOCK
+    assert row[M_TRIM_THRESHOLD] > BLOCK
+
+
+@pytest.mark.skipif(not HAS_MALLINFO2, reason="mallinfo2 is glibc's (2.33+)")
+def test_the_server_applies_its_row_at_start() -> None:
+    result = started({})
+    assert result["mapped"] == 0  # from the heap: the mmap threshold is ours
+    assert result["kept"] >= BLOCK  # not trimmed once freed: the trim threshold is ours
+
+
+@pytest.mark.skipif(not HAS_MALLINFO2, reason="mallinfo2 is glibc's (2.33+)")
+def test_an_operators_variable_wins_in_the_server() -> None:
+    result = started({ENVIRONMENT[M_TRIM_THRESHOLD]: str(128 << 10)})
+    assert result["mapped"] == 0  # our mmap threshold still applied
+    assert result["kept"] < BLOCK  # the operator's trim threshold: the freed block went back
