@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Weight-conversion throughput on the H200, in one device call (about a minute).
+# Weight-conversion throughput on the H200, in one device call (about two minutes).
 #
 # Runs bench/convert_bench.py's layer part on cuda:0: a Mixtral-8x7B MoE layer (8 experts,
 # hidden 4096, intermediate 14336, int4 g128 symmetric) as GPTQ and AWQ checkpoints store it,
@@ -14,7 +14,11 @@
 # Extra arguments go to the bench (e.g. --rounds 20, --sources gptq, --quick). The run is
 # cut at 85 s (rows are logged as they are measured). With COMPILED=1, then, within a 110 s
 # limit, the same with the direct transforms through torch.compile (route `compiled`).
-# Writes convert_bench.md (the table), the .json and .log files under $OUT.
+# Then (unless PROFILE=0, within a 100 s limit) bench/repack_profile.py: where one layer's
+# ms go, per stage (read, w13/w2 weights, other tensors, finish; CUDA events and host time),
+# the weight writes alone against their copy floor, and the CUDA kernels by device time
+# (torch.profiler), for the direct routes in torch ops and through the fused kernels.
+# Writes convert_bench.md (the table), repack_profile.md, the .json and .log files under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +35,12 @@ timeout 85 "$PY" bench/convert_bench.py --device cuda:0 --skip-checkpoint --roun
 status=${PIPESTATUS[0]}
 # The JSON is the tail of the log after the tables.
 sed -n '/^{/,$p' "$OUT/convert_bench.log" > "$OUT/convert_bench.json"
+if [[ "${PROFILE:-1}" == 1 ]]; then
+    timeout 100 "$PY" bench/repack_profile.py --device cuda:0 --rounds 5 \
+        --markdown "$OUT/repack_profile.md" --json "$OUT/repack_profile.json" 2>&1 \
+        | tee "$OUT/repack_profile.log"
+    echo "repack profile: exit ${PIPESTATUS[0]} (124: past the 100 s limit; finished pairs are in the log)"
+fi
 if [[ "${COMPILED:-0}" == 1 ]]; then
     timeout 110 "$PY" bench/convert_bench.py --device cuda:0 --skip-checkpoint --rounds 10 \
         --routes canonical compiled --markdown "$OUT/convert_bench_compiled.md" "$@" 2>&1 \

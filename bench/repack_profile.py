@@ -1,0 +1,395 @@
+"""Where one layer's conversion time goes on a GPU: the direct routes' stages, timed apart.
+
+`direct.try_direct` is read (`read_packed`: checks, stacked scales, the zero-point and
+g_idx checks with their host syncs), two weight writes (w13: every expert's gate and up;
+w2), the target's other tensors (scales, zero points, bias) and `finish`. This script runs
+those same steps on one Mixtral-8x7B layer (as bench/convert_bench.py builds it) for each
+(source, target) and each weight path (`direct`: the torch transforms, expert by expert;
+`triton`: the fused kernels, one launch per projection), and reports per stage:
+
+- device ms: CUDA events recorded between the stages of one call (no synchronize in
+  between, so a stage whose host work outruns the GPU shows its host time: what a
+  conversion costs as run), median of --rounds after a warm-up;
+- host ms: the stage's Python time (perf_counter, no synchronize): the dispatch cost;
+- weight-only device ms: the weight writes alone, their inputs and output views prepared
+  beforehand (the kernel, or the torch ops, and nothing else), against the copy floor of
+  the weight's bytes;
+
+then one call under torch.profiler: the CUDA kernels by device time (name, count, total),
+the number of kernel launches, and the sum of kernel time against the call's wall time
+(the rest is the GPU waiting on the host). Each route's result is checked byte for byte
+against the canonical route.
+
+    python bench/repack_profile.py --device cuda:0 --markdown $OUT/repack_profile.md
+    python bench/repack_profile.py --quick          # CPU smoke run (no kernels, no events)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.convert_bench import GB, MIXTRAL, QUICK, copy_bandwidth, identical, markdown
+from service.formats import direct, gpu_repack, registry
+from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint
+from service.formats.synthetic import SyntheticSpec, synthetic_layer, to_device
+from service.formats.writers import DEFAULT_OPTIONS, finish, weight_type
+
+STAGES = ("read_packed", "w13 weight", "w2 weight", "other tensors", "finish")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Marks:
+    """Timestamps between stages: CUDA events on a GPU (device timeline), perf_counter
+    always (host)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.events: list[Any] = []
+        self.host: list[float] = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            event.record()
+            self.events.append(event)
+        self.host.append(time.perf_counter())
+
+    def spans(self) -> tuple[list[float], list[float]]:
+        """(device ms, host ms) of each interval between marks (device = host on a CPU)."""
+        host = [1e3 * (b - a) for a, b in zip(self.host, self.host[1:], strict=False)]
+        if not self.cuda:
+            return host, host
+        self.events[-1].synchronize()
+        dev = [float(a.elapsed_time(b)) for a, b in zip(self.events, self.events[1:], strict=False)]
+        return dev, host
+
+
+def _weight_fn(layout: str, backend: str, bits: int, kernels: bool) -> tuple[Any, Any]:
+    found = direct.direct_route(layout, backend, bits)
+    assert found is not None, (layout, backend, bits)
+    route, fn = found
+    if kernels:
+        fn = route.kernels.get(bits, fn)
+    return route, fn
+
+
+def staged(
+    layout: str,
+    tensors: dict[str, torch.Tensor],
+    quant: SourceQuantization,
+    backend: str,
+    *,
+    num_experts: int,
+    kernels: bool,
+    marks: _Marks,
+) -> registry.ConvertedLayer:
+    """`direct.try_direct`'s steps, a mark between each (the same calls, in the same
+    order, for a layer the route takes)."""
+    route, fn = _weight_fn(layout, backend, quant.bits, kernels)
+    marks.mark()
+    packed = direct.read_packed(LAYOUTS[layout], tensors, quant, num_experts=num_experts)
+    assert route.target.applies(packed, DEFAULT_OPTIONS)
+    marks.mark()
+    device = packed.w13.device
+    w13 = direct._write_weight(route, fn, packed.w13, device)
+    marks.mark()
+    w2 = direct._write_weight(route, fn, packed.w2, device)
+    marks.mark()
+    named = route.target.tensors(packed, w13, w2)
+    marks.mark()
+    result = finish(
+        named,
+        backend=backend,
+        source=layout,
+        layer=packed,
+        weight_type_name=weight_type(packed.w13),
+        options=DEFAULT_OPTIONS,
+    )
+    marks.mark()
+    return result
+
+
+def weight_only(
+    layout: str,
+    tensors: dict[str, torch.Tensor],
+    quant: SourceQuantization,
+    backend: str,
+    *,
+    num_experts: int,
+    kernels: bool,
+    device: torch.device,
+    rounds: int,
+) -> tuple[float, int]:
+    """Median device ms of both weight writes with everything prepared (read, output
+    allocated, views cut), and the bytes they read + write."""
+    route, fn = _weight_fn(layout, backend, quant.bits, kernels)
+    packed = direct.read_packed(LAYOUTS[layout], tensors, quant, num_experts=num_experts)
+    jobs = []
+    moved = 0
+    for projection in (packed.w13, packed.w2):
+        bits = projection.bits
+        out = route.target.allocate(
+            projection.num_experts, projection.n, projection.k, bits, device
+        )
+        pairs = []
+        for expert, shards in enumerate(projection.weights):
+            rows = projection.n // len(shards)
+            for index, stored in enumerate(shards):
+                view = route.target.rows(out[expert], index * rows, (index + 1) * rows, bits)
+                pairs.append((stored, view))
+                moved += 2 * stored.numel() * stored.element_size()
+        jobs.append(pairs)
+
+    def once() -> None:
+        for pairs in jobs:
+            if isinstance(fn, gpu_repack.Repack):
+                fn.run(pairs, quant.bits)
+            else:
+                for stored, view in pairs:
+                    fn(stored, view, quant.bits)
+
+    once()
+    times = []
+    for _ in range(rounds):
+        marks = _Marks(device)
+        _sync(device)
+        marks.mark()
+        once()
+        marks.mark()
+        times.append(marks.spans()[0][0])
+    return statistics.median(times), moved
+
+
+def kernel_table(
+    run: Callable[[], object], device: torch.device, top: int = 8
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One call of `run` under torch.profiler: the top CUDA kernels by device time, and
+    the totals (launches, kernel ms, wall ms)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    _sync(device)
+    began = time.perf_counter()
+    with profile(activities=activities) as prof:
+        run()
+        _sync(device)
+    wall = 1e3 * (time.perf_counter() - began)
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        if not str(getattr(event, "device_type", "")).endswith("CUDA"):
+            continue
+        micros = getattr(event, "device_time", None)  # `cuda_time` before torch 2.4
+        micros = event.cuda_time if micros is None else micros
+        kernels.setdefault(event.name, []).append(float(micros) / 1e3)
+    totals_ms = {name: sum(times) for name, times in kernels.items()}
+    ranked = sorted(kernels, key=lambda name: -totals_ms[name])
+    rows: list[dict[str, Any]] = [
+        {"kernel": name[:90], "count": len(kernels[name]), "ms": round(totals_ms[name], 3)}
+        for name in ranked
+    ]
+    totals: dict[str, Any] = {
+        "launches": sum(len(times) for times in kernels.values()),
+        "kernel ms": round(sum(totals_ms.values()), 3),
+        "wall ms (profiled)": round(wall, 3),
+        "ops": _op_table(prof),
+    }
+    return rows[:top], totals
+
+
+def _op_table(prof: Any) -> str:
+    """torch's own per-op table (device time first), in case the kernel events above are
+    named or typed differently by this torch version."""
+    for key in ("self_device_time_total", "self_cuda_time_total", "self_cpu_time_total"):
+        try:
+            return str(prof.key_averages().table(sort_by=key, row_limit=15))
+        except (AttributeError, KeyError, ValueError):
+            continue
+    return ""
+
+
+def profile_pair(
+    source: str,
+    target: str,
+    *,
+    tensors: dict[str, torch.Tensor],
+    shape: dict[str, int],
+    device: torch.device,
+    rounds: int,
+    bandwidth: float,
+) -> dict[str, Any]:
+    quant = SourceQuantization(bits=4, group_size=shape["group_size"])
+    experts = shape["num_experts"]
+    reference = direct.canonical(source, tensors, quant, target, num_experts=experts)
+    out: dict[str, Any] = {"source": source, "target": target, "routes": {}}
+    for route in ("direct", "triton"):
+        kernels = route == "triton"
+        if kernels and not gpu_repack.usable(device):
+            continue
+
+        def call(marks: _Marks, kernels: bool = kernels) -> registry.ConvertedLayer:
+            return staged(
+                source, tensors, quant, target, num_experts=experts, kernels=kernels, marks=marks
+            )
+
+        first = call(_Marks(device))
+        same = identical(first, reference)
+        del first
+        device_ms: list[list[float]] = []
+        host_ms: list[list[float]] = []
+        for _ in range(rounds):
+            marks = _Marks(device)
+            _sync(device)
+            call(marks)
+            dev, host = marks.spans()
+            device_ms.append(dev)
+            host_ms.append(host)
+        weight_ms, moved = weight_only(
+            source,
+            tensors,
+            quant,
+            target,
+            num_experts=experts,
+            kernels=kernels,
+            device=device,
+            rounds=rounds,
+        )
+        top, totals = kernel_table(lambda: call(_Marks(device)), device)
+        stages = [
+            {
+                "stage": name,
+                "device ms": round(statistics.median(d[i] for d in device_ms), 3),
+                "host ms": round(statistics.median(h[i] for h in host_ms), 3),
+            }
+            for i, name in enumerate(STAGES)
+        ]
+        total = statistics.median(sum(d) for d in device_ms)
+        floor = moved / bandwidth * 1e3
+        out["routes"][route] = {
+            "identical to canonical": same,
+            "total device ms": round(total, 3),
+            "stages": stages,
+            "weight-only device ms": round(weight_ms, 3),
+            "weight floor ms": round(floor, 3),
+            "weight fraction of bandwidth": f"{100 * floor / weight_ms:.1f} %",
+            "kernels": top,
+            **totals,
+        }
+        brief = {k: v for k, v in out["routes"][route].items() if k != "ops"}
+        print(
+            f"  {source} -> {target} ({route}): {json.dumps(brief)}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return out
+
+
+def report(results: list[dict[str, Any]], header: str) -> str:
+    lines = [header, ""]
+    summary = []
+    for pair in results:
+        for route, r in pair["routes"].items():
+            summary.append(
+                {
+                    "source": pair["source"],
+                    "target": pair["target"],
+                    "route": route,
+                    "total ms": r["total device ms"],
+                    **{s["stage"]: f"{s['device ms']} ({s['host ms']})" for s in r["stages"]},
+                    "weight only ms": r["weight-only device ms"],
+                    "weight floor ms": r["weight floor ms"],
+                    "weight % BW": r["weight fraction of bandwidth"],
+                    "launches": r["launches"],
+                    "kernel ms": r["kernel ms"],
+                    "identical": r["identical to canonical"],
+                }
+            )
+    lines += [
+        "Stages: device ms (host ms) per stage of one call, medians; weight only: both weight "
+        "writes with inputs and views prepared; launches and kernel ms from torch.profiler "
+        "(one call).",
+        "",
+        markdown(summary),
+        "",
+    ]
+    for pair in results:
+        for route, r in pair["routes"].items():
+            lines += [f"Top kernels, {pair['source']} -> {pair['target']} ({route}):", ""]
+            lines += [markdown(r["kernels"]) if r["kernels"] else "(no CUDA kernels)", ""]
+            lines += ["```", r["ops"].rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--sources", nargs="+", default=["gptq", "awq"])
+    parser.add_argument("--targets", nargs="+", default=["TRITON", "MARLIN"])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="smaller shapes (a smoke run)")
+    parser.add_argument("--markdown", help="also write the report to this file")
+    parser.add_argument("--json", help="also write the raw figures to this file")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    shape = QUICK if args.quick else MIXTRAL
+    spec = SyntheticSpec(
+        num_experts=shape["num_experts"],
+        hidden_size=shape["hidden_size"],
+        intermediate_size=shape["intermediate_size"],
+        group_size=shape["group_size"],
+        fast=True,
+    )
+    print(f"building a {shape} layer ...", file=sys.stderr, flush=True)
+    layer = to_device(synthetic_layer(spec, torch.Generator().manual_seed(0)), device)
+    bandwidth = copy_bandwidth(device, size=(1 << 30) if device.type == "cuda" else 1 << 26)
+    results = []
+    for source in args.sources:
+        quant = SourceQuantization(bits=4, group_size=shape["group_size"])
+        tensors = write_checkpoint(LAYOUTS[source], layer, quant, naming="mixtral")
+        for target in args.targets:
+            results.append(
+                profile_pair(
+                    source,
+                    target,
+                    tensors=tensors,
+                    shape=shape,
+                    device=device,
+                    rounds=args.rounds,
+                    bandwidth=bandwidth,
+                )
+            )
+        del tensors
+    where = str(device)
+    if device.type == "cuda":
+        where += f" ({torch.cuda.get_device_name(device)})"
+    header = (
+        f"Repack profile: layer {shape} int4 on {where}, torch {torch.__version__}; copy "
+        f"bandwidth {bandwidth / GB:.1f} GB/s; medians of {args.rounds} after a warm-up"
+    )
+    text = report(results, header)
+    print("\n" + text)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
