@@ -31,7 +31,15 @@ message-size options and the generated stub. Each call is timed in three ways, b
 gap between calls matters: ``b2b`` (calls back to back), ``gap`` (a 2 ms sleep before each
 call, about what a /metrics scrape takes) and, for the real servers, ``scrape`` (a
 /metrics scrape before each call, exactly what runmoe_overhead does). Targets and modes are
-alternated in rounds; medians (and p90) per target and mode are printed.
+alternated in rounds; medians (and p90) per target and mode are printed, with the context
+switches per call of the server process (all its threads; serve2's replica not counted)
+and of this client.
+
+gRPC reads ``GRPC_EXPERIMENTS`` when it is imported, so an A/B of its switches is two
+runs; the servers started here inherit it. ``-event_engine_client,-event_engine_listener,
+-event_engine_for_all_other_endpoints`` moves the sockets from EventEngine's own threads back
+to the thread that polls the completion queue (bench/RESULTS.md: 16 -> 8 switches per call
+in the server, 8 -> 1.6 in the client).
 
     .venv/bin/python bench/grpc_floor.py --rounds 6 --calls 50
     python3 bench/grpc_floor.py --targets bare,serve --rounds 10   # the H200 host
@@ -334,7 +342,8 @@ def run(targets: list[str], rounds: int, calls: int) -> str:
     lines = [
         f"ListPlatformPresets client wall, medians (p90) of {rounds} x {calls} calls per cell, "
         f"ms; grpcio {grpc.__version__}, {os.cpu_count()} CPUs, load "
-        + " ".join(f"{x:.1f}" for x in os.getloadavg()),
+        + " ".join(f"{x:.1f}" for x in os.getloadavg())
+        + f", GRPC_EXPERIMENTS={os.environ.get('GRPC_EXPERIMENTS', '')!r}",
         "",
         "| server | " + " | ".join(MODES) + " | switches/call server, client (b2b) |",
         "|---|" + "---|" * (len(MODES) + 1),
