@@ -667,6 +667,8 @@ def _write_weight(
         fn = compiled(fn)
     bits = projection.bits
     out = route.target.allocate(projection.num_experts, projection.n, projection.k, bits, device)
+    if isinstance(fn, gpu_repack.Repack) and _run_experts(route, fn, projection, out, device):
+        return out
     pairs = []
     for expert, shards in enumerate(projection.weights):
         start = 0
@@ -676,11 +678,29 @@ def _write_weight(
             pairs.append((stored.to(device), view))
             start += rows
     if isinstance(fn, gpu_repack.Repack):
-        fn.run(pairs, bits)  # every expert and shard in one launch
+        fn.run(pairs, bits)  # one launch when every pair has one shape
     else:
         for stored, view in pairs:
             fn(stored, view, bits)
     return out
+
+
+def _run_experts(
+    route: Route,
+    kernel: gpu_repack.Repack,
+    projection: PackedProjection,
+    out: torch.Tensor,
+    device: torch.device,
+) -> bool:
+    """Every expert and shard of `projection` in one kernel launch, only expert 0's output
+    views cut (expert e's are the same views e experts further on); False when the
+    experts differ in shards or shapes (the caller then cuts every view)."""
+    shards = len(projection.weights[0])
+    rows = projection.n // shards
+    bits = projection.bits
+    views = [route.target.rows(out[0], i * rows, (i + 1) * rows, bits) for i in range(shards)]
+    stored = [[t.to(device) for t in expert] for expert in projection.weights]
+    return kernel.run_experts(stored, views, int(out.stride(0)) * out.element_size(), bits)
 
 
 def direct_route(layout: str, backend: str, bits: int) -> tuple[Route, WeightFn] | None:

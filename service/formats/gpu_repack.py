@@ -95,9 +95,18 @@ class Repack:
     kind: str = "table"
     _tables: dict[str, _Table] = field(default_factory=dict, repr=False)
 
+    _consts: dict[bool, dict[str, int | bool]] = field(default_factory=dict, repr=False)
+
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown kernel kind {self.kind!r}")
+
+    def constexprs(self, aligned: bool) -> dict[str, int | bool]:
+        """`launch_constexprs`, computed once per alignment."""
+        found = self._consts.get(aligned)
+        if found is None:
+            found = self._consts[aligned] = launch_constexprs(self, aligned=aligned)
+        return found
 
     @property
     def transposed(self) -> bool:
@@ -128,9 +137,47 @@ class Repack:
                 if slab is None:
                     self.fallback(stored, out, bits)
                 else:
-                    _launch(self, [slab])
+                    _launch(self, slab, [slab.stored], [slab.matrix.data_ptr()])
             return
-        _launch(self, [s for s in slabs if s is not None])
+        whole = [s for s in slabs if s is not None]
+        _launch(self, first, [s.stored for s in whole], [s.matrix.data_ptr() for s in whole])
+
+    def run_experts(
+        self,
+        stored: Sequence[Sequence[torch.Tensor]],
+        views: Sequence[torch.Tensor],
+        step: int,
+        bits: int,
+    ) -> bool:
+        """A projection in one launch: `stored[e][s]` into `views[s]` (shard s's output view
+        of expert 0) moved on by e * `step` bytes (expert e's copy of that view). Only the
+        first expert's views are cut and checked (the host's time per tensor is most of a
+        tensor's time at Mixtral's size); the others must be tensors of the same shape,
+        contiguous, on the device. False (nothing done) when the layer does not fit: the
+        caller then cuts every view and calls `run`."""
+        heads = [self._slab(tensor, view) for tensor, view in zip(stored[0], views, strict=False)]
+        first = heads[0] if heads else None
+        if first is None or any(h is None or h.key != first.key for h in heads):
+            return False
+        shape, device = first.stored.shape, first.stored.device
+        sources: list[torch.Tensor] = []
+        targets: list[int] = []
+        for expert, shards in enumerate(stored):
+            if len(shards) != len(heads):
+                return False
+            for tensor, head in zip(shards, heads, strict=True):
+                if not (
+                    tensor.shape == shape
+                    and tensor.dtype == torch.int32
+                    and tensor.device == device
+                    and tensor.is_contiguous()
+                ):
+                    return False
+                sources.append(tensor)
+                assert head is not None
+                targets.append(head.matrix.data_ptr() + expert * step)
+        _launch(self, first, sources, targets)
+        return True
 
     def _slab(self, stored: torch.Tensor, out: torch.Tensor) -> _Slab | None:
         matrix = _word_matrix(out)
@@ -281,29 +328,22 @@ def launch_constexprs(repack: Repack, *, aligned: bool = True) -> dict[str, int 
     }
 
 
-def _aligned(slabs: Sequence[_Slab]) -> bool:
-    """Every pointer 16-byte aligned and every row a multiple of 16 bytes (fresh torch
-    allocations and Mixtral's shapes are)."""
-    first = slabs[0]
-    return (
-        all(s.stored.data_ptr() % 16 == 0 and s.matrix.data_ptr() % 16 == 0 for s in slabs)
-        and int(first.stored.stride(0)) % 4 == 0
-        and int(first.matrix.stride(0)) % 4 == 0
-    )
-
-
-def _launch(repack: Repack, slabs: Sequence[_Slab]) -> None:
-    first = slabs[0]
-    device = first.stored.device
-    ptrs = torch.tensor(
-        [s.stored.data_ptr() for s in slabs] + [s.matrix.data_ptr() for s in slabs],
-        dtype=torch.int64,
-    ).to(device)
-    consts = launch_constexprs(repack, aligned=_aligned(slabs))
+def _launch(
+    repack: Repack, head: _Slab, sources: Sequence[torch.Tensor], targets: Sequence[int]
+) -> None:
+    """One launch over the slabs (`sources[i]` -> the word matrix at address `targets[i]`),
+    all shaped and strided as `head`."""
+    device = head.stored.device
+    addresses = [t.data_ptr() for t in sources] + list(targets)
+    ptrs = torch.tensor(addresses, dtype=torch.int64).to(device)
+    src_stride, dst_stride = int(head.stored.stride(0)), int(head.matrix.stride(0))
+    # Every pointer 16-byte aligned and every row a multiple of 16 bytes (fresh torch
+    # allocations and Mixtral's shapes are): the kernels may then vectorize.
+    aligned = all(a % 16 == 0 for a in addresses) and src_stride % 4 == 0 and dst_stride % 4 == 0
+    consts = repack.constexprs(aligned)
     kernel = _kernel(repack.kind)
-    tiles = first.tiles
-    count = len(slabs)
-    src_stride, dst_stride = int(first.stored.stride(0)), int(first.matrix.stride(0))
+    tiles = head.tiles
+    count = len(sources)
     # The two extents the grid's axes 0 and 1 cover: the transposed kernels count
     # (output rows, output words) and (input blocks of 8 rows, input words), the table
     # kernel output tiles.

@@ -169,9 +169,9 @@ def _counting_launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     launched: list[int] = []
     real = gpu_repack._launch
 
-    def counted(repack: gpu_repack.Repack, slabs: list[object]) -> None:
-        launched.append(len(slabs))
-        real(repack, slabs)  # type: ignore[arg-type]
+    def counted(repack: object, head: object, sources: list[object], targets: object) -> None:
+        launched.append(len(sources))
+        real(repack, head, sources, targets)  # type: ignore[arg-type]
 
     monkeypatch.setattr(gpu_repack, "_launch", counted)
     return launched
@@ -194,6 +194,32 @@ def test_kernel_defaults_are_a_per_route_table(monkeypatch: pytest.MonkeyPatch) 
     direct.try_direct("gptq", tensors, quant, "TRITON", num_experts=E)
     direct.try_direct("gptq", tensors, quant, "MARLIN", num_experts=E, kernels=False)
     assert launched == []
+
+
+def test_experts_that_differ_are_cut_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run_experts` cuts only expert 0's views; an expert stored otherwise (here: a
+    transposed copy, same shape, not contiguous) sends the projection down `run`, which
+    makes each tensor contiguous and still converts the layer in one launch."""
+    launched = _counting_launches(monkeypatch)
+    tensors, quant = _checkpoint("gptq", group=128)
+    want = direct.canonical("gptq", tensors, quant, "TRITON", num_experts=E)
+    stored = tensors["1.w2.qweight"]
+    tensors["1.w2.qweight"] = stored.t().contiguous().t()  # the same words, column-major
+    assert not tensors["1.w2.qweight"].is_contiguous()
+    calls: list[bool] = []
+    real = gpu_repack.Repack.run_experts
+
+    def spy(self: gpu_repack.Repack, *args: object) -> bool:
+        done = real(self, *args)  # type: ignore[arg-type]
+        calls.append(done)
+        return done
+
+    monkeypatch.setattr(gpu_repack.Repack, "run_experts", spy)
+    got = direct.try_direct("gptq", tensors, quant, "TRITON", num_experts=E, kernels=True)
+    assert got is not None
+    _same(got, want)
+    assert calls == [True, False]
+    assert launched == [2 * E, E]
 
 
 @pytest.mark.parametrize(("layout", "backend", "bits"), KERNEL_ROUTES)
