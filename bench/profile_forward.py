@@ -87,6 +87,7 @@ VARIANTS = ("shipped", "v3", "v4", "decode")
 #: splits "auto" as the default heuristic picks them for those tiles, "none" unsplit,
 #: "half" half the default tiles' splits.
 SWEEP = (
+    ("bn64", GemmTile(64, 256, 4, 2), GemmTile(128, 256, 4, 2), "auto"),
     ("bn16", GemmTile(16, 256, 4, 2), GemmTile(32, 256, 4, 2), "auto"),
     ("bk128", GemmTile(32, 128, 4, 2), GemmTile(64, 128, 4, 2), "auto"),
     ("bk512 w8", GemmTile(32, 512, 8, 2), GemmTile(64, 512, 8, 2), "auto"),

@@ -389,13 +389,13 @@ class TritonWNA16Experts(ExpertsBackend):
         """The tiles for this token count: the tuned table shipped in triton_configs/ for
         this device and layer shape when it has one, else the v3 heuristic (or the v4 one
         when MOE_CONTROL_TRITON_VERSION=v4). Before both, with MOE_CONTROL_TRITON_DECODE=1,
-        the decode variant for M·k <= 64 routes (triton_wna16_decode.py; off by default
-        until measured faster on the H200)."""
+        the decode variant for few routes per expert (triton_wna16_decode.py `use_decode`;
+        off by default until measured faster on the H200)."""
         spec = self.spec
         num_sms = 4 if device.type != "cuda" else _num_sms(device.index or 0)
         from service.kernels.triton_wna16_decode import choose_config_decode, use_decode
 
-        if use_decode(num_tokens, top_k):
+        if use_decode(num_tokens, top_k, spec.num_experts):
             return choose_config_decode(num_tokens, top_k, spec, num_sms)
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         tuned = tuned_config(name, spec, num_tokens, top_k)

@@ -76,12 +76,23 @@ DECODE_BLOCK_K = 256
 _FLUSH_M = 16
 
 
-def use_decode(num_tokens: int, top_k: int) -> bool:
+#: Most routes per distinct expert (expected, uniform routing) the dispatcher accepts: each
+#: route dequantizes its expert's tiles again (the bytes may come from L2, the ALU work
+#: does not), so where several tokens share experts (Mixtral M=4: 1.46) the aligned
+#: paths, which dequantize once per block of routes, should win.
+DECODE_MAX_SHARING = 1.25
+
+
+def use_decode(num_tokens: int, top_k: int, num_experts: int) -> bool:
     """Whether the dispatcher takes this variant (over the tuned table and the heuristics):
-    only with MOE_CONTROL_TRITON_DECODE=1 and M·k <= DECODE_MAX_ROUTES. Off by default until
-    the H200 measures it faster than the shipped configurations."""
-    enabled = os.environ.get("MOE_CONTROL_TRITON_DECODE", "0") == "1"
-    return enabled and num_tokens * top_k <= DECODE_MAX_ROUTES
+    only with MOE_CONTROL_TRITON_DECODE=1, M·k <= DECODE_MAX_ROUTES and at most
+    DECODE_MAX_SHARING routes per expected distinct expert. Off by default until the H200
+    measures it faster than the shipped configurations (bench/profile_forward.py)."""
+    if os.environ.get("MOE_CONTROL_TRITON_DECODE", "0") != "1":
+        return False
+    routes = num_tokens * top_k
+    distinct = num_experts * (1 - (1 - min(top_k, num_experts) / num_experts) ** num_tokens)
+    return routes <= DECODE_MAX_ROUTES and routes <= DECODE_MAX_SHARING * max(distinct, 1.0)
 
 
 def _splits(k: int, block_k: int, programs: int, target: int) -> int:

@@ -155,21 +155,23 @@ def test_qwen3_decode_programs() -> None:
 
 
 def test_dispatcher_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Off by default; with MOE_CONTROL_TRITON_DECODE=1 taken up to DECODE_MAX_ROUTES routes
-    (before the tuned table), and the forward then runs the decode kernels."""
+    """Off by default; with MOE_CONTROL_TRITON_DECODE=1 taken for few routes per expert and
+    up to DECODE_MAX_ROUTES routes (before the tuned table), and the forward then runs the
+    decode kernels."""
     monkeypatch.delenv("MOE_CONTROL_TRITON_DECODE", raising=False)
-    assert not use_decode(1, 8)
+    assert not use_decode(1, 8, 128)
     layer = random_layer(31, 4, 64, 64, bits=4, group_size=32)
     tensors = {name: t.to(KERNEL_DEVICE) for name, t in pack_triton(layer).items()}
     backend = TritonWNA16Experts()
     backend.prepare(tensors, LayerSpec(4, 64, 64, 4, 32))
     assert backend.config_for(1, 2, KERNEL_DEVICE).version != "decode"
     monkeypatch.setenv("MOE_CONTROL_TRITON_DECODE", "1")
-    assert use_decode(DECODE_MAX_ROUTES // 8, 8)
-    assert not use_decode(DECODE_MAX_ROUTES // 8 + 1, 8)
-    assert backend.config_for(2, 2, KERNEL_DEVICE).version == "decode"
-    assert backend.config_for(64, 2, KERNEL_DEVICE).version != "decode"
-    _check(layer, 2, 2, torch.bfloat16, seed=17)  # the default-constructed backend: decode
+    assert use_decode(1, 8, 128) and use_decode(4, 8, 128)  # Qwen3: 1.0, 1.09 per expert
+    assert use_decode(2, 2, 8) and not use_decode(4, 2, 8)  # Mixtral: 1.14, 1.46
+    assert not use_decode(DECODE_MAX_ROUTES // 8 + 1, 8, 4096)  # past the route bound
+    assert backend.config_for(1, 2, KERNEL_DEVICE).version == "decode"
+    assert backend.config_for(16, 2, KERNEL_DEVICE).version != "decode"
+    _check(layer, 1, 2, torch.bfloat16, seed=17)  # the default-constructed backend: decode
 
 
 # --- what the interpreter cannot show: the compiled kernels -----------------------------------
