@@ -94,7 +94,6 @@ class Repack:
     out_tile: tuple[int, int]
     kind: str = "table"
     _tables: dict[str, _Table] = field(default_factory=dict, repr=False)
-
     _consts: dict[bool, dict[str, int | bool]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -181,13 +180,13 @@ class Repack:
 
     def _slab(self, stored: torch.Tensor, out: torch.Tensor) -> _Slab | None:
         matrix = _word_matrix(out)
+        if matrix is None or stored.dim() != 2 or int(matrix.stride(1)) != 1:
+            return None
         tir, tic = self.in_tile
         tor, toc = self.out_tile
         rows, cols = (int(d) for d in stored.shape)
         if (
-            matrix is None
-            or stored.dtype != torch.int32
-            or stored.dim() != 2
+            stored.dtype != torch.int32
             or rows % tir
             or cols % tic
             or int(matrix.shape[0]) % tor
