@@ -224,6 +224,72 @@ def _op_table(prof: Any) -> str:
     return ""
 
 
+def _profile_route(
+    source: str,
+    target: str,
+    *,
+    tensors: dict[str, torch.Tensor],
+    quant: SourceQuantization,
+    experts: int,
+    kernels: bool,
+    device: torch.device,
+    rounds: int,
+    bandwidth: float,
+    reference: registry.ConvertedLayer,
+) -> dict[str, Any]:
+    def call(marks: _Marks, kernels: bool = kernels) -> registry.ConvertedLayer:
+        return staged(
+            source, tensors, quant, target, num_experts=experts, kernels=kernels, marks=marks
+        )
+
+    first = call(_Marks(device))
+    same = identical(first, reference)
+    del first
+    device_ms: list[list[float]] = []
+    host_ms: list[list[float]] = []
+    for _ in range(rounds):
+        marks = _Marks(device)
+        _sync(device)
+        call(marks)
+        dev, host = marks.spans()
+        device_ms.append(dev)
+        host_ms.append(host)
+    weight_ms, moved = weight_only(
+        source,
+        tensors,
+        quant,
+        target,
+        num_experts=experts,
+        kernels=kernels,
+        device=device,
+        rounds=rounds,
+    )
+    try:
+        top, totals = kernel_table(lambda: call(_Marks(device)), device)
+    except Exception as exc:  # the profiler is extra: its failure keeps the timings
+        top, totals = [], {"launches": "-", "kernel ms": "-", "ops": f"profiler: {exc!r}"}
+    stages = [
+        {
+            "stage": name,
+            "device ms": round(statistics.median(d[i] for d in device_ms), 3),
+            "host ms": round(statistics.median(h[i] for h in host_ms), 3),
+        }
+        for i, name in enumerate(STAGES)
+    ]
+    total = statistics.median(sum(d) for d in device_ms)
+    floor = moved / bandwidth * 1e3
+    return {
+        "identical to canonical": same,
+        "total device ms": round(total, 3),
+        "stages": stages,
+        "weight-only device ms": round(weight_ms, 3),
+        "weight floor ms": round(floor, 3),
+        "weight fraction of bandwidth": f"{100 * floor / weight_ms:.1f} %",
+        "kernels": top,
+        **totals,
+    }
+
+
 def profile_pair(
     source: str,
     target: str,
@@ -242,55 +308,21 @@ def profile_pair(
         kernels = route == "triton"
         if kernels and not gpu_repack.usable(device):
             continue
-
-        def call(marks: _Marks, kernels: bool = kernels) -> registry.ConvertedLayer:
-            return staged(
-                source, tensors, quant, target, num_experts=experts, kernels=kernels, marks=marks
+        try:
+            out["routes"][route] = _profile_route(
+                source,
+                target,
+                tensors=tensors,
+                quant=quant,
+                experts=experts,
+                kernels=kernels,
+                device=device,
+                rounds=rounds,
+                bandwidth=bandwidth,
+                reference=reference,
             )
-
-        first = call(_Marks(device))
-        same = identical(first, reference)
-        del first
-        device_ms: list[list[float]] = []
-        host_ms: list[list[float]] = []
-        for _ in range(rounds):
-            marks = _Marks(device)
-            _sync(device)
-            call(marks)
-            dev, host = marks.spans()
-            device_ms.append(dev)
-            host_ms.append(host)
-        weight_ms, moved = weight_only(
-            source,
-            tensors,
-            quant,
-            target,
-            num_experts=experts,
-            kernels=kernels,
-            device=device,
-            rounds=rounds,
-        )
-        top, totals = kernel_table(lambda: call(_Marks(device)), device)
-        stages = [
-            {
-                "stage": name,
-                "device ms": round(statistics.median(d[i] for d in device_ms), 3),
-                "host ms": round(statistics.median(h[i] for h in host_ms), 3),
-            }
-            for i, name in enumerate(STAGES)
-        ]
-        total = statistics.median(sum(d) for d in device_ms)
-        floor = moved / bandwidth * 1e3
-        out["routes"][route] = {
-            "identical to canonical": same,
-            "total device ms": round(total, 3),
-            "stages": stages,
-            "weight-only device ms": round(weight_ms, 3),
-            "weight floor ms": round(floor, 3),
-            "weight fraction of bandwidth": f"{100 * floor / weight_ms:.1f} %",
-            "kernels": top,
-            **totals,
-        }
+        except Exception as exc:  # one failing route keeps the other's figures
+            out["routes"][route] = {"failed": f"{exc!r}"[:400]}
         brief = {k: v for k, v in out["routes"][route].items() if k != "ops"}
         print(
             f"  {source} -> {target} ({route}): {json.dumps(brief)}",
@@ -305,6 +337,10 @@ def report(results: list[dict[str, Any]], header: str) -> str:
     summary = []
     for pair in results:
         for route, r in pair["routes"].items():
+            if "failed" in r:
+                failed = {"source": pair["source"], "target": pair["target"], "route": route}
+                summary.append({**failed, "total ms": r["failed"]})
+                continue
             summary.append(
                 {
                     "source": pair["source"],
@@ -330,6 +366,8 @@ def report(results: list[dict[str, Any]], header: str) -> str:
     ]
     for pair in results:
         for route, r in pair["routes"].items():
+            if "failed" in r:
+                continue
             lines += [f"Top kernels, {pair['source']} -> {pair['target']} ({route}):", ""]
             lines += [markdown(r["kernels"]) if r["kernels"] else "(no CUDA kernels)", ""]
             lines += ["```", r["ops"].rstrip(), "```", ""]
