@@ -34,6 +34,7 @@ raw figures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import json
@@ -44,14 +45,15 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from service.formats import direct, registry
+from service.formats import checkpoint, direct, registry, safetensors_io
 from service.formats.checkpoint import convert_checkpoint, plan_job, registry_converter
 from service.formats.paths import DataRoot
 from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint
@@ -330,6 +332,53 @@ def evict(paths: list[Path]) -> None:
             os.close(fd)
 
 
+class CpuSplit:
+    """Thread CPU seconds (`time.thread_time`) spent inside the whole-checkpoint pipeline's
+    parts, summed over the threads: where a run's CPU seconds go. Installed by wrapping the
+    module functions the pipeline calls (bench only; nothing in the service changes)."""
+
+    #: label -> (module or class, attribute)
+    PARTS: ClassVar[dict[str, tuple[Any, str]]] = {
+        "sha256 outputs": (safetensors_io, "sha256_of"),
+        "source files read + sha256": (checkpoint, "hash_file"),
+        "page-cache writes": (safetensors_io.SafetensorsWriter, "_write"),
+        "fsync + rename": (safetensors_io.SafetensorsWriter, "commit"),
+    }
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def timed(self, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            began = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = time.thread_time() - began
+                with self._lock:
+                    self.seconds[label] = self.seconds.get(label, 0.0) + spent
+
+        return wrapper
+
+    def __enter__(self) -> CpuSplit:
+        for label, (owner, name) in self.PARTS.items():
+            original = getattr(owner, name)
+            self._saved.append((owner, name, original))
+            setattr(owner, name, self.timed(label, original))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+        self._saved.clear()
+
+    def text(self) -> str:
+        return ", ".join(f"{k} {v:.2f}" for k, v in sorted(self.seconds.items()))
+
+
 def checkpoint_part(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     shape = dict(QUICK if args.quick else MIXTRAL)
     # A smaller checkpoint where the disk or the time is short (the shared dev machine).
@@ -375,17 +424,22 @@ def checkpoint_part(args: argparse.Namespace, device: torch.device) -> dict[str,
             device=str(device),
         )
         converter = registry_converter(job, direct_routes=args.checkpoint_route == "direct")
-        firsts, resumes, cpus = [], [], []
+        firsts, resumes, cpus, splits = [], [], [], []
         for attempt in range(args.checkpoint_rounds):
             print(f"  checkpoint -> {target} ({attempt + 1}) ...", file=sys.stderr, flush=True)
             shutil.rmtree(out, ignore_errors=True)
             evict(shards)
+            split = CpuSplit() if args.cpu_split else None
+            timed = split.timed("conversion", converter) if split else converter
             cpu = process_cpu_seconds()
-            firsts.append(convert_checkpoint(job, converter=converter))
+            with split or contextlib.nullcontext():
+                firsts.append(convert_checkpoint(job, converter=timed))
             cpus.append(process_cpu_seconds() - cpu)
+            splits.append(split.text() if split else "")
             resumes.append(convert_checkpoint(job, converter=converter))
         # The run of median time stands for all of them.
-        first = sorted(firsts, key=lambda r: r.seconds)[len(firsts) // 2]
+        median = sorted(range(len(firsts)), key=lambda n: firsts[n].seconds)[len(firsts) // 2]
+        first = firsts[median]
         again_s = statistics.median(r.seconds for r in resumes)
         # Reads and writes overlapped (max) or, on one disk, one after the other (sum).
         floor = max(first.bytes_in / disk, first.bytes_out / disk_write)
@@ -413,6 +467,7 @@ def checkpoint_part(args: argparse.Namespace, device: torch.device) -> dict[str,
                 "fraction_of_serial": round(serial / first.seconds, 3),
                 "resume_s (median)": round(again_s, 2),
                 "resume_skipped": resumes[-1].layers_skipped,
+                **({"CPU split s (that run)": splits[median]} if args.cpu_split else {}),
             }
         )
         if not args.keep:
@@ -464,6 +519,9 @@ def main() -> int:
     parser.add_argument("--workdir", help="checkpoint part: reuse/keep files here")
     parser.add_argument("--keep", action="store_true", help="keep the written checkpoints")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    parser.add_argument(
+        "--cpu-split", action="store_true", help="checkpoint part: thread CPU s per part"
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--markdown", help="also write the tables to this file")
     args = parser.parse_args()
