@@ -9,6 +9,7 @@ medians, gaps and span. Then one decode point runs end to end under the interpre
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -18,6 +19,15 @@ import torch
 
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     os.environ["TRITON_INTERPRET"] = "1"
+    # Kernel modules an earlier test imported compiled-mode, in dependency order.
+    for _name in (
+        "service.kernels.align",
+        "service.kernels.triton_wna16",
+        "service.kernels.triton_wna16_v4",
+        "service.kernels.triton_wna16_decode",
+    ):
+        if _name in sys.modules:
+            importlib.reload(sys.modules[_name])
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
