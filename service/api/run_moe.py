@@ -22,7 +22,8 @@ import asyncio
 import itertools
 import secrets
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from service.api import codec, convert_codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
@@ -46,6 +47,7 @@ from service.worker.supervisor import WorkerHandle, WorkerPool
 HIDDEN_DTYPES = ("bfloat16", "float16")
 #: Most warm-up or timed iterations one call may ask for.
 MAX_ITERATIONS = 1000
+_R = TypeVar("_R")
 
 
 def wire_tensor(
@@ -107,6 +109,16 @@ class RunMoEHandler:
         self._trim_timer: tuple[asyncio.TimerHandle, asyncio.AbstractEventLoop] | None = None
 
     async def __call__(self, request: pb.RunMoERequest) -> pb.RunMoEResponse:
+        """The reply as a message (what the generated classes build; the bytes path's
+        reference)."""
+        return await self._serve(request, _reply_message)
+
+    async def answer_bytes(self, request: pb.RunMoERequest) -> bytes:
+        """The reply's serialized bytes, written straight from the output segment: one copy
+        of the output instead of three (segment -> bytes -> message -> serialized)."""
+        return await self._serve(request, reply_bytes)
+
+    async def _serve(self, request: pb.RunMoERequest, reply: Callable[[Reply], _R]) -> _R:
         hidden = self._check_hidden(request)
         which = request.WhichOneof("weights")
         if which is None:
@@ -177,11 +189,14 @@ class RunMoEHandler:
             answered = True
             out = TensorSpec.from_json(answer["output"]["spec"])
             spilled = answer["output"]["segment"] != out_segment.name
+            # The reply is built while the output's segment is still lent to this call.
             if not spilled:
-                data = bytes(out_segment.view(out.byte_size))
+                result = reply(
+                    self._reply(request, worker, answer, out, out_segment.view(out.byte_size))
+                )
             else:
                 with segments.open(answer["output"]["segment"], out.byte_size) as segment:
-                    data = bytes(segment.view)
+                    result = reply(self._reply(request, worker, answer, out, segment.view))
         finally:
             # Once the worker has answered it maps none of them; otherwise (cancelled, the
             # worker gone) it may still: their files go, its mappings stay valid.
@@ -193,18 +208,26 @@ class RunMoEHandler:
         seconds = float(answer["device_seconds"])
         self._metrics.run_moe_seconds.labels(backend).observe(seconds)
         self._metrics.run_moe_tokens.labels(backend).inc(int(answer.get("tokens", hidden[0])))
-        response = pb.RunMoEResponse(backend=backend, worker_index=worker.index)
-        # Filled in place: a Tensor built first and passed as `output=` is copied whole
-        # into the response (25 ms against 1 ms for 8 MiB here, bench/RESULTS.md).
+        return result
+
+    @staticmethod
+    def _reply(
+        request: pb.RunMoERequest,
+        worker: WorkerHandle,
+        answer: dict[str, Any],
+        out: TensorSpec,
+        data: memoryview,
+    ) -> Reply:
+        """The response without its output's data, and that data (a view of a segment)."""
+        response = pb.RunMoEResponse(backend=str(answer["backend"]), worker_index=worker.index)
         output = response.output
         output.name = "output"
         output.dtype = request.hidden_states.dtype
         output.shape.extend(out.shape)
-        output.data = data
-        response.device_time.FromNanoseconds(int(seconds * 1e9))
+        response.device_time.FromNanoseconds(int(float(answer["device_seconds"]) * 1e9))
         if "max_abs_error" in answer:
             response.max_abs_error = float(answer["max_abs_error"])
-        return response
+        return Reply(response, data)
 
     def _check_hidden(self, request: pb.RunMoERequest) -> tuple[int, int]:
         if not request.HasField("hidden_states"):
@@ -311,6 +334,54 @@ class RunMoEHandler:
         if data:
             item.view(len(data))[:] = data
         return {"spec": spec.to_json(), "segment": item.name}
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A RunMoE response whose output has no data yet, and the data (valid only while the
+    call holds its segment)."""
+
+    response: pb.RunMoEResponse
+    data: memoryview
+
+
+def _reply_message(reply: Reply) -> pb.RunMoEResponse:
+    # Filled in place: a Tensor built first and passed as `output=` is copied whole
+    # into the response (25 ms against 1 ms for 8 MiB here, bench/RESULTS.md).
+    reply.response.output.data = bytes(reply.data)
+    return reply.response
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+#: Wire tags (field number << 3 | 2, length-delimited) of RunMoEResponse.output and
+#: Tensor.data: both are emitted by hand, everything else by protobuf.
+_OUTPUT_TAG = _varint(pb.RunMoEResponse.OUTPUT_FIELD_NUMBER << 3 | 2)
+_DATA_TAG = _varint(tensor_pb2.Tensor.DATA_FIELD_NUMBER << 3 | 2)
+
+
+def reply_bytes(reply: Reply) -> bytes:
+    """Exactly `SerializeToString()` of the response with its output's data filled in, the
+    data copied once, from its segment into the result. Protobuf serializes fields in
+    number order: output (1) first, and within it data (5) last, so the bytes are the
+    output's tag and length, its small fields, data's tag, length and bytes, then the
+    response's other fields. proto3 leaves empty bytes out, and so does this."""
+    response = reply.response
+    data = reply.data
+    head = response.output.SerializeToString()
+    data_part = _DATA_TAG + _varint(len(data)) if len(data) else b""
+    rest = pb.RunMoEResponse()
+    rest.CopyFrom(response)
+    rest.ClearField("output")
+    length = len(head) + len(data_part) + len(data)
+    return b"".join((_OUTPUT_TAG, _varint(length), head, data_part, data, rest.SerializeToString()))
 
 
 def _discard(value: object) -> None:

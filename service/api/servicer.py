@@ -85,6 +85,11 @@ class MoeControlServicer(pb_grpc.MoeControlServiceServicer):
     async def RunMoE(self, request: pb.RunMoERequest, context: Context) -> pb.RunMoEResponse:
         return await self.run_moe(request)
 
+    async def run_moe_bytes(self, request: pb.RunMoERequest, context: Context) -> bytes:
+        """RunMoE as registered: the reply serialized by hand from the output's segment
+        (RunMoEHandler.answer_bytes), sparing whole copies of the output."""
+        return await self.run_moe.answer_bytes(request)
+
     async def GetPlatform(
         self, request: pb.GetPlatformRequest, context: Context
     ) -> pb.GetPlatformResponse:
@@ -128,3 +133,20 @@ def add_to_server(servicer: MoeControlServicer, server: Any) -> None:
     of one). This is the primary's private server; the public fronts serve SelectBackend
     and the preset list themselves (front.py)."""
     pb_grpc.add_MoeControlServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    # Replaces the generated RunMoE (a later registration wins: HandlerRegistrar): the
+    # handler answers with the reply's bytes, which go out as they are.
+    server.add_registered_method_handlers(
+        SERVICE_NAME,
+        {
+            "RunMoE": grpc.unary_unary_rpc_method_handler(
+                servicer.run_moe_bytes,
+                request_deserializer=pb.RunMoERequest.FromString,
+                response_serializer=_as_bytes,
+            )
+        },
+    )
+
+
+def _as_bytes(reply: bytes) -> bytes:
+    """The serializer of a handler that serializes its replies itself."""
+    return reply
