@@ -320,8 +320,10 @@ async def _serve(server: MoeControlServer) -> None:
 def run(settings: Settings) -> int:
     # Before any thread starts. Every RunMoE at large M moves tens of MiB through fresh
     # buffers here; under glibc's default thresholds each was mapped or grown, faulted in,
-    # zeroed and given back per call (bench/RESULTS.md, memory.py's SERVER row).
-    tune_malloc("server")
+    # zeroed and given back per call (bench/RESULTS.md, memory.py's "server" row;
+    # --no-malloc-tuning leaves glibc's defaults).
+    if settings.malloc_tuning:
+        tune_malloc("server")
     configure_logging(settings.log_level, settings.log_format)
     try:
         asyncio.run(serve(settings))

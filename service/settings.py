@@ -184,6 +184,14 @@ class Settings:
             "atomically); unset: in memory only, measured again after a restart"
         ),
     )
+    malloc_tuning: bool = field(
+        default=True,
+        metadata=_doc(
+            "set glibc malloc's mmap and trim thresholds in the server process at start, so "
+            "big messages' buffers are kept for the next call (service/worker/memory.py); "
+            "off: glibc's defaults (MALLOC_* variables win either way)"
+        ),
+    )
     log_level: str = field(default="INFO", metadata=_doc("DEBUG, INFO, WARNING or ERROR"))
     log_format: str = field(default="json", metadata=_doc("'json' (one object a line) or 'text'"))
 

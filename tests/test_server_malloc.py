@@ -5,7 +5,8 @@ under glibc's default thresholds each was mapped (or the heap grown), faulted in
 given back per call (bench/RESULTS.md). Checked by the effect, in a fresh process that goes
 through `service.server.run` (stopped at once by a busy metrics port): a block between the
 default and our mmap threshold comes from the heap, not a mapping of its own, and once
-freed the heap keeps it rather than trimming it. An operator's MALLOC_* variable wins.
+freed the heap keeps it rather than trimming it. An operator's MALLOC_* variable wins, and
+`--no-malloc-tuning` leaves glibc's defaults.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from service.worker.memory import ENVIRONMENT, M_MMAP_THRESHOLD, M_TRIM_THRESHOL
 # is always a mapping of its own; and below the server's mmap threshold.
 BLOCK = 48 << 20
 CODE = f"""
-import ctypes, json, socket
+import ctypes, json, socket, sys
 from service.server import run
 from service.settings import Settings
 
@@ -32,7 +33,7 @@ busy = socket.socket()
 busy.bind(("127.0.0.1", 0))
 busy.listen()
 code = run(Settings(port=0, metrics_port=busy.getsockname()[1], devices="cpu",
-                    log_level="ERROR"))
+                    log_level="ERROR", malloc_tuning=sys.argv[1] == "on"))
 
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in (
@@ -50,10 +51,10 @@ print(json.dumps({{"code": code, "mapped": mapped, "kept": mallinfo2().keepcost}
 HAS_MALLINFO2 = hasattr(ctypes.CDLL(None), "mallinfo2")
 
 
-def started(extra_env: dict[str, str]) -> dict[str, int]:
+def started(extra_env: dict[str, str], tuning: str = "on") -> dict[str, int]:
     env = {k: v for k, v in os.environ.items() if k not in ENVIRONMENT.values()}
     done = subprocess.run(
-        [sys.executable, "-c", CODE],
+        [sys.executable, "-c", CODE, tuning],
         env={**env, **extra_env},
         capture_output=True,
         text=True,
@@ -83,3 +84,10 @@ def test_an_operators_variable_wins_in_the_server() -> None:
     result = started({ENVIRONMENT[M_TRIM_THRESHOLD]: str(128 << 10)})
     assert result["mapped"] == 0  # our mmap threshold still applied
     assert result["kept"] < BLOCK  # the operator's trim threshold: the freed block went back
+
+
+@pytest.mark.skipif(not HAS_MALLINFO2, reason="mallinfo2 is glibc's (2.33+)")
+def test_no_malloc_tuning_leaves_glibcs_defaults() -> None:
+    result = started({}, tuning="off")
+    assert result["mapped"] == 1  # a mapping of its own
+    assert result["kept"] < BLOCK  # and nothing of it kept
