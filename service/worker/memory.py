@@ -27,11 +27,11 @@ grpc's slices); under glibc's dynamic thresholds each was mapped or taken from a
 heap, faulted in, zeroed, and unmapped or trimmed away again, on every call. A fixed 64 MiB
 mmap threshold keeps a message's buffers on the heap (a bigger block is still mapped and
 returned whole), and a 256 MiB trim threshold keeps one call's freed buffers for the next:
-server - device 19.9 -> 9.0 ms, client wall - device 51 -> 33 ms at M = 4096 (8.5 MB each
+server - device 19.8 -> 9.6 ms, client wall - device 51 -> 34 ms at M = 4096 (8.5 MB each
 way, bench/runmoe_overhead.py --shape small; bench/RESULTS.md). A 64 MiB trim threshold
 kept only part of that, 32 MiB none. The cost is memory kept: the server's anonymous RSS
-after big calls is ~35 MiB higher (85 -> 120 MiB here) and stays there when idle; a free
-top of heap beyond the trim threshold still goes back.
+after big calls is 35-50 MiB higher (92 -> 144 MiB after 50 calls here) and stays there
+when idle; a free top of heap beyond the trim threshold still goes back.
 
 An operator's own `MALLOC_*` variable wins (glibc has applied it already); on a C library
 without `mallopt` (musl, macOS) nothing is done.
