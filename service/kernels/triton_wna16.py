@@ -388,9 +388,9 @@ class TritonWNA16Experts(ExpertsBackend):
     def config_for(self, num_tokens: int, top_k: int, device: torch.device) -> KernelConfig:
         """The tiles for this token count: the tuned table shipped in triton_configs/ for
         this device and layer shape when it has one, else the v3 heuristic (or the v4 one
-        when MOE_CONTROL_TRITON_VERSION=v4). Before both, with MOE_CONTROL_TRITON_DECODE=1,
-        the decode variant for few routes per expert (triton_wna16_decode.py `use_decode`;
-        off by default until measured faster on the H200)."""
+        when MOE_CONTROL_TRITON_VERSION=v4). Before both, the decode variant for few routes
+        per expert (triton_wna16_decode.py `use_decode`; MOE_CONTROL_TRITON_DECODE=0 turns
+        it off)."""
         spec = self.spec
         num_sms = 4 if device.type != "cuda" else _num_sms(device.index or 0)
         from service.kernels.triton_wna16_decode import choose_config_decode, use_decode

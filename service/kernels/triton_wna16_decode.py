@@ -29,9 +29,9 @@ load. This variant shortens the chain at every link:
   arriver of a column tile writes the 16-bit output. Every workspace and counter is left
   zeroed, so a forward is exactly two launches (graph nodes): no memset, no cast.
 
-Selected by `KernelConfig.version == "decode"` (a tuned-table row or a caller's config) or,
-for M·k <= DECODE_MAX_ROUTES, by `MOE_CONTROL_TRITON_DECODE=1` (`use_decode`); the default
-path is unchanged until bench/profile_forward.py measures this faster on the H200.
+Selected by `KernelConfig.version == "decode"` (a tuned-table row or a caller's config) and,
+by default, by the dispatcher for few routes per expert (`use_decode`; measured faster on the
+H200 there by bench/profile_forward.py; MOE_CONTROL_TRITON_DECODE=0 turns it off).
 """
 
 # Triton idiom: compile-time parameters are UPPER_CASE, kernels take many arguments and
@@ -66,9 +66,11 @@ from service.kernels.triton_wna16_v4 import _zero_point
 #: shared by many routes and re-reading their tiles per route (even from L2) costs more
 #: than the aligned paths' alignment.
 DECODE_MAX_ROUTES = 64
-#: Programs per SM the split-K choice aims each GEMM at (enough bytes in flight per SM to
-#: cover the DRAM latency: ~8 programs x 8 KB).
-DECODE_PROGRAMS_PER_SM = 8
+#: Programs per SM the split-K choice aims each GEMM at. 8 (~8 programs x 8 KB in flight
+#: per SM) was the prediction; the H200 sweep (bench/KERNEL_NOTES.md, "Version 5",
+#: measured) found 4 faster at Qwen3 / Qwen1.5 M=1 (23.2 / 22.6 µs against 25.9 / 24.7):
+#: fewer splits means fewer partial read-backs in the last arriver.
+DECODE_PROGRAMS_PER_SM = 4
 #: The K tile the heuristic starts from (fitted to K and the group); >= 32 like every
 #: compiled K tile of this package, though no tensor-core dot is involved here.
 DECODE_BLOCK_K = 256
@@ -78,17 +80,20 @@ _FLUSH_M = 16
 
 #: Most routes per distinct expert (expected, uniform routing) the dispatcher accepts: each
 #: route dequantizes its expert's tiles again (the bytes may come from L2, the ALU work
-#: does not), so where several tokens share experts (Mixtral M=4: 1.46) the aligned
-#: paths, which dequantize once per block of routes, should win.
-DECODE_MAX_SHARING = 1.25
+#: does not), so where many tokens share experts the aligned paths, which dequantize once
+#: per block of routes, win. Measured on the H200 (bench/KERNEL_NOTES.md, "Version 5"):
+#: Mixtral M=4 (1.46 per expert) decode 295 µs against 433, Qwen1.5 M=16 (1.6) 131 against
+#: 127, Mixtral M=16 (4.0) 1046 against 534; the bound sits between 1.46 and 1.6.
+DECODE_MAX_SHARING = 1.5
 
 
 def use_decode(num_tokens: int, top_k: int, num_experts: int) -> bool:
     """Whether the dispatcher takes this variant (over the tuned table and the heuristics):
-    only with MOE_CONTROL_TRITON_DECODE=1, M·k <= DECODE_MAX_ROUTES and at most
-    DECODE_MAX_SHARING routes per expected distinct expert. Off by default until the H200
-    measures it faster than the shipped configurations (bench/profile_forward.py)."""
-    if os.environ.get("MOE_CONTROL_TRITON_DECODE", "0") != "1":
+    M·k <= DECODE_MAX_ROUTES and at most DECODE_MAX_SHARING routes per expected distinct
+    expert. On by default since the H200 measured it faster there (bench/profile_forward.py:
+    Qwen3 M=1 34.8 -> 23.2 µs, Mixtral M=1 153 -> ~95, Mixtral M=4 433 -> 295);
+    MOE_CONTROL_TRITON_DECODE=0 turns it off (the tuned table and v3/v4 heuristics then)."""
+    if os.environ.get("MOE_CONTROL_TRITON_DECODE", "1") == "0":
         return False
     routes = num_tokens * top_k
     distinct = num_experts * (1 - (1 - min(top_k, num_experts) / num_experts) ** num_tokens)
