@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from service import __version__
+from service.cli import grpc_defaults
 
 #: Sub-command modules, in the order `--help` lists them.
 COMMANDS: tuple[str, ...] = (
@@ -39,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Before any sub-command module can import grpc (grpc_defaults says why).
+    grpc_defaults.apply()
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
