@@ -75,6 +75,11 @@ __all__ = [
 ]
 
 _KEY = re.compile(r"^(\d+)\.([A-Za-z0-9_]+)\.([A-Za-z0-9_]+)$")
+_STYLES = {
+    gated: {p: style for style, names in list(NAMINGS.items())[::-1] for p in names[gated]}
+    for gated in (True, False)
+}
+"""gated -> projection name -> its naming style (the first naming that lists it wins)."""
 _LOW_NIBBLES = 0x0F0F0F0F
 
 
@@ -84,7 +89,11 @@ class PackedProjection:
 
     `weights[e]` lists expert e's stored weight tensors (2-D, source storage order) whose
     output rows follow one another (gate then up for w13). Everything else is canonical:
-    `scales` [E, N, G], `zeros` uint8 [E, N, G] (real) or None, `g_idx`, `bias`.
+    `zeros` uint8 [E, N, G] (real) or None, `g_idx`, `bias`; the scales are kept per shard
+    as `shard_scales` [E, S, N/S, G], any strides (S = 2 for a fused w13: gate, up): a view
+    of the one stack of the stored tensors, so a target that wants them K-first (Marlin)
+    gathers them straight from the stored order, and only a target that wants canonical
+    [E, N, G] (`scales`, computed on first use) pays for the transpose.
     """
 
     weights: Sequence[Sequence[torch.Tensor]]
@@ -92,10 +101,16 @@ class PackedProjection:
     k: int
     bits: int
     group_size: int
-    scales: torch.Tensor
+    shard_scales: torch.Tensor
     zeros: torch.Tensor | None
     g_idx: torch.Tensor | None
     bias: torch.Tensor | None
+
+    @functools.cached_property
+    def scales(self) -> torch.Tensor:
+        """Canonical [E, N, G], contiguous (one copy unless the stored order was already)."""
+        e, s, rows, g = (int(d) for d in self.shard_scales.shape)
+        return self.shard_scales.reshape(e, s * rows, g).contiguous()
 
     @property
     def symmetric(self) -> bool:
@@ -107,11 +122,11 @@ class PackedProjection:
 
     @property
     def num_groups(self) -> int:
-        return int(self.scales.shape[2])
+        return int(self.shard_scales.shape[3])
 
     @property
     def device(self) -> torch.device:
-        return self.scales.device
+        return self.shard_scales.device
 
 
 @dataclass(frozen=True)
@@ -146,13 +161,15 @@ def read_packed(
         raise FormatError("num_experts", f"must be positive, got {num_experts}")
     found: dict[str, dict[Role, dict[int, torch.Tensor]]] = {}
     naming = None
+    styles = _STYLES[gated]
+    roles = {name: role for role, name in list(layout.names.items())[::-1]}  # first wins
     for key, tensor in tensors.items():
         match = _KEY.match(key)
         if match is None:
             raise FormatError(key, "not a per-expert name")
         expert, projection, suffix = int(match[1]), match[2], match[3]
-        style = next((n for n, names in NAMINGS.items() if projection in names[gated]), None)
-        role = layout.role_of(suffix)
+        style = styles.get(projection)
+        role = roles.get(suffix)
         if style is None or role is None or expert >= num_experts:
             raise FormatError(key, "unknown tensor")
         if naming is not None and style != naming:
@@ -162,12 +179,148 @@ def read_packed(
     if naming is None:
         raise FormatError("tensors", "no expert tensors given")
     projections = NAMINGS[naming][gated]
+    uniform = _read_uniform(layout, [found.get(p, {}) for p in projections], quant, num_experts)
+    if uniform is not None:
+        return uniform
     read = [_projection(layout, found.get(p, {}), quant, p, num_experts) for p in projections]
     w13 = _fuse(read[0], read[1]) if gated else read[0]
     w2 = read[-1]
     if w13.k != w2.n or (w13.zeros is None) != (w2.zeros is None):
         raise FormatError("w2", "does not match w13")
     return PackedLayer(layout, w13, w2)
+
+
+# The common case, read in a few launches and one host sync. A layer whose experts, and
+# gate and up, all store tensors of one dtype, shape and device (every real checkpoint) is
+# checked on expert 0's tensors plus equality of the rest, each role stacked once for all
+# experts (gate and up interleaved, so the stack already is the fused w13), and every
+# content check (midpoint zero points, plain g_idx, GPTQ v1 zero points below the limit,
+# the `shape` tensors) runs on the device into one boolean read once. Anything else, and
+# any check that fails, returns None: `read_packed` then reads the layer the general way
+# (`_projection`, `_fuse`), which accepts it or raises the same error it always did.
+
+
+def _read_uniform(
+    layout: SourceLayout,
+    by_projection: Sequence[Mapping[Role, Mapping[int, torch.Tensor]]],
+    quant: SourceQuantization,
+    num_experts: int,
+) -> PackedLayer | None:
+    roles = set(by_projection[0])
+    required: set[Role] = {"weight", "scales"}
+    if not quant.symmetric:
+        required.add("zeros")
+    if quant.desc_act and "g_idx" in layout.names:
+        required.add("g_idx")
+    if not required <= roles or any(set(p) != roles for p in by_projection):
+        return None
+    if any(len(experts) != num_experts for p in by_projection for experts in p.values()):
+        return None
+    checks: list[torch.Tensor] = []
+    content: dict[Role, list[tuple[int, torch.Tensor]]] = {"zeros": [], "g_idx": []}
+    read = functools.partial(_uniform_part, layout, quant=quant, num_experts=num_experts)
+    try:
+        w13 = read(by_projection[:-1], checks=checks, content=content)
+        w2 = read(by_projection[-1:], checks=checks, content=content)
+    except FormatError:
+        return None
+    if w13 is None or w2 is None or w13.k != w2.n:
+        return None
+    device = w13.device
+    if w2.device != device:
+        return None
+    if content["zeros"]:  # symmetric: every stored zero point is the midpoint
+        flat = torch.cat([t.reshape(-1) for _, t in content["zeros"]])
+        checks.append(flat == _midpoint_word(layout, quant, flat.dtype))
+    if content["g_idx"]:  # the plain k // group_size, expert after expert
+        flat = torch.cat([t.reshape(-1) for _, t in content["g_idx"]])
+        ks = tuple(k for k, _ in content["g_idx"])
+        checks.append(flat == _plain_groups(ks, quant.group_size, flat.dtype, device))
+    if checks:
+        ok = checks[0] if len(checks) == 1 else torch.cat([c.reshape(-1) for c in checks])
+        if not bool(ok.all()):  # the layer's one host sync
+            return None
+    return PackedLayer(layout, w13, w2)
+
+
+def _uniform_part(
+    layout: SourceLayout,
+    parts: Sequence[Mapping[Role, Mapping[int, torch.Tensor]]],
+    *,
+    quant: SourceQuantization,
+    num_experts: int,
+    checks: list[torch.Tensor],
+    content: dict[Role, list[tuple[int, torch.Tensor]]],
+) -> PackedProjection | None:
+    """The projections in `parts` (gate, up; or one) fused; device checks appended to
+    `checks`, tensors whose content is checked over the whole layer to `content`."""
+    shards = len(parts)
+    n, k = layout.dims_from_weight(tuple(parts[0]["weight"][0].shape), quant.bits, "weight")
+    scales0 = parts[0]["scales"][0]
+    if scales0.dim() != 2:
+        return None
+    dims = {"N": n, "K": k, "G": int(scales0.shape[layout.scales.index("G")])}
+    _check_groups(quant, k, dims["G"], "scales")
+    stacks: dict[Role, torch.Tensor] = {}
+    for role in parts[0]:
+        tensors = [part[role][e] for e in range(num_experts) for part in parts]
+        first = tensors[0]
+        layout.check(role, first, dims, quant.bits, role)
+        dtype, shape, device = first.dtype, first.shape, scales0.device
+        if any(t.dtype != dtype or t.shape != shape or t.device != device for t in tensors):
+            return None
+        if role == "weight":
+            continue
+        if role == "g_idx" or (role == "zeros" and quant.symmetric):
+            content[role].extend((k, t) for t in tensors)
+            continue
+        stacks[role] = torch.stack(tensors)  # [E * S, ...], expert-major: already fused
+    if "shape" in stacks:
+        expected = torch.tensor([n, k], dtype=stacks["shape"].dtype, device=scales0.device)
+        checks.append(stacks["shape"] == expected)
+    stored = stacks["scales"].view(num_experts, shards, *scales0.shape)
+    shard_scales = stored if layout.scales == ("N", "G") else stored.transpose(2, 3)
+    zeros = None
+    if "zeros" in stacks:
+        raw = _unpack_as(layout.zeros, stacks["zeros"], quant.bits, ("N", "G"))
+        if layout.minus_one(quant):
+            checks.append(raw != (1 << quant.bits) - 1)  # v1 cannot store the top value
+            raw = raw + 1
+        zeros = raw.view(num_experts, shards * n, dims["G"])
+    bias = stacks.get("bias")
+    return PackedProjection(
+        weights=[[part["weight"][e] for part in parts] for e in range(num_experts)],
+        n=shards * n,
+        k=k,
+        bits=quant.bits,
+        group_size=quant.group_size,
+        shard_scales=shard_scales,
+        zeros=zeros,
+        g_idx=None,
+        bias=None if bias is None else bias.view(num_experts, shards * n),
+    )
+
+
+def _midpoint_word(layout: SourceLayout, quant: SourceQuantization, dtype: torch.dtype) -> int:
+    """The stored word (of `dtype`) whose every code is the symmetric midpoint zero point
+    (GPTQ writes it, minus one in v1), as a value of that dtype."""
+    midpoint = 1 << (quant.bits - 1)
+    code = midpoint - 1 if layout.minus_one(quant) else midpoint
+    width = 8 * dtype.itemsize
+    word = sum(code << shift for shift in range(0, width, quant.bits))
+    if word >= 1 << (width - 1) and dtype != torch.uint8:
+        word -= 1 << width  # the same bits as a signed word
+    return word
+
+
+@functools.lru_cache(maxsize=32)
+def _plain_groups(
+    ks: tuple[int, ...], group_size: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """The plain group indices of tensors of K = ks[i], one after another (kept on the
+    device: the same layer shape comes back for every layer of a checkpoint)."""
+    parts = [torch.arange(k, dtype=dtype) // (k if group_size == -1 else group_size) for k in ks]
+    return torch.cat(parts).to(device)
 
 
 def _projection(
@@ -224,7 +377,7 @@ def _projection(
         k=k,
         bits=quant.bits,
         group_size=quant.group_size,
-        scales=scales,
+        shard_scales=scales.unsqueeze(1),
         zeros=zeros,
         g_idx=g_idx,
         bias=None if bias is None else bias.contiguous(),
@@ -237,13 +390,7 @@ def _midpoint_words(layout: SourceLayout, stored: torch.Tensor, quant: SourceQua
     Any other content goes to the canonical check (and its error)."""
     if not quant.symmetric:
         return False
-    midpoint = 1 << (quant.bits - 1)
-    code = midpoint - 1 if layout.minus_one(quant) else midpoint
-    width = 8 * stored.element_size()
-    word = sum(code << shift for shift in range(0, width, quant.bits))
-    if word >= 1 << (width - 1) and stored.dtype != torch.uint8:
-        word -= 1 << width  # the same bits as a signed word
-    return bool((stored == word).all())
+    return bool((stored == _midpoint_word(layout, quant, stored.dtype)).all())
 
 
 def _trivial_g_idx(g_idx: torch.Tensor, quant: SourceQuantization, k: int) -> bool:
@@ -279,7 +426,7 @@ def _fuse(gate: PackedProjection, up: PackedProjection) -> PackedProjection:
         k=gate.k,
         bits=gate.bits,
         group_size=gate.group_size,
-        scales=scales,
+        shard_scales=scales.unsqueeze(1),
         zeros=cat(gate.zeros, up.zeros),
         g_idx=gate.g_idx,
         bias=cat(gate.bias, up.bias),
@@ -517,7 +664,7 @@ def _marlin_tensors(
 ) -> dict[str, torch.Tensor | None]:
     out: dict[str, torch.Tensor | None] = {"w13_qweight": w13, "w2_qweight": w2}
     for name, p in (("w13", layer.w13), ("w2", layer.w2)):
-        out[f"{name}_scales"] = mlayout.permute_scales(p.scales.transpose(1, 2), p.num_groups > 1)
+        out[f"{name}_scales"] = _marlin_scales(p)
     for name, p in (("w13", layer.w13), ("w2", layer.w2)):
         out[f"{name}_qzeros"] = (
             None
@@ -525,8 +672,42 @@ def _marlin_tensors(
             else mlayout.pack_zero_points(p.zeros.transpose(1, 2).contiguous(), p.bits)
         )
     for name, p in (("w13", layer.w13), ("w2", layer.w2)):
-        out[f"{name}_bias"] = None if p.bias is None else mlayout.permute_bias(p.bias)
+        if p.bias is None:
+            out[f"{name}_bias"] = None
+        else:
+            index = _gather_index("bias", int(p.bias.shape[1]), p.bias.device)
+            out[f"{name}_bias"] = torch.index_select(p.bias, 1, index)
     return out
+
+
+def _marlin_scales(p: PackedProjection) -> torch.Tensor:
+    """`mlayout.permute_scales` of the K-first scales [E, G, N], as one gather straight
+    from the per-shard stack (K-first already for GPTQ and AWQ: no transpose copy first):
+    the permutation moves channels only within runs of 64 (32), which never straddle gate
+    and up (Marlin's route needs N/S a multiple of 64), so each shard permutes alone."""
+    e, shards, rows, groups = (int(d) for d in p.shard_scales.shape)
+    grouped = p.num_groups > 1
+    if rows % 64:
+        return mlayout.permute_scales(p.scales.transpose(1, 2), grouped)
+    index = _gather_index("grouped" if grouped else "channelwise", rows, p.device)
+    k_first = p.shard_scales.permute(0, 3, 1, 2)  # [E, G, S, N/S], a view
+    return torch.index_select(k_first, 3, index).reshape(e, groups, shards * rows)
+
+
+_ORDERS: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "grouped": lambda x: mlayout.permute_scales(x, True),
+    "channelwise": lambda x: mlayout.permute_scales(x, False),
+    "bias": lambda x: mlayout.permute_bias(x[0]).unsqueeze(0),
+}
+
+
+@functools.lru_cache(maxsize=32)
+def _gather_index(order: str, width: int, device: torch.device) -> torch.Tensor:
+    """The source channel of each output channel of `_ORDERS[order]` over `width` channels:
+    that very function applied to 0, 1, ..., width - 1 (so the gather is its permutation by
+    construction), kept on the device."""
+    channels = torch.arange(width, dtype=torch.int64).view(1, 1, width)
+    return _ORDERS[order](channels).reshape(width).to(device)
 
 
 _A16 = (None, torch.float16, torch.bfloat16)

@@ -332,3 +332,108 @@ def test_direct_on_the_gpu_equals_canonical_on_the_cpu(layout: str, backend: str
         want = direct.canonical(layout, tensors, quant, backend, num_experts=E)
         on_cpu = ConvertedLayer({n: t.cpu() for n, t in got.tensors.items()}, got.descriptor)
         _same(on_cpu, want)
+
+
+def _fields(layer: direct.PackedLayer) -> list[tuple[str, torch.Tensor | None]]:
+    out: list[tuple[str, torch.Tensor | None]] = []
+    for name, p in (("w13", layer.w13), ("w2", layer.w2)):
+        out += [(f"{name}.scales", p.scales), (f"{name}.zeros", p.zeros)]
+        out += [(f"{name}.g_idx", p.g_idx), (f"{name}.bias", p.bias)]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("layout", "bits", "sym", "gated"),
+    [
+        ("gptq", 4, True, True),
+        ("gptq", 8, False, True),
+        ("awq", 4, False, False),
+        ("compressed-tensors", 4, False, True),
+        ("moe_wna16", 8, True, True),
+    ],
+)
+def test_uniform_read_is_the_general_read(
+    layout: str, bits: int, sym: bool, gated: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`read_packed`'s one-stack, one-sync read of a uniform layer gives the same layer as
+    the per-projection read it short-cuts (taken here by turning the short cut off)."""
+    tensors, quant = _checkpoint(layout, bits=bits, sym=sym, gated=gated, bias=True)
+    taken: list[object] = []
+    uniform = direct._read_uniform
+
+    def spy(*args: object, **kwargs: object) -> object:
+        taken.append(uniform(*args, **kwargs))  # type: ignore[arg-type]
+        return taken[-1]
+
+    monkeypatch.setattr(direct, "_read_uniform", spy)
+    fast = direct.read_packed(LAYOUTS[layout], tensors, quant, num_experts=E, gated=gated)
+    assert taken and taken[-1] is fast
+    monkeypatch.setattr(direct, "_read_uniform", lambda *a, **k: None)
+    general = direct.read_packed(LAYOUTS[layout], tensors, quant, num_experts=E, gated=gated)
+    for p, q in ((fast.w13, general.w13), (fast.w2, general.w2)):
+        assert (p.n, p.k, p.bits, p.group_size, p.num_groups) == (
+            q.n,
+            q.k,
+            q.bits,
+            q.group_size,
+            q.num_groups,
+        )
+        assert [[id(t) for t in s] for s in p.weights] == [[id(t) for t in s] for s in q.weights]
+    for (name, x), (_, y) in zip(_fields(fast), _fields(general), strict=True):
+        assert (x is None) == (y is None), name
+        if x is not None and y is not None:
+            assert (x.dtype, x.shape) == (y.dtype, y.shape), name
+            assert x.is_contiguous() and torch.equal(x, y), name
+
+
+def _vary(tensors: dict[str, torch.Tensor], how: str) -> dict[str, torch.Tensor]:
+    """Layers the uniform read declines (or reads through strided views): the general
+    read then decides, and `convert` must still be the canonical route, errors included."""
+    out = dict(tensors)
+    if how == "g_idx-int64-one-expert":
+        out["1.w2.g_idx"] = out["1.w2.g_idx"].to(torch.int64)
+    elif how == "up-scales-bf16":
+        for e in range(E):
+            out[f"{e}.w3.scales"] = out[f"{e}.w3.scales"].to(torch.bfloat16)
+    elif how == "w2-scales-bf16":
+        for e in range(E):
+            out[f"{e}.w2.scales"] = out[f"{e}.w2.scales"].to(torch.bfloat16)
+    elif how == "strided-scales":
+        for key in [k for k in out if k.endswith(".scales")]:
+            out[key] = out[key].t().contiguous().t()
+    elif how == "no-zeros-on-w2":
+        for e in range(E):
+            del out[f"{e}.w2.qzeros"]
+    elif how == "g_idx-not-plain":
+        g_idx = out["1.w1.g_idx"].clone()
+        g_idx[:64] = g_idx[:64].flip(0)
+        out["1.w1.g_idx"] = g_idx
+    return out
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "g_idx-int64-one-expert",
+        "up-scales-bf16",
+        "w2-scales-bf16",
+        "strided-scales",
+        "no-zeros-on-w2",
+        "g_idx-not-plain",
+    ],
+)
+@pytest.mark.parametrize("backend", ["TRITON", "MARLIN"])
+def test_non_uniform_layers_take_the_general_read(how: str, backend: str) -> None:
+    tensors, quant = _checkpoint("gptq")
+    varied = _vary(tensors, how)
+    try:
+        want = direct.canonical("gptq", varied, quant, backend, num_experts=E)
+    except (FormatError, ConversionUnsupported) as canonical_error:
+        with pytest.raises(type(canonical_error)) as error:
+            direct.convert("gptq", varied, quant, backend, num_experts=E)
+        assert str(error.value) == str(canonical_error)
+        if isinstance(canonical_error, FormatError):
+            assert isinstance(error.value, FormatError)
+            assert error.value.field == canonical_error.field
+        return
+    _same(direct.convert("gptq", varied, quant, backend, num_experts=E), want)
