@@ -125,6 +125,14 @@ def test_hash_file_is_the_files_sha256(tmp_path: Path) -> None:
         assert hash_file(path) == hashlib.sha256(data).hexdigest(), size
 
 
+@pytest.mark.skipif(not Path("/proc/version").is_file(), reason="needs procfs")
+def test_hash_file_reads_what_cannot_be_sized() -> None:
+    """procfs files say size 0 and have content: hashed as read, not as empty."""
+    path = Path("/proc/version")
+    assert hash_file(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert hash_file(path) != hashlib.sha256(b"").hexdigest()
+
+
 def test_an_aborted_write_leaves_nothing(tmp_path: Path) -> None:
     tensors = sample()
     path = tmp_path / "z.safetensors"
