@@ -261,12 +261,13 @@ def _uniform_part(
         return None
     dims = {"N": n, "K": k, "G": int(scales0.shape[layout.scales.index("G")])}
     _check_groups(quant, k, dims["G"], "scales")
+    device = scales0.device
     stacks: dict[Role, torch.Tensor] = {}
     for role in parts[0]:
         tensors = [part[role][e] for e in range(num_experts) for part in parts]
         first = tensors[0]
         layout.check(role, first, dims, quant.bits, role)
-        dtype, shape, device = first.dtype, first.shape, scales0.device
+        dtype, shape = first.dtype, first.shape
         if any(t.dtype != dtype or t.shape != shape or t.device != device for t in tensors):
             return None
         if role == "weight":
@@ -276,8 +277,7 @@ def _uniform_part(
             continue
         stacks[role] = torch.stack(tensors)  # [E * S, ...], expert-major: already fused
     if "shape" in stacks:
-        expected = torch.tensor([n, k], dtype=stacks["shape"].dtype, device=scales0.device)
-        checks.append(stacks["shape"] == expected)
+        checks.append(stacks["shape"] == _shape_words(n, k, stacks["shape"].dtype, device))
     stored = stacks["scales"].view(num_experts, shards, *scales0.shape)
     shard_scales = stored if layout.scales == ("N", "G") else stored.transpose(2, 3)
     zeros = None
@@ -311,6 +311,12 @@ def _midpoint_word(layout: SourceLayout, quant: SourceQuantization, dtype: torch
     if word >= 1 << (width - 1) and dtype != torch.uint8:
         word -= 1 << width  # the same bits as a signed word
     return word
+
+
+@functools.lru_cache(maxsize=32)
+def _shape_words(n: int, k: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[n, k] as the `shape` tensors store it, kept on the device (no copy per layer)."""
+    return torch.tensor([n, k], dtype=dtype).to(device)
 
 
 @functools.lru_cache(maxsize=32)
@@ -817,11 +823,24 @@ ROUTES: Mapping[tuple[str, str], Route] = {
 }
 """(source layout, backend) -> direct route. Absent pairs take the canonical route."""
 
-KERNEL_DEFAULTS: frozenset[tuple[str, str, int]] = frozenset()
+KERNEL_DEFAULTS: frozenset[tuple[str, str, int]] = frozenset(
+    {
+        ("gptq", "TRITON", 4),
+        ("gptq", "MARLIN", 4),
+        ("gptq", "BATCHED_MARLIN", 4),
+        ("awq", "TRITON", 4),
+        ("awq", "MARLIN", 4),
+        ("awq", "BATCHED_MARLIN", 4),
+    }
+)
 """(layout, backend, bits) whose fused Triton kernels replace the torch transforms by
-default (`try_direct(kernels=None)`) on a device `gpu_repack.usable` accepts. Empty until
-an H200 run shows a route's kernel faster than its torch transform (bench/RESULTS.md,
-`bash scripts/gpu_convert_bench.sh`); the bench's `triton` route forces them on."""
+default (`try_direct(kernels=None)`) on a device `gpu_repack.usable` accepts: the routes
+an H200 run showed faster with the kernel (`bash scripts/gpu_convert_bench.sh --routes
+direct triton`, Mixtral-8x7B layer, int4; both weight writes, device ms, torch -> kernel:
+gptq->TRITON 1.34 -> 0.87, gptq->MARLIN 4.54 -> 1.42, awq->TRITON 6.28 -> 1.93 (whole
+call 7.35 -> 1.70), awq->MARLIN 4.98 -> 1.50). BATCHED_MARLIN writes MARLIN's weight with
+the same transform and kernel. 8-bit kernels stay off until an H200 run times them; the
+bench's `triton` route forces every kernel on, its `direct` route off."""
 
 
 _COMPILED: dict[WeightFn, WeightFn] = {}
@@ -908,9 +927,7 @@ def try_direct(
     transforms through torch.compile (the bench's `compiled` route; the first call per
     shape compiles). `kernels`: on a device `gpu_repack.usable` accepts, the route's fused
     Triton kernels replace its torch transforms (True), or not (False); None (the default)
-    takes them for the routes in `KERNEL_DEFAULTS` (none until an H200 run shows them
-    faster; their first H200 run failed to compile for sm_90a, now checked on the CPU by
-    tests/formats/test_gpu_repack.py).
+    takes them for the routes in `KERNEL_DEFAULTS` (those an H200 run showed faster).
     The bench's `triton` route forces them on, its `direct` route off.
     `check` sees the layer as read, before anything is written (the inline path's
     declared-shape check)."""

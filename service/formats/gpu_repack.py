@@ -334,7 +334,7 @@ def _launch(
     all shaped and strided as `head`."""
     device = head.stored.device
     addresses = [t.data_ptr() for t in sources] + list(targets)
-    ptrs = torch.tensor(addresses, dtype=torch.int64).to(device)
+    ptrs = _to_device(torch.tensor(addresses, dtype=torch.int64), device)
     src_stride, dst_stride = int(head.stored.stride(0)), int(head.matrix.stride(0))
     # Every pointer 16-byte aligned and every row a multiple of 16 bytes (fresh torch
     # allocations and Mixtral's shapes are): the kernels may then vectorize.
@@ -367,6 +367,17 @@ def _launch(
             **consts,
             num_warps=NUM_WARPS,
         )
+
+
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`host` on `device` without waiting for the GPU: a plain `.to(cuda)` from pageable
+    memory synchronizes the stream, which would make the host wait for every kernel queued
+    before this launch (the weight writes then cost host time plus device time). Pinned,
+    the copy is queued like a kernel; torch's pinned allocator keeps the buffer until the
+    copy has run."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _on_device(device: torch.device) -> Any:
