@@ -1,11 +1,12 @@
 """Where one layer's conversion time goes on a GPU: the direct routes' stages, timed apart.
 
-`direct.try_direct` is read (`read_packed`: checks, stacked scales, the zero-point and
-g_idx checks with their host syncs), two weight writes (w13: every expert's gate and up;
-w2), the target's other tensors (scales, zero points, bias) and `finish`. This script runs
-those same steps on one Mixtral-8x7B layer (as bench/convert_bench.py builds it) for each
-(source, target) and each weight path (`direct`: the torch transforms, expert by expert;
-`triton`: the fused kernels, one launch per projection), and reports per stage:
+`direct.try_direct` is read (`read_packed`: checks, one stack per role, the zero-point and
+g_idx content checks on the device with the layer's one host sync), two weight writes
+(w13: every expert's gate and up; w2), the target's other tensors (scales, zero points,
+bias) and `finish`. This script runs those same steps on one Mixtral-8x7B layer (as
+bench/convert_bench.py builds it) for each (source, target) and each weight path
+(`direct`: the torch transforms, expert by expert; `triton`: the fused kernels, one launch
+per projection), and reports per stage:
 
 - device ms: CUDA events recorded between the stages of one call (no synchronize in
   between, so a stage whose host work outruns the GPU shows its host time: what a
