@@ -11,6 +11,7 @@ check). Variants a route does not cover must take the canonical route through
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable
 
 import pytest
@@ -437,3 +438,39 @@ def test_non_uniform_layers_take_the_general_read(how: str, backend: str) -> Non
             assert error.value.field == canonical_error.field
         return
     _same(direct.convert("gptq", varied, quant, backend, num_experts=E), want)
+
+
+def _syncs(run: Callable[[], object]) -> int:
+    """How many synchronizing CUDA calls `run` makes (torch's sync debug mode warns on each:
+    `.item()`/`bool()` of a device tensor, a copy from pageable memory...)."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(("layout", "syncs"), [("gptq", 1), ("awq", 0)])
+@pytest.mark.parametrize("backend", ["TRITON", "MARLIN"])
+def test_one_host_sync_per_layer_on_the_gpu(layout: str, syncs: int, backend: str) -> None:
+    """GPTQ's zero-point and g_idx checks cost the layer one host sync (AWQ has none to
+    check), read and conversion through the kernels together (their pointer tables are
+    copied without one); caches warmed by a first call."""
+    tensors, quant = _checkpoint(layout, group=128)
+    on_gpu = {name: t.to("cuda") for name, t in tensors.items()}
+
+    def read() -> object:
+        return direct.read_packed(LAYOUTS[layout], on_gpu, quant, num_experts=E)
+
+    def whole() -> object:
+        return direct.try_direct(layout, on_gpu, quant, backend, num_experts=E, kernels=True)
+
+    whole()
+    assert _syncs(read) == syncs
+    assert _syncs(whole) == syncs
