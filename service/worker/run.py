@@ -32,10 +32,10 @@ from service.formats.streaming import DTYPES, FROM_TORCH, TensorSpec
 from service.kernels.activation import resolve
 from service.kernels.errors import KernelInputError, KernelUnavailableError
 from service.kernels.interface import ExpertsBackend, LayerSpec
-from service.kernels.routing import given_route, topk_route
+from service.kernels.routing import as_route, check_given_route, topk_route
 from service.worker.jobs import JobContext
 from service.worker.layers import LoadedLayer
-from service.worker.segments import Segment, SegmentDir
+from service.worker.segments import MappedSegments, Segment, SegmentDir
 
 if TYPE_CHECKING:
     from service.worker.main import Worker
@@ -60,7 +60,10 @@ BACKENDS: dict[tuple[str, str], str] = {
 MAX_ITERATIONS = 1000
 
 
+@functools.cache
 def backend_class(backend: str, layout: str) -> type[ExpertsBackend]:
+    """The class that runs `backend` on a layer in `layout` (imported once: every RunMoE
+    asks); an error when it cannot read that layout."""
     path = BACKENDS.get((backend, layout))
     if path is None:
         readers = sorted(b for b, lay in BACKENDS if lay == layout)
@@ -139,11 +142,11 @@ def prepared(layer: LoadedLayer, backend: str, device: torch.device) -> ExpertsB
     return make(layer)
 
 
-def _tensor(segment: Segment, spec: TensorSpec) -> torch.Tensor:
+def _tensor(view: memoryview, spec: TensorSpec) -> torch.Tensor:
     dtype = getattr(torch, DTYPES[spec.dtype].torch_name)
     if spec.byte_size == 0:
         return torch.empty(spec.shape, dtype=dtype)
-    return torch.frombuffer(segment.view, dtype=torch.uint8).view(dtype).reshape(spec.shape)
+    return torch.frombuffer(view, dtype=torch.uint8).view(dtype).reshape(spec.shape)
 
 
 class _Timer:
@@ -203,9 +206,17 @@ def _inline_layer(worker: Worker, spec: dict[str, Any], tensors: dict[str, torch
 
 
 def _route(
-    inputs: dict[str, torch.Tensor], layer: LoadedLayer, tokens: int, validate: bool
+    host: dict[str, torch.Tensor],
+    inputs: dict[str, torch.Tensor],
+    layer: LoadedLayer,
+    tokens: int,
+    validate: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(topk_weights float32, topk_ids int32), from router logits or given top-k."""
+    """(topk_weights float32, topk_ids int32), from router logits or given top-k.
+
+    What is read to be checked (finiteness, expert ids) is read from `host`, the segment
+    views the inputs came in: on a GPU that is CPU work, not a synchronisation with the
+    device; what is computed is computed from `inputs`, their copies on the device."""
     num_experts = int(layer.info["num_experts"])
     conf = layer.deployment.get("layer") or {}
     routing = conf.get("routing") or {}
@@ -216,7 +227,8 @@ def _route(
                 "router_logits",
                 f"must be [{tokens}, {num_experts}] (tokens, experts), got {list(logits.shape)}",
             )
-        if validate and logits.dtype.is_floating_point and not bool(logits.isfinite().all()):
+        checked = host["router_logits"]
+        if validate and checked.dtype.is_floating_point and not bool(checked.isfinite().all()):
             raise KernelInputError("router_logits", "contains NaN or Inf")
         return topk_route(
             logits,
@@ -229,18 +241,31 @@ def _route(
         raise KernelInputError("routing", "required: router_logits or topk (ids and weights)")
     if ids.dim() != 2 or ids.shape[0] != tokens:
         raise KernelInputError("topk.topk_ids", f"must be [{tokens}, k], got {list(ids.shape)}")
-    if validate and weights.dtype.is_floating_point and not bool(weights.isfinite().all()):
+    host_weights = host["topk.topk_weights"]
+    if (
+        validate
+        and host_weights.dtype.is_floating_point
+        and not bool(host_weights.isfinite().all())
+    ):
         raise KernelInputError("topk.topk_weights", "contains NaN or Inf")
     try:
-        return given_route(ids, weights, num_experts)
+        check_given_route(host["topk.topk_ids"], host_weights, num_experts)
     except KernelInputError as exc:
         raise KernelInputError(f"topk.{exc.field}", exc.description) from None
+    return as_route(ids, weights)
 
 
 @functools.lru_cache(maxsize=8)
 def _segment_dir(path: str) -> SegmentDir:
     """The server's segment directory (the same few on every call: made once)."""
     return SegmentDir(Path(path))
+
+
+@functools.lru_cache(maxsize=8)
+def _mapped(path: str) -> MappedSegments:
+    """The mappings of that directory's segments kept between calls (inputs and the lent
+    output: the server's pooled segments, the same files call after call)."""
+    return MappedSegments(_segment_dir(path))
 
 
 class _Stages:
@@ -263,20 +288,25 @@ class _Stages:
 def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict[str, Any]:
     stages = _Stages()
     segments = _segment_dir(str(params["segments_dir"]))
+    mapped = _mapped(str(params["segments_dir"]))
     opened: list[Segment] = []
     device = torch.device(worker.device)
     try:
 
         def load(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+            """Inline weights: big, one call's, mapped for this call only."""
             out: dict[str, torch.Tensor] = {}
             for item in items:
                 spec = TensorSpec.from_json(item["spec"])
                 segment = segments.open(item["segment"], spec.byte_size)
                 opened.append(segment)
-                out[spec.name] = _tensor(segment, spec)
+                out[spec.name] = _tensor(segment.view, spec)
             return out
 
-        inputs = load(params["inputs"])
+        inputs: dict[str, torch.Tensor] = {}
+        for item in params["inputs"]:
+            spec = TensorSpec.from_json(item["spec"])
+            inputs[spec.name] = _tensor(mapped.read(item["segment"], spec.byte_size), spec)
         stages.done("open")
         if "layer_id" in params:
             layer = worker.layers.use(str(params["layer_id"]))
@@ -295,10 +325,10 @@ def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict
             raise KernelInputError("hidden_states", "contains NaN or Inf")
         runner = prepared(layer, str(params.get("backend", "")), device)
         stages.done("layer")
-        on_device = {k: worker.transport.to_device(v) for k, v in inputs.items()}
+        on_device = worker.transport.to_device_all(inputs)
         hidden = on_device["hidden_states"]
         stages.done("to_device")
-        weights, ids = _route(on_device, layer, hidden.shape[0], validate)
+        weights, ids = _route(inputs, on_device, layer, hidden.shape[0], validate)
         activation = str((layer.deployment.get("layer") or {}).get("activation", "silu"))
         stages.done("routing")
         warmup = min(int(params.get("warmup", 0)), MAX_ITERATIONS)
@@ -338,7 +368,7 @@ def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict
                 worker.transport.to_host(out, segment.view)
         else:
             lent = name
-            worker.transport.to_file(out, lambda data: segments.write(lent, data))
+            worker.transport.to_file(out, lambda data: mapped.write(lent, data))
         answer["output"] = {
             "segment": name,
             "spec": TensorSpec.of(

@@ -23,8 +23,11 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import tempfile
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -49,12 +52,16 @@ class Segment:
         self.path = path
         self.size = size
         self._map: mmap.mmap | None = None
+        self.identity: tuple[int, int, int] = (0, 0, 0)
+        """(device, inode, file size) of the file mapped (zeros for a zero-size segment)."""
         if size == 0:
             return
         flags = os.O_RDWR if writable else os.O_RDONLY
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            actual = os.fstat(fd).st_size
+            found = os.fstat(fd)
+            actual = found.st_size
+            self.identity = (found.st_dev, found.st_ino, actual)
             if actual < size:
                 # A pooled segment (SegmentPool) is a size class: the tensor is its start.
                 raise SegmentError(f"segment {path.name} holds {actual} bytes, not {size}")
@@ -342,3 +349,149 @@ class SegmentPool:
         item.segment.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.directory.file(item.name))
+
+
+#: Most segment mappings a worker keeps between calls (per segment directory).
+MAPPED_MAX_ENTRIES = 16
+#: Largest segment file whose mapping is kept; bigger ones are mapped for one call only
+#: (their open and map cost little next to their bytes, and kept they would hold memory).
+MAPPED_MAX_FILE_BYTES = 1 << 20
+#: Seconds a kept mapping may go unused before the next use of the cache closes it.
+MAPPED_IDLE_S = POOL_IDLE_S
+
+
+class MappedSegments:
+    """Mappings of a segment directory's files, kept by a worker from one call to the next.
+
+    Why: mapping a segment per call costs open + fstat + mmap + close and a page fault on
+    first touch of each page, every call (two M = 1 inputs: 0.09 ms of host time on the
+    2-core box, 0.22 ms on the H200 host; bench/RESULTS.md). The server lends the same
+    pooled segments (SegmentPool) call after call, so a mapping kept from the last call
+    serves the next one for one `stat`.
+
+    Never stale: each use stats the name (one syscall) and reuses the mapping only while the
+    name is still the same file (device, inode) of the same size; a replaced or resized file
+    is mapped anew, a removed one is an error as before (and its mapping closed). While a
+    mapping is kept its file cannot be freed, so its inode number cannot be handed to a new
+    file under the same name: a different file always has a different identity. The bytes
+    are always the file's current ones: a writable mapping is shared (it reads and writes
+    the file's pages), and a read mapping is copy-on-write whose pages are never written
+    (inputs are only read, transport.py), which on Linux map the file's own page-cache
+    pages: what the server writes into a pooled segment for the next call, through its
+    mapping or `pwrite`, is what the next call reads (tests/worker/test_segments_mapped.py).
+
+    Bounded: files of at most `max_file_bytes` only, at most `max_entries` mappings (the
+    least recently used closed first), and any unused for `idle_s` closed at the next use.
+    A kept mapping of a file the server has since deleted (trimmed from its pool) holds
+    that file's pages until then: at most max_entries x max_file_bytes (16 MiB), only
+    while the worker sees no call. Thread-safe (run jobs may run side by side).
+    """
+
+    def __init__(
+        self,
+        directory: SegmentDir,
+        *,
+        max_entries: int = MAPPED_MAX_ENTRIES,
+        max_file_bytes: int = MAPPED_MAX_FILE_BYTES,
+        idle_s: float = MAPPED_IDLE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.directory = directory
+        self._base = str(directory.path)
+        self.max_entries = max_entries
+        self.max_file_bytes = max_file_bytes
+        self.idle_s = idle_s
+        self._clock = clock
+        self._kept: OrderedDict[tuple[str, bool], tuple[Segment, float]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.mapped = 0
+        """Mappings made so far (a reused one is not counted again)."""
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._kept)
+
+    def read(self, name: str, size: int) -> memoryview:
+        """The first `size` bytes of an existing segment, read-only in intent (a private
+        copy-on-write mapping, as `SegmentDir.open`): the view keeps its mapping alive."""
+        if size == 0:
+            return memoryview(bytearray())
+        segment = self._segment(name, size, writable=False)
+        return segment.view[:size]
+
+    def write(self, name: str, data: memoryview) -> None:
+        """Write `data` at the start of an existing segment (a pooled output segment)."""
+        view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+        if not len(view):
+            return
+        segment = self._kept_segment(name, len(view), writable=True)
+        if segment is None:
+            self.directory.write(name, view)
+            return
+        segment.view[: len(view)] = view
+
+    def close(self) -> None:
+        """Close every kept mapping (views still alive keep theirs until they go)."""
+        with self._lock:
+            kept, self._kept = list(self._kept.values()), OrderedDict()
+        for segment, _ in kept:
+            segment.close()
+
+    def _segment(self, name: str, size: int, *, writable: bool) -> Segment:
+        segment = self._kept_segment(name, size, writable=writable)
+        if segment is None:
+            # Not kept (too big, not a plain file, gone): mapped for this use only, with
+            # `SegmentDir.open`'s checks and errors. Its view keeps it mapped while used.
+            segment = self.directory.open(name, size, writable=writable)
+        return segment
+
+    def _kept_segment(self, name: str, size: int, *, writable: bool) -> Segment | None:
+        """The kept mapping of `name` (made now if need be), or None when it is not kept."""
+        # A string path, not `SegmentDir.file`'s Path: this runs on every call (pathlib's
+        # parsing alone is a few µs a name).
+        path = f"{self._base}/{_check_name(name)}"
+        key = (name, writable)
+        now = self._clock()
+        try:
+            found = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            found = None
+        with self._lock:
+            self._close_idle(now)
+            entry = self._kept.pop(key, None)
+            stale: Segment | None = None
+            if entry is not None:
+                segment = entry[0]
+                if found is not None and segment.identity == (
+                    found.st_dev,
+                    found.st_ino,
+                    found.st_size,
+                ):
+                    self._kept[key] = (segment, now)
+                    return segment if size <= segment.size else None
+                stale = segment
+            if stale is not None:
+                stale.close()
+            if (
+                found is None
+                or not stat.S_ISREG(found.st_mode)
+                or not 0 < found.st_size <= self.max_file_bytes
+                or size > found.st_size
+            ):
+                return None
+            # The whole file: any tensor that fits in it later is served by this mapping.
+            segment = Segment(Path(path), found.st_size, writable=writable)
+            self.mapped += 1
+            self._kept[key] = (segment, now)
+            while len(self._kept) > self.max_entries:
+                self._kept.popitem(last=False)[1][0].close()
+            return segment
+
+    def _close_idle(self, now: float) -> None:
+        """Close the mappings unused for `idle_s` (the least recently used come first)."""
+        while self._kept:
+            key, (segment, used) = next(iter(self._kept.items()))
+            if now - used < self.idle_s:
+                return
+            del self._kept[key]
+            segment.close()

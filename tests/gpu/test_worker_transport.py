@@ -163,3 +163,63 @@ def test_to_file_writes_a_device_tensor_into_a_pooled_segment(
             back = torch.frombuffer(bytearray(raw[:nbytes]), dtype=torch.bfloat16)
             assert torch.equal(back.reshape(shape), tensor)
         segments.remove("pool-out")
+
+
+def test_inputs_go_together_in_one_copy(tmp_path: Path) -> None:
+    """`to_device_all` (run.py's inputs): every dtype and shape, empty ones included, lands
+    exactly, each view PACK_ALIGN-aligned, through one staging buffer; copies queued behind
+    a long kernel reuse that buffer only once their copy is done; inputs bigger than the
+    pool together go one by one."""
+    segments = SegmentDir.create(tmp_path)
+    moved = transport.Transport("cuda")
+    gen = torch.Generator().manual_seed(4)
+    tensors = {
+        f"t{i}": (torch.randn(shape, generator=gen) * 100).to(dtype)
+        for i, (dtype, shape) in enumerate(
+            zip(DTYPES, [(1, 2048), (3, 5), (1, 128), (0, 7), (2, 8), (1, 3)], strict=True)
+        )
+    }
+    hosts = {k: _segment_tensor(segments, k, t) for k, t in tensors.items()}
+    torch.cuda._sleep(200_000_000)
+    rounds = [moved.to_device_all(hosts) for _ in range(4)]
+    torch.cuda.synchronize()
+    for out in rounds:
+        assert list(out) == list(tensors)
+        for name, tensor in tensors.items():
+            assert out[name].is_cuda and out[name].dtype == tensor.dtype
+            assert torch.equal(out[name].cpu(), tensor)
+            assert out[name].data_ptr() % transport.PACK_ALIGN == 0
+    assert moved.pool.allocated == 1
+    small = transport.Transport("cuda", transport.PinnedPool(max_bytes=4 << 10))
+    out = small.to_device_all(hosts)  # 5.25 KiB packed > 4 KiB: one by one
+    for name, tensor in tensors.items():
+        assert torch.equal(out[name].cpu(), tensor)
+
+
+@pytest.mark.parametrize("case", ["inf_logits", "ids_range", "nan", "logits_shape"])
+def test_input_errors_on_a_cuda_worker(tmp_path: Path, case: str) -> None:
+    """The checks read the host copies of the inputs (no device synchronisation): the same
+    errors, fields and healthy worker as on the CPU."""
+    from worker.test_run_job import INPUT_ERRORS, Rig, check_input_error
+
+    from service.formats.quantize import random_layer
+
+    layer: Any = random_layer(
+        4, 64, 64, bits=4, group_size=32, symmetric=True, generator=torch.Generator().manual_seed(3)
+    )
+    rig = Rig(layer, tmp_path, "cuda:0")
+    _, category, field = next(row for row in INPUT_ERRORS if row[0] == case)
+    check_input_error(rig, rig.keep("EMULATION"), case, category, field)
+
+
+def test_pooled_segments_refilled_on_a_cuda_worker(tmp_path: Path) -> None:
+    """Kept mappings of the server's pooled segments on a CUDA worker: each call's own
+    inputs reach the device (packed copy) and its own output lands in the lent segment."""
+    from worker.test_run_job import Rig, check_refilled_segments
+
+    from service.formats.quantize import random_layer
+
+    layer: Any = random_layer(
+        4, 64, 64, bits=4, group_size=32, symmetric=True, generator=torch.Generator().manual_seed(3)
+    )
+    check_refilled_segments(Rig(layer, tmp_path, "cuda:0"), layer)

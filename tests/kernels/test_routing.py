@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from service.kernels.errors import KernelInputError
-from service.kernels.routing import given_route, topk_route
+from service.kernels.routing import TINY, as_route, check_given_route, given_route, topk_route
 
 
 def _reference(logits: torch.Tensor, k: int, renormalize: bool, scoring: str):
@@ -87,3 +87,33 @@ def test_given_route_rejects(ids: torch.Tensor, weights: torch.Tensor, field: st
     with pytest.raises(KernelInputError) as info:
         given_route(ids, weights, 4)
     assert info.value.field == field
+
+
+def test_renormalizing_a_zero_sum_leaves_zeros_and_nan_stays_nan() -> None:
+    """`w / sum.clamp_min(TINY)` is `w / (sum if sum > 0 else 1)`: sigmoid scores that are
+    all 0 stay 0 (no 0 / 0), tiny positive sums still normalise to 1, NaN stays NaN."""
+    logits = torch.tensor(
+        [[-200.0, -300.0, -400.0], [-80.0, -81.0, -82.0], [float("nan"), 0.0, 1.0]]
+    )
+    weights, ids = topk_route(logits, 2, scoring_func="sigmoid")
+    scores = torch.sigmoid(logits)
+    assert weights[0].tolist() == [0.0, 0.0] and ids[0].tolist() == [0, 1]
+    top = scores[1, :2]
+    assert torch.allclose(weights[1], top / top.sum(), rtol=1e-6)
+    assert float(weights[1].sum()) == pytest.approx(1.0, rel=1e-6)
+    assert torch.isnan(weights[2]).any()
+    assert TINY > 0.0 and torch.tensor(TINY).item() == TINY  # representable, not flushed
+
+
+def test_checking_and_converting_given_routing_apart() -> None:
+    """The worker checks the host copy (`check_given_route`, which reads the ids) and
+    converts the device copy (`as_route`, which reads nothing): together, `given_route`."""
+    ids = torch.tensor([[3, 0]], dtype=torch.int16)
+    weights = torch.tensor([[0.75, 0.25]], dtype=torch.bfloat16)
+    check_given_route(ids, weights, 4)
+    w, i = as_route(ids, weights)
+    gw, gi = given_route(ids, weights, 4)
+    assert torch.equal(w, gw) and torch.equal(i, gi) and i.dtype == torch.int32
+    with pytest.raises(KernelInputError) as info:
+        check_given_route(ids, weights, 3)
+    assert info.value.field == "topk_ids"

@@ -29,6 +29,8 @@ from service.worker.main import Worker
 from service.worker.segments import SegmentDir, SegmentPool
 from worker.test_convert_job import Lines, params, put_inputs, request
 
+KIB = 1024
+
 DEPLOYMENT = {
     "layer": {
         "top_k": 2,
@@ -46,9 +48,9 @@ def layer() -> Any:
 
 
 class Rig:
-    def __init__(self, layer: Any, tmp: Path) -> None:
+    def __init__(self, layer: Any, tmp: Path, device: str = "cpu") -> None:
         self.lines = Lines()
-        self.worker = Worker("cpu", self.lines)
+        self.worker = Worker(device, self.lines)
         self.segments = SegmentDir.create(tmp)
         self.calls = 0
         self.layer = layer
@@ -172,24 +174,30 @@ def _bad(given: dict[str, torch.Tensor], **change: torch.Tensor) -> dict[str, to
     return {**given, **change}
 
 
-@pytest.mark.parametrize(
-    ("case", "category", "field"),
-    [
-        ("hidden_size", "invalid_argument", "hidden_states"),
-        ("dtype", "invalid_argument", "hidden_states"),
-        ("nan", "invalid_argument", "hidden_states"),
-        ("inf_logits", "invalid_argument", "router_logits"),
-        ("logits_shape", "invalid_argument", "router_logits"),
-        ("ids_range", "invalid_argument", "topk.topk_ids"),
-        ("unknown_layer", "not_found", "layer_id"),
-        ("backend", "invalid_argument", "backend"),
-    ],
-)
+#: (case, error category, field): every input error run_moe raises before a kernel runs.
+INPUT_ERRORS = [
+    ("hidden_size", "invalid_argument", "hidden_states"),
+    ("dtype", "invalid_argument", "hidden_states"),
+    ("nan", "invalid_argument", "hidden_states"),
+    ("inf_logits", "invalid_argument", "router_logits"),
+    ("logits_shape", "invalid_argument", "router_logits"),
+    ("ids_range", "invalid_argument", "topk.topk_ids"),
+    ("unknown_layer", "not_found", "layer_id"),
+    ("backend", "invalid_argument", "backend"),
+]
+
+
+@pytest.mark.parametrize(("case", "category", "field"), INPUT_ERRORS)
 def test_input_errors_name_the_field_and_leave_the_worker_healthy(
     layer: Any, tmp_path: Path, case: str, category: str, field: str
 ) -> None:
     rig = Rig(layer, tmp_path)
-    layer_id = rig.keep("EMULATION")
+    check_input_error(rig, rig.keep("EMULATION"), case, category, field)
+
+
+def check_input_error(rig: Rig, layer_id: str, case: str, category: str, field: str) -> None:
+    """One INPUT_ERRORS case on `rig`'s worker (tests/gpu runs them on a CUDA worker, whose
+    checks read the host copies of the inputs)."""
     given = inputs(2)
     extra: dict[str, Any] = {"layer_id": layer_id, "validate": True}
     hidden = given["hidden_states"]
@@ -276,3 +284,58 @@ def test_the_output_goes_into_the_segment_the_server_lent_else_a_new_one(
     answer = rig.run(given, layer_id=layer_id, **{**lend, "out_capacity": 5 * 64 * 2 - 1})
     assert answer["result"]["output"]["segment"] == "t-spill"
     assert torch.equal(rig.output(answer["result"]), out)
+
+
+def test_pooled_segments_refilled_call_after_call_are_read_anew(layer: Any, tmp_path: Path) -> None:
+    check_refilled_segments(Rig(layer, tmp_path), layer)
+
+
+def check_refilled_segments(rig: Rig, layer: Any) -> None:
+    """As the server does: the same pooled input and output segments, refilled with each
+    call's bytes through the pool's mapping. The worker keeps its mappings of them
+    (MappedSegments) and every call still computes on its own inputs and lands its own
+    output; a segment replaced under the same name is read anew too. (tests/gpu runs it on
+    a CUDA worker.)"""
+    from service.worker.run import _mapped
+
+    layer_id = rig.keep("EMULATION")
+    pool = SegmentPool(rig.segments)
+    lent = {name: pool.take(4 * KIB) for name in ("hidden_states", "router_logits", "out")}
+    values: dict[str, Any] = {
+        "segments_dir": str(rig.segments.path),
+        "layer_id": layer_id,
+        "out_segment": lent["out"].name,
+        "out_capacity": lent["out"].capacity,
+    }
+    mapped = _mapped(str(rig.segments.path))
+    outputs = []
+    for seed in range(3):
+        given = inputs(3, seed)
+        values["inputs"] = []
+        for name, tensor in given.items():
+            data = tensor.contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
+            lent[name].view(len(data))[:] = data
+            spec = TensorSpec.of(name, str(tensor.dtype).removeprefix("torch."), tensor.shape)
+            values["inputs"].append({"spec": spec.to_json(), "segment": lent[name].name})
+        answer = rig.call("run_moe", values)["result"]
+        assert answer["output"]["segment"] == lent["out"].name
+        nbytes = 3 * 64 * 2
+        out = torch.frombuffer(bytearray(lent["out"].view(nbytes)), dtype=torch.bfloat16)
+        want = reference(layer, given)
+        assert float((out.reshape(3, 64).float() - want).norm() / want.norm()) < 1e-2
+        outputs.append(out)
+    assert not torch.equal(outputs[0], outputs[1])
+    assert mapped.mapped == 3  # each pooled segment mapped once, then kept
+    # The server trims a segment and makes another under the same name: read anew.
+    given = inputs(3, 7)
+    name = lent["hidden_states"].name
+    os.unlink(rig.segments.file(name))
+    data = given["hidden_states"].contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
+    with rig.segments.new(name, 4 * KIB) as segment:
+        segment.view[: len(data)] = data
+    lent["router_logits"].view(3 * 4 * 4)[:] = given["router_logits"].numpy().tobytes()
+    rig.call("run_moe", values)
+    out = torch.frombuffer(bytearray(lent["out"].view(3 * 64 * 2)), dtype=torch.bfloat16)
+    want = reference(layer, given)
+    assert float((out.reshape(3, 64).float() - want).norm() / want.norm()) < 1e-2
+    assert mapped.mapped == 4

@@ -122,3 +122,11 @@ def test_cpu_worker_runs_emulation_on_a_kept_marlin_layer(tmp_path: Path) -> Non
     want = reference(layer, given)
     assert float((rig.output(answer).float() - want).norm() / want.norm()) < 1e-2
     assert rig.worker.transport.pool.allocated == 0  # no pinned staging on a CPU worker
+
+
+def test_cpu_inputs_go_together_in_place() -> None:
+    """`to_device_all` on a CPU worker: every input is the segment view itself."""
+    moved = transport.Transport("cpu")
+    hosts = {"a": torch.arange(6, dtype=torch.float32), "b": torch.ones(2, 3, dtype=torch.int32)}
+    out = moved.to_device_all(hosts)
+    assert list(out) == ["a", "b"] and all(out[k] is hosts[k] for k in hosts)
