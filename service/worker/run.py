@@ -216,7 +216,8 @@ def _route(
 
     What is read to be checked (finiteness, expert ids) is read from `host`, the segment
     views the inputs came in: on a GPU that is CPU work, not a synchronisation with the
-    device; what is computed is computed from `inputs`, their copies on the device."""
+    device; what is computed is computed from `inputs`: their copies on the device, or
+    `host` itself where routing runs on the host (`_route_on_host`)."""
     num_experts = int(layer.info["num_experts"])
     conf = layer.deployment.get("layer") or {}
     routing = conf.get("routing") or {}
@@ -255,6 +256,24 @@ def _route(
     return as_route(ids, weights)
 
 
+#: Most router scores (tokens x experts) a CUDA worker routes on the host, before the copy.
+#: Routing is ~7 small ops; on the device each is a kernel launch (~0.03-0.04 ms of host
+#: time apiece on the H200 host: 0.365 ms for routing at M = 1), on the host a few µs of
+#: CPU for a few thousand scores, and its result rides in the inputs' one packed copy.
+#: Beyond this the device's parallel sort wins. Same function either way (topk_route):
+#: float32 softmax/sigmoid, stable descending sort, renormalize.
+HOST_ROUTING_MAX_SCORES = 8192
+
+
+def _route_on_host(device: torch.device, inputs: dict[str, torch.Tensor]) -> bool:
+    """Whether to route from the host copies (always on a CPU worker: they are the inputs)."""
+    if device.type == "cpu":
+        return True
+    logits = inputs.get("router_logits")
+    scores = logits if logits is not None else inputs.get("topk.topk_ids")
+    return scores is not None and scores.numel() <= HOST_ROUTING_MAX_SCORES
+
+
 @functools.lru_cache(maxsize=8)
 def _segment_dir(path: str) -> SegmentDir:
     """The server's segment directory (the same few on every call: made once)."""
@@ -272,11 +291,16 @@ class _Stages:
     """Host wall-clock seconds per stage of one run_moe call, in order: what the worker's
     thread spends where, returned in the answer as `stages` (bench/worker_call_overhead.py
     prints them; the server may ignore them). No synchronisation is added: on a GPU the
-    copies and routing only launch work, which the forward's end event waits for, so their
-    device time shows up under "forward" and theirs is the launch cost alone."""
+    copies (and routing, where it runs on the device) only launch work, which the forward's
+    end event waits for, so their device time shows up under "forward" and theirs is the
+    launch cost alone."""
+
+    #: Every call reports these, in this order (routing runs before or after the copy to
+    #: the device depending on where it runs); "compare" and "output" follow.
+    ORDER = ("open", "layer", "routing", "to_device", "forward")
 
     def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
+        self.seconds: dict[str, float] = dict.fromkeys(self.ORDER, 0.0)
         self._last = time.perf_counter()
 
     def done(self, stage: str) -> None:
@@ -325,12 +349,21 @@ def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict
             raise KernelInputError("hidden_states", "contains NaN or Inf")
         runner = prepared(layer, str(params.get("backend", "")), device)
         stages.done("layer")
-        on_device = worker.transport.to_device_all(inputs)
+        tokens = int(hidden.shape[0])
+        if _route_on_host(device, inputs):
+            weights, ids = _route(inputs, inputs, layer, tokens, validate)
+            stages.done("routing")
+            sent = {"hidden_states": hidden, "weights": weights, "ids": ids}
+            on_device = worker.transport.to_device_all(sent)
+            weights, ids = on_device["weights"], on_device["ids"]
+            stages.done("to_device")
+        else:
+            on_device = worker.transport.to_device_all(inputs)
+            stages.done("to_device")
+            weights, ids = _route(inputs, on_device, layer, tokens, validate)
+            stages.done("routing")
         hidden = on_device["hidden_states"]
-        stages.done("to_device")
-        weights, ids = _route(inputs, on_device, layer, hidden.shape[0], validate)
         activation = str((layer.deployment.get("layer") or {}).get("activation", "silu"))
-        stages.done("routing")
         warmup = min(int(params.get("warmup", 0)), MAX_ITERATIONS)
         timed = max(1, min(int(params.get("timed", 1)), MAX_ITERATIONS))
         # Checked before every forward: up to 2000 of them may follow a caller that has

@@ -143,7 +143,7 @@ def test_the_answer_times_each_stage_in_order(layer: Any, tmp_path: Path) -> Non
     answer = rig.run(inputs(3), layer_id=layer_id)["result"]
     wall = time.perf_counter() - started
     stages = answer["stages"]
-    assert list(stages) == ["open", "layer", "to_device", "routing", "forward", "output"]
+    assert list(stages) == ["open", "layer", "routing", "to_device", "forward", "output"]
     assert all(seconds >= 0 for seconds in stages.values())
     assert stages["forward"] >= answer["device_seconds"]
     assert sum(stages.values()) <= wall
