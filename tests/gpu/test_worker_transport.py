@@ -247,8 +247,11 @@ def test_routing_on_the_host_or_the_device_gives_the_same_forward(
     layer_id = rig.keep("EMULATION")
     given = inputs(6, seed=5)
     want = reference(layer, given)
-    out = rig.output(rig.run(given, layer_id=layer_id, validate=True)["result"]).float()
+    answer = rig.run(given, layer_id=layer_id, validate=True, timed=2)["result"]
+    out = rig.output(answer).float()
     assert float((out - want).norm() / want.norm()) < 1e-2
+    assert answer["device_seconds"] > 0  # read after the output came back (run._Timer)
+    assert list(answer["stages"]) == ["open", "layer", "routing", "to_device", "forward", "output"]
     weights, ids = topk_route(given["router_logits"], 2)
     topk = {
         "hidden_states": given["hidden_states"],
