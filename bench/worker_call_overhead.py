@@ -7,8 +7,10 @@ layer on it (convert_layer with keep_loaded), then times `run_moe` calls through
 pipe both ways, the worker's hand-over to a job thread and its run_moe around the forward.
 Prints the median call time, device time and their difference, a ping's round trip, and
 the medians of the stages the worker's answer reports (`stages`, service/worker/run.py:
-host seconds per stage; on a GPU the copies and routing only launch work, which the
-forward's end event waits for). "pipe + hand-over" is the call minus the stages' sum.
+host seconds per stage; on a GPU the copy to the device and the forward only launch work,
+and "output" holds the call's one wait for the device: its copy back waits for the
+forward; small calls are routed on the host, before the copy). "pipe + hand-over" is the
+call minus the stages' sum.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/worker_call_overhead.py          # CPU, 4x64x64
     python3 bench/worker_call_overhead.py --device cuda:0 --shape qwen3     # TRITON, g128
