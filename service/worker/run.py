@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import importlib
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,10 @@ BACKENDS: dict[tuple[str, str], str] = {
     ("BATCHED_MARLIN", "MARLIN"): "service.kernels.batched_marlin:BatchedMarlinExperts",
     ("HUMMING", "HUMMING"): "service.kernels.humming:HummingExperts",
 }
+
+# Inputs are views of read-only mappings (segments.MappedSegments): torch says once per
+# process that it cannot mark a tensor read-only; the mapping itself enforces it.
+warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)
 
 #: Most timed or warm-up iterations one call may ask for (each is a whole forward).
 MAX_ITERATIONS = 1000

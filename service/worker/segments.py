@@ -48,7 +48,10 @@ def _check_name(name: str) -> str:
 class Segment:
     """One mapped segment file. `view` is its whole data (empty for a zero-size one)."""
 
-    def __init__(self, path: Path, size: int, *, writable: bool) -> None:
+    def __init__(self, path: Path, size: int, *, writable: bool, shared: bool = False) -> None:
+        """Map the first `size` bytes of `path`: shared and writable, or read-only as a
+        private copy-on-write mapping, or (`shared`) as a shared read-only one (PROT_READ:
+        always the file's current bytes; a write into it is a fault, not a private copy)."""
         self.path = path
         self.size = size
         self._map: mmap.mmap | None = None
@@ -65,7 +68,9 @@ class Segment:
             if actual < size:
                 # A pooled segment (SegmentPool) is a size class: the tensor is its start.
                 raise SegmentError(f"segment {path.name} holds {actual} bytes, not {size}")
-            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY
+            access = (
+                mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ if shared else mmap.ACCESS_COPY
+            )
             self._map = mmap.mmap(fd, size, access=access)
         finally:
             os.close(fd)
@@ -375,10 +380,12 @@ class MappedSegments:
     mapping is kept its file cannot be freed, so its inode number cannot be handed to a new
     file under the same name: a different file always has a different identity. The bytes
     are always the file's current ones: a writable mapping is shared (it reads and writes
-    the file's pages), and a read mapping is copy-on-write whose pages are never written
-    (inputs are only read, transport.py), which on Linux map the file's own page-cache
-    pages: what the server writes into a pooled segment for the next call, through its
-    mapping or `pwrite`, is what the next call reads (tests/worker/test_segments_mapped.py).
+    the file's pages), and a read mapping is shared and read-only (PROT_READ) rather than
+    `SegmentDir.open`'s private copy-on-write one: a page written by mistake would become
+    a private copy that later calls read instead of the server's bytes; read-only, such a
+    write faults (the worker dies, the call fails) and nothing stale is ever read. What the
+    server writes into a pooled segment for the next call, through its mapping or `pwrite`,
+    is what the next call reads (tests/worker/test_segments_mapped.py).
 
     Bounded: files of at most `max_file_bytes` only, at most `max_entries` mappings (the
     least recently used closed first), and any unused for `idle_s` closed at the next use.
@@ -412,8 +419,9 @@ class MappedSegments:
             return len(self._kept)
 
     def read(self, name: str, size: int) -> memoryview:
-        """The first `size` bytes of an existing segment, read-only in intent (a private
-        copy-on-write mapping, as `SegmentDir.open`): the view keeps its mapping alive."""
+        """The first `size` bytes of an existing segment, read-only (a kept mapping is
+        shared read-only; one not kept is `SegmentDir.open`'s): the view keeps its mapping
+        alive."""
         if size == 0:
             return memoryview(bytearray())
         segment = self._segment(name, size, writable=False)
@@ -480,7 +488,7 @@ class MappedSegments:
             ):
                 return None
             # The whole file: any tensor that fits in it later is served by this mapping.
-            segment = Segment(Path(path), found.st_size, writable=writable)
+            segment = Segment(Path(path), found.st_size, writable=writable, shared=True)
             self.mapped += 1
             self._kept[key] = (segment, now)
             while len(self._kept) > self.max_entries:

@@ -286,11 +286,14 @@ def test_the_output_goes_into_the_segment_the_server_lent_else_a_new_one(
     assert torch.equal(rig.output(answer["result"]), out)
 
 
-def test_pooled_segments_refilled_call_after_call_are_read_anew(layer: Any, tmp_path: Path) -> None:
-    check_refilled_segments(Rig(layer, tmp_path), layer)
+@pytest.mark.parametrize("backend", ["EMULATION", "TRITON"])
+def test_pooled_segments_refilled_call_after_call_are_read_anew(
+    layer: Any, tmp_path: Path, backend: str
+) -> None:
+    check_refilled_segments(Rig(layer, tmp_path), layer, backend)
 
 
-def check_refilled_segments(rig: Rig, layer: Any) -> None:
+def check_refilled_segments(rig: Rig, layer: Any, backend: str = "EMULATION") -> None:
     """As the server does: the same pooled input and output segments, refilled with each
     call's bytes through the pool's mapping. The worker keeps its mappings of them
     (MappedSegments) and every call still computes on its own inputs and lands its own
@@ -298,7 +301,7 @@ def check_refilled_segments(rig: Rig, layer: Any) -> None:
     a CUDA worker.)"""
     from service.worker.run import _mapped
 
-    layer_id = rig.keep("EMULATION")
+    layer_id = rig.keep(backend)
     pool = SegmentPool(rig.segments)
     lent = {name: pool.take(4 * KIB) for name in ("hidden_states", "router_logits", "out")}
     values: dict[str, Any] = {

@@ -46,6 +46,17 @@ def test_a_kept_mapping_serves_the_next_call(directory: SegmentDir) -> None:
     assert mapped.mapped == 1 and len(mapped) == 1
 
 
+def test_a_kept_input_mapping_cannot_be_written(directory: SegmentDir) -> None:
+    """Shared read-only: a write can never leave a private page that later calls would read
+    instead of the file's bytes (a copy-on-write mapping would)."""
+    put(directory, "a", b"x" * 64)
+    mapped = MappedSegments(directory)
+    view = mapped.read("a", 64)
+    assert view.readonly
+    with pytest.raises(TypeError):
+        view[0] = 1
+
+
 def test_new_bytes_are_seen_however_the_server_writes_them(directory: SegmentDir) -> None:
     """The server refills a pooled segment through its own shared mapping or `pwrite`: the
     kept (copy-on-write, never written) mapping reads the new bytes, with no re-mapping."""
