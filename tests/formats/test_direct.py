@@ -471,6 +471,10 @@ def test_one_host_sync_per_layer_on_the_gpu(layout: str, syncs: int, backend: st
     def whole() -> object:
         return direct.try_direct(layout, on_gpu, quant, backend, num_experts=E, kernels=True)
 
+    # Warm both paths: the per-shape device caches (`_shape_words`, `_plain_groups`, the
+    # gather indices) are made on first use with a pageable copy each; on the H200 the
+    # TRITON route's first `read` made one more that `whole` alone had not warmed.
     whole()
+    read()
     assert _syncs(read) == syncs
     assert _syncs(whole) == syncs
