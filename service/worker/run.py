@@ -286,10 +286,9 @@ def _route(
 HOST_ROUTING_MAX_SCORES = 8192
 
 
-def _route_on_host(device: torch.device, inputs: dict[str, torch.Tensor]) -> bool:
-    """Whether to route from the host copies (always on a CPU worker: they are the inputs)."""
-    if device.type == "cpu":
-        return True
+def _route_on_host(inputs: dict[str, torch.Tensor]) -> bool:
+    """Whether to route from the host copies before the copy to the device (on a CPU worker
+    both ways compute on the same tensors: the inputs are used in place)."""
     logits = inputs.get("router_logits")
     scores = logits if logits is not None else inputs.get("topk.topk_ids")
     return scores is not None and scores.numel() <= HOST_ROUTING_MAX_SCORES
@@ -371,7 +370,7 @@ def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict
         runner = prepared(layer, str(params.get("backend", "")), device)
         stages.done("layer")
         tokens = int(hidden.shape[0])
-        if _route_on_host(device, inputs):
+        if _route_on_host(inputs):
             weights, ids = _route(inputs, inputs, layer, tokens, validate)
             stages.done("routing")
             sent = {"hidden_states": hidden, "weights": weights, "ids": ids}

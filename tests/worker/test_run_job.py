@@ -342,3 +342,43 @@ def check_refilled_segments(rig: Rig, layer: Any, backend: str = "EMULATION") ->
     want = reference(layer, given)
     assert float((out.reshape(3, 64).float() - want).norm() / want.norm()) < 1e-2
     assert mapped.mapped == 4
+
+
+@pytest.mark.parametrize("where", ["host", "device"])
+def test_routing_before_or_after_the_copy_gives_the_same_forward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    from service.worker import run
+
+    if where == "device":
+        monkeypatch.setattr(run, "HOST_ROUTING_MAX_SCORES", 0)
+    check_routing_paths(tmp_path, "cpu")
+
+
+def check_routing_paths(tmp_path: Path, device: str) -> None:
+    """Routed before the copy to the device (small calls, HOST_ROUTING_MAX_SCORES) or after
+    it: logits and given top-k both match the reference, the answer has its device time and
+    stages, and the checks (NaN/Inf logits, expert ids out of range) still refuse bad input.
+    (tests/gpu runs it on a CUDA worker, where the two differ.)"""
+    layer = random_layer(
+        4, 64, 64, bits=4, group_size=32, symmetric=True, generator=torch.Generator().manual_seed(3)
+    )
+    rig = Rig(layer, tmp_path, device)
+    layer_id = rig.keep("EMULATION")
+    given = inputs(6, seed=5)
+    want = reference(layer, given)
+    answer = rig.run(given, layer_id=layer_id, validate=True, timed=2)["result"]
+    out = rig.output(answer).float()
+    assert float((out - want).norm() / want.norm()) < 1e-2
+    assert answer["device_seconds"] > 0  # on a GPU read after the output came back
+    assert list(answer["stages"]) == ["open", "layer", "routing", "to_device", "forward", "output"]
+    weights, ids = topk_route(given["router_logits"], 2)
+    topk = {
+        "hidden_states": given["hidden_states"],
+        "topk.topk_ids": ids.to(torch.int64),
+        "topk.topk_weights": weights.to(torch.bfloat16),
+    }
+    out = rig.output(rig.run(topk, layer_id=layer_id, validate=True)["result"]).float()
+    assert float((out - want).norm() / want.norm()) < 1e-2
+    check_input_error(rig, layer_id, "inf_logits", "invalid_argument", "router_logits")
+    check_input_error(rig, layer_id, "ids_range", "invalid_argument", "topk.topk_ids")
