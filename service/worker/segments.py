@@ -424,19 +424,23 @@ class MappedSegments:
         alive."""
         if size == 0:
             return memoryview(bytearray())
-        segment = self._segment(name, size, writable=False)
-        return segment.view[:size]
+        view = self._kept_view(name, size, writable=False)
+        if view is None:
+            # Not kept (too big, not a plain file, gone): mapped for this use only, with
+            # `SegmentDir.open`'s checks and errors. Its view keeps it mapped while used.
+            view = self.directory.open(name, size).view
+        return view[:size]
 
     def write(self, name: str, data: memoryview) -> None:
         """Write `data` at the start of an existing segment (a pooled output segment)."""
         view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
         if not len(view):
             return
-        segment = self._kept_segment(name, len(view), writable=True)
-        if segment is None:
+        target = self._kept_view(name, len(view), writable=True)
+        if target is None:
             self.directory.write(name, view)
             return
-        segment.view[: len(view)] = view
+        target[: len(view)] = view
 
     def close(self) -> None:
         """Close every kept mapping (views still alive keep theirs until they go)."""
@@ -445,16 +449,10 @@ class MappedSegments:
         for segment, _ in kept:
             segment.close()
 
-    def _segment(self, name: str, size: int, *, writable: bool) -> Segment:
-        segment = self._kept_segment(name, size, writable=writable)
-        if segment is None:
-            # Not kept (too big, not a plain file, gone): mapped for this use only, with
-            # `SegmentDir.open`'s checks and errors. Its view keeps it mapped while used.
-            segment = self.directory.open(name, size, writable=writable)
-        return segment
-
-    def _kept_segment(self, name: str, size: int, *, writable: bool) -> Segment | None:
-        """The kept mapping of `name` (made now if need be), or None when it is not kept."""
+    def _kept_view(self, name: str, size: int, *, writable: bool) -> memoryview | None:
+        """A view of the kept mapping of `name` (made now if need be), or None when it is
+        not kept. The view is taken under the lock: once it exists, another thread closing
+        the mapping (evicted, stale) leaves it mapped until the view goes."""
         # A string path, not `SegmentDir.file`'s Path: this runs on every call (pathlib's
         # parsing alone is a few µs a name).
         path = f"{self._base}/{_check_name(name)}"
@@ -476,7 +474,7 @@ class MappedSegments:
                     found.st_size,
                 ):
                     self._kept[key] = (segment, now)
-                    return segment if size <= segment.size else None
+                    return segment.view if size <= segment.size else None
                 stale = segment
             if stale is not None:
                 stale.close()
@@ -493,7 +491,7 @@ class MappedSegments:
             self._kept[key] = (segment, now)
             while len(self._kept) > self.max_entries:
                 self._kept.popitem(last=False)[1][0].close()
-            return segment
+            return segment.view
 
     def _close_idle(self, now: float) -> None:
         """Close the mappings unused for `idle_s` (the least recently used come first)."""

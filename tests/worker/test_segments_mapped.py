@@ -174,3 +174,17 @@ def test_mappings_idle_too_long_are_closed_at_the_next_use(directory: SegmentDir
     assert len(mapped) == 1 and mapped.mapped == 2
     mapped.close()
     assert len(mapped) == 0
+
+
+def test_a_view_outlives_its_mapping_being_closed(directory: SegmentDir) -> None:
+    """A call's view stays valid while another call evicts or closes the kept mapping
+    (run jobs run side by side): the mapping goes only with the last view."""
+    put(directory, "a", b"a" * 64)
+    put(directory, "b", b"b" * 64)
+    mapped = MappedSegments(directory, max_entries=1)
+    view = mapped.read("a", 64)
+    mapped.read("b", 64)  # evicts a's mapping
+    assert len(mapped) == 1 and bytes(view) == b"a" * 64
+    held = mapped.read("b", 64)
+    mapped.close()
+    assert bytes(held) == b"b" * 64
