@@ -778,11 +778,32 @@ def _kernel(
 # Tiles in int32 words, [rows, columns] of the stored tensor -> of the output word matrix:
 # Marlin: one 16 x 64 tile (16 * bits words) per k tile and n tile; TRITON: a transpose of
 # words (GPTQ) or of 8 x 8 code blocks (AWQ: 8 rows of one word -> 8 rows of one word).
-_GPTQ_MARLIN = {
+# Int4 Marlin has dedicated kernels (coalesced block loads, constant shifts); the generic
+# table kernel (one gathered word per nibble field) stays in TABLE_KERNELS for comparison.
+_GPTQ_MARLIN_TABLE = {
     bits: _kernel("gptq", MARLIN, fn, bits, in_tile=(16 * bits // 32, 64), out_tile=(1, 32 * bits))
     for bits, fn in ((4, _marlin4_from_gptq), (8, _marlin8_from_gptq))
 }
-_AWQ_MARLIN = {4: _kernel("awq", MARLIN, _marlin4_from_awq, 4, in_tile=(16, 8), out_tile=(1, 128))}
+_AWQ_MARLIN_TABLE = {
+    4: _kernel("awq", MARLIN, _marlin4_from_awq, 4, in_tile=(16, 8), out_tile=(1, 128))
+}
+_GPTQ_MARLIN = {
+    **_GPTQ_MARLIN_TABLE,
+    4: _kernel(
+        "gptq",
+        MARLIN,
+        _marlin4_from_gptq,
+        4,
+        in_tile=(2, 64),
+        out_tile=(1, 128),
+        kind="marlin4_gptq",
+    ),
+}
+_AWQ_MARLIN = {
+    4: _kernel(
+        "awq", MARLIN, _marlin4_from_awq, 4, in_tile=(16, 8), out_tile=(1, 128), kind="marlin4_awq"
+    )
+}
 _GPTQ_TRITON = {
     bits: _kernel(
         "gptq",
@@ -823,6 +844,16 @@ ROUTES: Mapping[tuple[str, str], Route] = {
 }
 """(source layout, backend) -> direct route. Absent pairs take the canonical route."""
 
+TABLE_KERNELS: Mapping[tuple[str, str], Mapping[int, WeightFn]] = {
+    ("gptq", "MARLIN"): _GPTQ_MARLIN_TABLE,
+    ("gptq", "BATCHED_MARLIN"): _GPTQ_MARLIN_TABLE,
+    ("awq", "MARLIN"): _AWQ_MARLIN_TABLE,
+    ("awq", "BATCHED_MARLIN"): _AWQ_MARLIN_TABLE,
+}
+"""The Marlin routes' generic table kernels, which the dedicated int4 kernels in `ROUTES`
+replaced (`try_direct(table_kernels=True)`, the bench's `table` route, times them against
+each other; every test checks both)."""
+
 KERNEL_DEFAULTS: frozenset[tuple[str, str, int]] = frozenset(
     {
         ("gptq", "TRITON", 4),
@@ -838,7 +869,9 @@ default (`try_direct(kernels=None)`) on a device `gpu_repack.usable` accepts: th
 an H200 run showed faster with the kernel (`bash scripts/gpu_convert_bench.sh --routes
 direct triton`, Mixtral-8x7B layer, int4; both weight writes, device ms, torch -> kernel:
 gptq->TRITON 1.34 -> 0.87, gptq->MARLIN 4.54 -> 1.42, awq->TRITON 6.28 -> 1.93 (whole
-call 7.35 -> 1.70), awq->MARLIN 4.98 -> 1.50). BATCHED_MARLIN writes MARLIN's weight with
+call 7.35 -> 1.70), awq->MARLIN 4.98 -> 1.50, with the table kernel: the dedicated int4 Marlin kernels that
+replaced it load and store int32 x 4 vectors, untimed on the H200 when they went in; the
+bench's `table` route times the table kernel). BATCHED_MARLIN writes MARLIN's weight with
 the same transform and kernel. 8-bit kernels stay off until an H200 run times them; the
 bench's `triton` route forces every kernel on, its `direct` route off."""
 
@@ -920,6 +953,7 @@ def try_direct(
     options: ConversionOptions = DEFAULT_OPTIONS,
     compile_weights: bool = False,
     kernels: bool | None = None,
+    table_kernels: bool = False,
     check: Callable[[PackedLayer], None] | None = None,
 ) -> ConvertedLayer | None:
     """The direct route's result, or None when there is none for this layer (or the input
@@ -929,6 +963,7 @@ def try_direct(
     Triton kernels replace its torch transforms (True), or not (False); None (the default)
     takes them for the routes in `KERNEL_DEFAULTS` (those an H200 run showed faster).
     The bench's `triton` route forces them on, its `direct` route off.
+    `table_kernels` (with kernels on) takes `TABLE_KERNELS` where a route has one.
     `check` sees the layer as read, before anything is written (the inline path's
     declared-shape check)."""
     found = direct_route(layout, backend, quant.bits)
@@ -948,7 +983,8 @@ def try_direct(
     if kernels is None:
         kernels = (layout, backend, quant.bits) in KERNEL_DEFAULTS
     if kernels and not compile_weights and gpu_repack.usable(device):
-        fn = route.kernels.get(quant.bits, fn)
+        table = TABLE_KERNELS.get((layout, backend), {}) if table_kernels else {}
+        fn = table.get(quant.bits) or route.kernels.get(quant.bits, fn)
     w13 = _write_weight(route, fn, packed.w13, device, compile_weights)
     w2 = _write_weight(route, fn, packed.w2, device, compile_weights)
     return finish(

@@ -71,11 +71,14 @@ class _Table:
     packed: torch.Tensor
 
 
-KINDS = ("table", "transpose", "awq_triton")
+KINDS = ("table", "transpose", "awq_triton", "marlin4_gptq", "marlin4_awq")
 """Which kernel a `Repack` launches: `table` (any tile-periodic permutation, table read off
 the route's torch transform), `transpose` (a word transpose), `awq_triton` (AWQ int4 ->
-TRITON's 8 x 8 nibble transpose). The last two are transposed: output tile (i, j) comes
-from input tile (j, i)."""
+TRITON's 8 x 8 nibble transpose), `marlin4_gptq` / `marlin4_awq` (GPTQ / AWQ int4 ->
+Marlin, one 16 x 64 tile per 128 output words, constant shifts). `transpose` and
+`awq_triton` are transposed: output tile (i, j) comes from input tile (j, i)."""
+
+_TRANSPOSED = frozenset({"transpose", "awq_triton"})
 
 
 @dataclass
@@ -109,7 +112,7 @@ class Repack:
 
     @property
     def transposed(self) -> bool:
-        return self.kind != "table"
+        return self.kind in _TRANSPOSED
 
     def table(self, device: torch.device) -> _Table:
         found = self._tables.get(str(device))
@@ -298,6 +301,8 @@ KERNEL_NAMES = {
     "table": "table_kernel",
     "transpose": "transpose_kernel",
     "awq_triton": "awq_triton_kernel",
+    "marlin4_gptq": "marlin4_gptq_kernel",
+    "marlin4_awq": "marlin4_awq_kernel",
 }
 """`Repack.kind` -> its kernel in `gpu_repack_kernel`."""
 
@@ -310,6 +315,9 @@ def launch_constexprs(repack: Repack, *, aligned: bool = True) -> dict[str, int 
         return {"BI": 64, "BJ": 64, "ALIGNED": aligned}
     if repack.kind == "awq_triton":
         return {"BK": 16, "BN": 32, "ALIGNED": aligned}
+    if repack.kind in ("marlin4_gptq", "marlin4_awq"):
+        # 2 k tiles x 16 n tiles = 4096 output words: 16 per thread with 8 warps
+        return {"BI": 2, "BJ": 16, "ALIGNED": aligned}
     table = repack.table(torch.device("cpu"))
     tor, toc = repack.out_tile
     per_tile = tor * toc

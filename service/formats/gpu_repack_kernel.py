@@ -151,3 +151,90 @@ def table_kernel(
         else:
             word |= ((x >> (entry & 0xFF)) & ((1 << F) - 1)) << (s * F)
     tl.store(dst + (i * TOR + orow) * dst_stride + j * TOC + oc, word, mask=inside)
+
+
+# Marlin int4 (16-bit activations), one 16 k x 64 n tile = 128 output words, contiguous in
+# the output row of its k tile: k = 8a + 2q + b, n = 16j + 8c + r; word w = 16r + 4q + j
+# holds the code of (a, b, c) in nibble 4b + 2c + a. A program takes BI k tiles x BJ n
+# tiles, built as one [BI, BJ, r, q, j] block (stored whole: 128 contiguous words per tile)
+# from 8 block loads that each read 1/8 of the input tiles' words once, every output word
+# ORed from 8 nibbles with constant shifts (no table, no gather).
+
+
+@triton.jit
+def _marlin_index(kt_count, nt_count, BI: tl.constexpr, BJ: tl.constexpr):
+    """This program's tile indices broadcast over [BI, BJ, r, q, j] and its mask."""
+    kt = tl.program_id(0) * BI + tl.arange(0, BI)
+    nt = tl.program_id(1) * BJ + tl.arange(0, BJ)
+    kt5 = kt[:, None, None, None, None]
+    nt5 = nt[None, :, None, None, None]
+    r5 = tl.arange(0, 8)[None, None, :, None, None]
+    q5 = tl.arange(0, 4)[None, None, None, :, None]
+    j5 = tl.arange(0, 4)[None, None, None, None, :]
+    inside = (kt5 < kt_count) & (nt5 < nt_count)
+    return kt5, nt5, r5, q5, j5, inside
+
+
+@triton.jit
+def _marlin_store(dst, dst_stride, word, kt5, nt5, r5, q5, j5, inside):
+    tl.store(dst + kt5 * dst_stride + nt5 * 128 + r5 * 16 + q5 * 4 + j5, word, mask=inside)
+
+
+@triton.jit
+def marlin4_gptq_kernel(
+    ptrs,
+    slabs,
+    src_stride,
+    dst_stride,
+    kt_count,
+    nt_count,
+    BI: tl.constexpr,
+    BJ: tl.constexpr,
+    ALIGNED: tl.constexpr,
+):
+    """GPTQ int4 [K/8, N] (word (kw, n): k = 8 kw + i in nibble i) -> Marlin words
+    [K/16, N * 2]. Input word (2 kt + a, 64 nt + 16 j + 8 c + r) holds (q, b) in nibble
+    2q + b: per (a, c) one load of [BI, BJ, r, 1, j] words (runs of 8 along r), spread
+    over q by the shift."""
+    src, dst = _slab(ptrs, slabs, ALIGNED)
+    kt5, nt5, r5, q5, j5, inside = _marlin_index(kt_count, nt_count, BI, BJ)
+    column = nt5 * 64 + j5 * 16 + r5  # [1, BJ, 8, 1, 4]
+    word = tl.zeros([BI, BJ, 8, 4, 4], dtype=tl.int32)
+    for a in tl.static_range(2):
+        row = src + (kt5 * 2 + a) * src_stride + column
+        for c in tl.static_range(2):
+            x = tl.load(row + 8 * c, mask=inside, other=0)
+            for b in tl.static_range(2):
+                word |= ((x >> (q5 * 8 + 4 * b)) & 0xF) << (4 * (4 * b + 2 * c + a))
+    _marlin_store(dst, dst_stride, word, kt5, nt5, r5, q5, j5, inside)
+
+
+@triton.jit
+def marlin4_awq_kernel(
+    ptrs,
+    slabs,
+    src_stride,
+    dst_stride,
+    kt_count,
+    nt_count,
+    BI: tl.constexpr,
+    BJ: tl.constexpr,
+    ALIGNED: tl.constexpr,
+):
+    """AWQ int4 [K, N/8] (word (k, nw): column 8 nw + r in nibble r // 2 + 4 (r % 2)) ->
+    Marlin words [K/16, N * 2]. Input word (16 kt + 8a + 2q + b, 8 nt + 2j + c) holds
+    column r: per (a, b) one load of [BI, BJ, 1, q, 8 words (j, c)] (contiguous, so int32
+    x 4 vectors), split into c = 0, 1 in registers, spread over r by the shift."""
+    src, dst = _slab(ptrs, slabs, ALIGNED)
+    kt5, nt5, r5, q5, j5, inside = _marlin_index(kt_count, nt_count, BI, BJ)
+    shift = 4 * ((r5 % 2) * 4 + r5 // 2)  # [1, 1, 8, 1, 1]
+    w8 = tl.arange(0, 8)[None, None, None, None, :]  # the 8 words (j, c) of an n tile
+    first = src + (kt5 * 16 + q5 * 2) * src_stride + nt5 * 8 + w8  # [BI, BJ, 1, 4, 8]
+    word = tl.zeros([BI, BJ, 8, 4, 4], dtype=tl.int32)
+    for a in tl.static_range(2):
+        for b in tl.static_range(2):
+            x = tl.load(first + (8 * a + b) * src_stride, mask=inside, other=0)
+            x0, x1 = tl.split(tl.reshape(x, [BI, BJ, 1, 4, 4, 2]))
+            word |= ((x0 >> shift) & 0xF) << (4 * (4 * b + a))
+            word |= ((x1 >> shift) & 0xF) << (4 * (4 * b + 2 + a))
+    _marlin_store(dst, dst_stride, word, kt5, nt5, r5, q5, j5, inside)

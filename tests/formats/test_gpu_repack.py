@@ -42,6 +42,23 @@ KERNEL_ROUTES = sorted(
     for (layout, backend), route in direct.ROUTES.items()
     for bits in route.kernels
 )
+TABLE_ROUTES = sorted(
+    (layout, backend, bits)
+    for (layout, backend), table in direct.TABLE_KERNELS.items()
+    for bits in table
+)
+"""The routes whose generic table kernel a dedicated kernel replaced (still checked)."""
+
+
+def _kernel_of(layout: str, backend: str, bits: int, table: bool) -> gpu_repack.Repack:
+    kernels = (
+        direct.TABLE_KERNELS[(layout, backend)]
+        if table
+        else direct.ROUTES[(layout, backend)].kernels
+    )
+    kernel = kernels[bits]
+    assert isinstance(kernel, gpu_repack.Repack)
+    return kernel
 
 
 def _stored_and_out(
@@ -55,9 +72,12 @@ def _stored_and_out(
     return stored.to(torch.int32).to(DEVICE), route, route.target.allocate(1, n, k, bits, DEVICE)
 
 
-def _both(layout: str, backend: str, bits: int, *, n: int, k: int, seed: int = 0) -> None:
-    """One expert's weight through the kernel and through the torch transform; also
-    rows [n/2, n) of the output only (w3 into its half of w13)."""
+def _both(
+    layout: str, backend: str, bits: int, *, n: int, k: int, seed: int = 0, table: bool = False
+) -> None:
+    """One expert's weight through the kernel (the route's, or its table kernel) and through
+    the torch transform; also rows [n/2, n) of the output only (w3 into its half of w13)."""
+    kernel = _kernel_of(layout, backend, bits, table)
     stored, route, out = _stored_and_out(layout, backend, bits, n=n, k=k, seed=seed)
     want = torch.full_like(out, 0x5A)
     got = torch.full_like(out, 0x5A)
@@ -65,7 +85,7 @@ def _both(layout: str, backend: str, bits: int, *, n: int, k: int, seed: int = 0
         part = stored if start == 0 else _rows_of(layout, stored, start, stop, bits)
         rows = stop - start
         route.weight[bits](part, route.target.rows(want[0], start, stop, bits), bits)
-        route.kernels[bits](part, route.target.rows(got[0], start, stop, bits), bits)
+        kernel(part, route.target.rows(got[0], start, stop, bits), bits)
         assert rows > 0
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
@@ -88,11 +108,53 @@ SHAPES = {
 }
 
 
-@pytest.mark.parametrize(("layout", "backend", "bits"), KERNEL_ROUTES)
-def test_kernel_equals_torch_transform(layout: str, backend: str, bits: int) -> None:
+ALL_KERNELS = [
+    *(pytest.param(*route, False, id="-".join(map(str, route))) for route in KERNEL_ROUTES),
+    *(
+        pytest.param(*route, True, id="-".join(map(str, (*route, "table"))))
+        for route in TABLE_ROUTES
+    ),
+]
+
+
+@pytest.mark.parametrize(("layout", "backend", "bits", "table"), ALL_KERNELS)
+def test_kernel_equals_torch_transform(layout: str, backend: str, bits: int, table: bool) -> None:
     for seed, (n, k) in enumerate(SHAPES[(layout, backend)]):
         odd = bits == 8 and layout == "gptq" and backend == "TRITON"  # 8-bit: odd N too
-        _both(layout, backend, bits, n=n + (odd and n % 2 == 0), k=k, seed=seed)
+        _both(layout, backend, bits, n=n + (odd and n % 2 == 0), k=k, seed=seed, table=table)
+
+
+def test_dedicated_marlin_kernels_take_whole_tile_blocks() -> None:
+    """Marlin int4 at a shape that is not whole blocks of tiles (3 k tiles x 10 n tiles,
+    5 in the second half; a block is 2 x 16): the masked edges write nothing outside."""
+    for layout in ("gptq", "awq"):
+        _both(layout, "MARLIN", 4, n=640, k=48, seed=7)
+
+
+def test_table_kernels_through_try_direct(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`table_kernels=True` launches the table kernel (one per projection), same bytes."""
+    kinds: list[str] = []
+    real = gpu_repack._launch
+
+    def spy(repack: gpu_repack.Repack, *args: object) -> None:
+        kinds.append(repack.kind)
+        real(repack, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gpu_repack, "_launch", spy)
+    for layout in ("gptq", "awq"):
+        tensors, quant = _checkpoint(layout, group=128)
+        want = direct.canonical(layout, tensors, quant, "MARLIN", num_experts=E)
+        on_device = {name: t.to(DEVICE) for name, t in tensors.items()}
+        for table, kind in ((True, "table"), (False, f"marlin4_{layout}")):
+            kinds.clear()
+            got = direct.try_direct(
+                layout, on_device, quant, "MARLIN", num_experts=E, kernels=True, table_kernels=table
+            )
+            assert got is not None and kinds == [kind, kind]
+            _same(
+                direct.ConvertedLayer({n: t.cpu() for n, t in got.tensors.items()}, got.descriptor),
+                want,
+            )
 
 
 def test_tables_use_the_widest_fields() -> None:
@@ -272,6 +334,8 @@ ALIGNED = (
     "cols",
     "kw_count",
     "nw_count",
+    "kt_count",
+    "nt_count",
 )
 
 
@@ -279,9 +343,11 @@ def _launched_variants() -> dict[tuple[str, str], list[tuple[str, str, int]]]:
     """Each distinct (kernel kind, constexprs as JSON) `gpu_repack._launch` uses -> the
     routes (layout, backend, bits) that launch it."""
     found: dict[tuple[str, str], list[tuple[str, str, int]]] = {}
-    for layout, backend, bits in KERNEL_ROUTES:
-        kernel = direct.ROUTES[(layout, backend)].kernels[bits]
-        assert isinstance(kernel, gpu_repack.Repack)
+    every = [(*route, False) for route in KERNEL_ROUTES] + [
+        (*route, True) for route in TABLE_ROUTES
+    ]
+    for layout, backend, bits, table in every:
+        kernel = _kernel_of(layout, backend, bits, table)
         consts = json.dumps(gpu_repack.launch_constexprs(kernel), sort_keys=True)
         found.setdefault((kernel.kind, consts), []).append((layout, backend, bits))
     return found
@@ -289,25 +355,26 @@ def _launched_variants() -> dict[tuple[str, str], list[tuple[str, str, int]]]:
 
 def test_launches_are_powers_of_two() -> None:
     """Block sizes are powers of two (the kernels' index arithmetic is shifts and masks),
-    the hot routes take their own kernels, the Marlin ones the table kernel."""
-    kinds = {}
-    for (kind, consts), routes in _launched_variants().items():
-        for name, value in json.loads(consts).items():
+    the hot routes take their own kernels (int8 Marlin the table kernel)."""
+    for consts, routes in _launched_variants().items():
+        for name, value in json.loads(consts[1]).items():
             if name.startswith("B"):
                 assert value & (value - 1) == 0, (routes, name, value)
-        kinds.update(dict.fromkeys(routes, kind))
+    kinds = {route: _kernel_of(*route, table=False).kind for route in KERNEL_ROUTES}
     assert kinds[("gptq", "TRITON", 4)] == "transpose"
     assert kinds[("awq", "TRITON", 4)] == "awq_triton"
-    assert kinds[("gptq", "MARLIN", 4)] == kinds[("awq", "MARLIN", 4)] == "table"
+    assert kinds[("gptq", "MARLIN", 4)] == kinds[("gptq", "BATCHED_MARLIN", 4)] == "marlin4_gptq"
+    assert kinds[("awq", "MARLIN", 4)] == kinds[("awq", "BATCHED_MARLIN", 4)] == "marlin4_awq"
+    assert kinds[("gptq", "MARLIN", 8)] == "table"
 
 
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
 def test_kernels_compile_for_sm90(aligned: bool) -> None:
     """Every route's kernel, with the constexprs and argument types its launch uses,
-    compiles for sm_90a (no GPU needed). Aligned as at Mixtral's size, the word transpose
-    and the AWQ -> TRITON kernel load int32 vectors (x 4, x 2), store int32 x 4 and touch
-    no scalar word, and the table kernel stores int32 x 4 (its loads are gathers through
-    the table)."""
+    compiles for sm_90a (no GPU needed). Aligned as at Mixtral's size, the word transpose,
+    the AWQ -> TRITON kernel and the int4 Marlin kernels load int32 vectors (x 4, x 2),
+    store int32 x 4 and touch no scalar word, and the table kernel stores int32 x 4 (its
+    loads are gathers through the table)."""
     variants = _launched_variants()
     by_kind: dict[str, list[tuple[dict[str, object], list[tuple[str, str, int]]]]] = {}
     for (kind, consts), routes in variants.items():
@@ -334,13 +401,13 @@ def test_kernels_compile_for_sm90(aligned: bool) -> None:
                 assert not ops[("ld", "")] and not ops[("st", "")], (routes, ops)
             else:
                 assert ops[("st", ".v4")] and not ops[("st", "")], (routes, ops)
-    assert sorted(launched) == KERNEL_ROUTES
+    assert sorted(launched) == sorted(KERNEL_ROUTES + TABLE_ROUTES)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize(("layout", "backend", "bits"), KERNEL_ROUTES)
-def test_kernel_at_mixtral_size(layout: str, backend: str, bits: int) -> None:
+@pytest.mark.parametrize(("layout", "backend", "bits", "table"), ALL_KERNELS)
+def test_kernel_at_mixtral_size(layout: str, backend: str, bits: int, table: bool) -> None:
     """w13 of one Mixtral-8x7B expert (N = 2 x 14336, K = 4096) and its w2 shape."""
-    _both(layout, backend, bits, n=28672, k=4096, seed=1)
-    _both(layout, backend, bits, n=4096, k=14336, seed=2)
+    _both(layout, backend, bits, n=28672, k=4096, seed=1, table=table)
+    _both(layout, backend, bits, n=4096, k=14336, seed=2, table=table)
