@@ -117,12 +117,14 @@ ROUTES: dict[str, Callable[..., registry.ConvertedLayer | None]] = {
     "canonical": direct.canonical,
     "direct": functools.partial(direct.try_direct, kernels=False),
     "triton": functools.partial(direct.try_direct, kernels=True),
+    "table": functools.partial(direct.try_direct, kernels=True, table_kernels=True),
     "compiled": functools.partial(direct.try_direct, compile_weights=True),
 }
 """Route name -> conversion of per-expert tensors (`direct.try_direct` answers None where it
 has no route for the pair): `direct` runs the routes' torch transforms, `triton` their
 fused Triton kernels (service/formats/gpu_repack.py; on a CUDA device, else the same as
-`direct`; the warm-up call compiles them), `compiled` the torch transforms through
+`direct`; the warm-up call compiles them), `table` the same with the generic table kernel
+where a dedicated one replaced it (the int4 Marlin routes), `compiled` the torch transforms through
 torch.compile (whose warm-up call compiles)."""
 
 

@@ -6,7 +6,8 @@ g_idx content checks on the device with the layer's one host sync), two weight w
 bias) and `finish`. This script runs those same steps on one Mixtral-8x7B layer (as
 bench/convert_bench.py builds it) for each (source, target) and each weight path
 (`direct`: the torch transforms, expert by expert; `triton`: the fused kernels, one launch
-per projection), and reports per stage:
+per projection; `table`: the generic table kernel where a dedicated kernel replaced it),
+and reports the whole call timed as bench/convert_bench.py times it, and per stage:
 
 - device ms: CUDA events recorded between the stages of one call (no synchronize in
   between, so a stage whose host work outruns the GPU shows its host time: what a
@@ -40,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.convert_bench import GB, MIXTRAL, QUICK, copy_bandwidth, identical, markdown
+from bench.convert_bench import GB, MIXTRAL, QUICK, Timer, copy_bandwidth, identical, markdown
 from service.formats import direct, gpu_repack, registry
 from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint
 from service.formats.synthetic import SyntheticSpec, synthetic_layer, to_device
@@ -80,12 +81,24 @@ class _Marks:
         return dev, host
 
 
-def _weight_fn(layout: str, backend: str, bits: int, kernels: bool) -> tuple[Any, Any]:
+ROUTE_FLAGS = {
+    "direct": {"kernels": False, "table_kernels": False},
+    "triton": {"kernels": True, "table_kernels": False},
+    "table": {"kernels": True, "table_kernels": True},
+}
+"""Profiled route -> `direct.try_direct`'s flags: the torch transforms, the route's kernels,
+the generic table kernel where a dedicated one replaced it (only for those pairs)."""
+
+
+def _weight_fn(
+    layout: str, backend: str, bits: int, kernels: bool, table_kernels: bool = False
+) -> tuple[Any, Any]:
     found = direct.direct_route(layout, backend, bits)
     assert found is not None, (layout, backend, bits)
     route, fn = found
     if kernels:
-        fn = route.kernels.get(bits, fn)
+        table = direct.TABLE_KERNELS.get((layout, backend), {}) if table_kernels else {}
+        fn = table.get(bits) or route.kernels.get(bits, fn)
     return route, fn
 
 
@@ -98,10 +111,11 @@ def staged(
     num_experts: int,
     kernels: bool,
     marks: _Marks,
+    table_kernels: bool = False,
 ) -> registry.ConvertedLayer:
     """`direct.try_direct`'s steps, a mark between each (the same calls, in the same
     order, for a layer the route takes)."""
-    route, fn = _weight_fn(layout, backend, quant.bits, kernels)
+    route, fn = _weight_fn(layout, backend, quant.bits, kernels, table_kernels)
     marks.mark()
     packed = direct.read_packed(LAYOUTS[layout], tensors, quant, num_experts=num_experts)
     assert route.target.applies(packed, DEFAULT_OPTIONS)
@@ -135,10 +149,11 @@ def weight_only(
     kernels: bool,
     device: torch.device,
     rounds: int,
+    table_kernels: bool = False,
 ) -> tuple[float, int]:
     """Median device ms of both weight writes with everything prepared (read, output
     allocated, views cut), and the bytes they read + write."""
-    route, fn = _weight_fn(layout, backend, quant.bits, kernels)
+    route, fn = _weight_fn(layout, backend, quant.bits, kernels, table_kernels)
     packed = direct.read_packed(LAYOUTS[layout], tensors, quant, num_experts=num_experts)
     jobs = []
     moved = 0
@@ -237,10 +252,29 @@ def _profile_route(
     rounds: int,
     bandwidth: float,
     reference: registry.ConvertedLayer,
+    table_kernels: bool = False,
 ) -> dict[str, Any]:
     def call(marks: _Marks, kernels: bool = kernels) -> registry.ConvertedLayer:
         return staged(
-            source, tensors, quant, target, num_experts=experts, kernels=kernels, marks=marks
+            source,
+            tensors,
+            quant,
+            target,
+            num_experts=experts,
+            kernels=kernels,
+            marks=marks,
+            table_kernels=table_kernels,
+        )
+
+    def whole() -> object:
+        return direct.try_direct(
+            source,
+            tensors,
+            quant,
+            target,
+            num_experts=experts,
+            kernels=kernels,
+            table_kernels=table_kernels,
         )
 
     first = call(_Marks(device))
@@ -255,6 +289,11 @@ def _profile_route(
         dev, host = marks.spans()
         device_ms.append(dev)
         host_ms.append(host)
+    # The whole `try_direct` call timed as bench/convert_bench.py times it (synchronize,
+    # event, call, event): set against the staged total, it tells a cost of the call
+    # itself from a difference between the two scripts' runs.
+    timer = Timer(device)
+    call_ms = statistics.median(1e3 * timer(whole) for _ in range(rounds))
     weight_ms, moved = weight_only(
         source,
         tensors,
@@ -264,6 +303,7 @@ def _profile_route(
         kernels=kernels,
         device=device,
         rounds=rounds,
+        table_kernels=table_kernels,
     )
     try:
         top, totals = kernel_table(lambda: call(_Marks(device)), device)
@@ -282,6 +322,7 @@ def _profile_route(
     return {
         "identical to canonical": same,
         "total device ms": round(total, 3),
+        "call ms (as the bench)": round(call_ms, 3),
         "stages": stages,
         "weight-only device ms": round(weight_ms, 3),
         "weight floor ms": round(floor, 3),
@@ -305,9 +346,11 @@ def profile_pair(
     experts = shape["num_experts"]
     reference = direct.canonical(source, tensors, quant, target, num_experts=experts)
     out: dict[str, Any] = {"source": source, "target": target, "routes": {}}
-    for route in ("direct", "triton"):
-        kernels = route == "triton"
+    for route, flags in ROUTE_FLAGS.items():
+        kernels, table_kernels = flags["kernels"], flags["table_kernels"]
         if kernels and not gpu_repack.usable(device):
+            continue
+        if table_kernels and (source, target) not in direct.TABLE_KERNELS:
             continue
         try:
             out["routes"][route] = _profile_route(
@@ -321,6 +364,7 @@ def profile_pair(
                 rounds=rounds,
                 bandwidth=bandwidth,
                 reference=reference,
+                table_kernels=table_kernels,
             )
         except Exception as exc:  # one failing route keeps the other's figures
             out["routes"][route] = {"failed": f"{exc!r}"[:400]}
@@ -348,6 +392,7 @@ def report(results: list[dict[str, Any]], header: str) -> str:
                     "target": pair["target"],
                     "route": route,
                     "total ms": r["total device ms"],
+                    "call ms": r["call ms (as the bench)"],
                     **{s["stage"]: f"{s['device ms']} ({s['host ms']})" for s in r["stages"]},
                     "weight only ms": r["weight-only device ms"],
                     "weight floor ms": r["weight floor ms"],
@@ -358,7 +403,8 @@ def report(results: list[dict[str, Any]], header: str) -> str:
                 }
             )
     lines += [
-        "Stages: device ms (host ms) per stage of one call, medians; weight only: both weight "
+        "Stages: device ms (host ms) per stage of one call, medians; call ms: the whole "
+        "try_direct call timed as convert_bench times it; weight only: both weight "
         "writes with inputs and views prepared; launches and kernel ms from torch.profiler "
         "(one call).",
         "",
