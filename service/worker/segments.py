@@ -388,10 +388,11 @@ class MappedSegments:
     is what the next call reads (tests/worker/test_segments_mapped.py).
 
     Bounded: files of at most `max_file_bytes` only, at most `max_entries` mappings (the
-    least recently used closed first), and any unused for `idle_s` closed at the next use.
-    A kept mapping of a file the server has since deleted (trimmed from its pool) holds
-    that file's pages until then: at most max_entries x max_file_bytes (16 MiB), only
-    while the worker sees no call. Thread-safe (run jobs may run side by side).
+    least recently used closed first), and any unused for `idle_s` closed at the next use
+    or by a background sweep within about 2 x `idle_s`. A kept mapping of a file the server
+    has since deleted (trimmed from its pool) holds that file's pages and a descriptor
+    until then: at most max_entries x max_file_bytes (16 MiB). Thread-safe (run jobs may
+    run side by side).
     """
 
     def __init__(
@@ -411,6 +412,7 @@ class MappedSegments:
         self._clock = clock
         self._kept: OrderedDict[tuple[str, bool], tuple[Segment, float]] = OrderedDict()
         self._lock = threading.Lock()
+        self._sweeper: threading.Timer | None = None
         self.mapped = 0
         """Mappings made so far (a reused one is not counted again)."""
 
@@ -446,8 +448,28 @@ class MappedSegments:
         """Close every kept mapping (views still alive keep theirs until they go)."""
         with self._lock:
             kept, self._kept = list(self._kept.values()), OrderedDict()
+            if self._sweeper is not None:
+                self._sweeper.cancel()
+                self._sweeper = None
         for segment, _ in kept:
             segment.close()
+
+    def _schedule_sweep(self) -> None:
+        """(Under the lock.) Close idle mappings in the background too, not only at the next
+        use: each kept mapping holds a file descriptor (Python's mmap keeps a duplicate) and
+        the pages of a file the server may have deleted, which an idle worker should give
+        back within about 2 x `idle_s` (the soak's fd check waits 10 s for that)."""
+        if self._sweeper is None and self._kept:
+            sweeper = threading.Timer(self.idle_s, self._sweep)
+            sweeper.daemon = True
+            self._sweeper = sweeper
+            sweeper.start()
+
+    def _sweep(self) -> None:
+        with self._lock:
+            self._sweeper = None
+            self._close_idle(self._clock())
+            self._schedule_sweep()
 
     def _kept_view(self, name: str, size: int, *, writable: bool) -> memoryview | None:
         """A view of the kept mapping of `name` (made now if need be), or None when it is
@@ -491,6 +513,7 @@ class MappedSegments:
             self._kept[key] = (segment, now)
             while len(self._kept) > self.max_entries:
                 self._kept.popitem(last=False)[1][0].close()
+            self._schedule_sweep()
             return segment.view
 
     def _close_idle(self, now: float) -> None:

@@ -22,6 +22,6 @@ def test_the_stage_table_on_a_cpu_worker(capsys: pytest.CaptureFixture[str]) -> 
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ")][1:]
     stages = [row[0].removeprefix("| ") for row in rows]
     assert stages == [
-        "open", "layer", "to_device", "routing", "forward", "output", "pipe + hand-over",
+        "open", "layer", "routing", "to_device", "forward", "output", "pipe + hand-over",
     ]  # fmt: skip
     assert all(float(row[1]) > 0 for row in rows)

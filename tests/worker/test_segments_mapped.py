@@ -6,6 +6,7 @@ and the cache stays bounded (entries, file size, idle time)."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -188,3 +189,22 @@ def test_a_view_outlives_its_mapping_being_closed(directory: SegmentDir) -> None
     held = mapped.read("b", 64)
     mapped.close()
     assert bytes(held) == b"b" * 64
+
+
+def test_an_idle_worker_gives_its_mappings_and_descriptors_back(directory: SegmentDir) -> None:
+    """Without any further call, a background sweep closes idle mappings (each holds a
+    descriptor: the soak's fd check counts them) within about two idle periods."""
+    put(directory, "a", b"x" * 64)
+    put(directory, "b", b"y" * 64)
+    before = len(os.listdir("/proc/self/fd"))
+    mapped = MappedSegments(directory, idle_s=0.2)
+    mapped.read("a", 64)
+    mapped.write("b", memoryview(b"z" * 8))
+    assert len(mapped) == 2 and len(os.listdir("/proc/self/fd")) >= before + 2
+    deadline = time.monotonic() + 5
+    while len(mapped) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(mapped) == 0
+    assert len(os.listdir("/proc/self/fd")) <= before
+    assert bytes(mapped.read("b", 8)) == b"z" * 8  # and the next call maps again
+    mapped.close()
