@@ -869,11 +869,12 @@ default (`try_direct(kernels=None)`) on a device `gpu_repack.usable` accepts: th
 an H200 run showed faster with the kernel (`bash scripts/gpu_convert_bench.sh --routes
 direct triton`, Mixtral-8x7B layer, int4; both weight writes, device ms, torch -> kernel:
 gptq->TRITON 1.34 -> 0.87, gptq->MARLIN 4.54 -> 1.42, awq->TRITON 6.28 -> 1.93 (whole
-call 7.35 -> 1.70), awq->MARLIN 4.98 -> 1.50, with the table kernel: the dedicated int4 Marlin kernels that
-replaced it load and store int32 x 4 vectors, untimed on the H200 when they went in; the
-bench's `table` route times the table kernel). BATCHED_MARLIN writes MARLIN's weight with
-the same transform and kernel. 8-bit kernels stay off until an H200 run times them; the
-bench's `triton` route forces every kernel on, its `direct` route off."""
+call 7.35 -> 1.70), awq->MARLIN 4.98 -> 1.50, with the table kernel: the dedicated int4
+Marlin kernels that replaced it load and store int32 x 4 vectors, untimed on the H200
+when they went in; the bench's `table` route times the table kernel). BATCHED_MARLIN
+writes MARLIN's weight with the same transform and kernel. 8-bit kernels stay off until
+an H200 run times them; the bench's `triton` route forces every kernel on, its `direct`
+route off."""
 
 
 _COMPILED: dict[WeightFn, WeightFn] = {}

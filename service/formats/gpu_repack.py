@@ -11,9 +11,13 @@ projection's stored tensors (every expert, gate and up) in one launch, the kerne
 each slab's two pointers from a small device table: at Mixtral's size one tensor is a few
 microseconds of bandwidth, less than a launch costs the host.
 
-Three kernels (`gpu_repack_kernel`): a 2-D word transpose (GPTQ -> TRITON), a dedicated
-AWQ int4 -> TRITON kernel (an 8 x 8 nibble transpose per block, constant shifts), and a
-table kernel for the Marlin routes. The table is not written down a second time: `Repack`
+The kernels (`gpu_repack_kernel`): a 2-D word transpose (GPTQ -> TRITON), a dedicated
+AWQ int4 -> TRITON kernel (an 8 x 8 nibble transpose per block, constant shifts), dedicated
+GPTQ / AWQ int4 -> Marlin kernels (a block of 16 x 64 tiles from int32 x 4 loads, constant
+shifts, one turn through shared memory to the store order), and a table kernel for the
+other Marlin routes (int8; the int4 ones before their kernels, kept in
+`direct.TABLE_KERNELS`, gathers one input word per nibble field and ran at ~30 % of the
+copy bandwidth on an H200). The table is not written down a second time: `Repack`
 derives it by running the route's own torch transform (the exactness reference) on the
 CPU over a probe of 2 x 2 tiles whose nibbles hold their own positions (one pass per
 4-bit digit), checks that the four tiles agree (the route is tile-periodic), and keeps the

@@ -6,7 +6,7 @@ kernel reads from `ptrs` ([2, slabs] int64: sources, then targets). One launch p
 projection instead of one per stored tensor: at Mixtral's size a tensor is 15-30 MB, a
 few microseconds of bandwidth, less than a launch costs the host.
 
-Three kernels, none of which reduces across threads (a cross-lane sum over a reshaped
+Five kernels, none of which reduces across threads (a cross-lane sum over a reshaped
 field axis went through shared memory in the first version):
 - `transpose_kernel`: a word transpose (GPTQ -> TRITON), a 2-D block loaded along the
   input's rows and stored along the output's, the compiler turning it round in shared
@@ -19,6 +19,8 @@ field axis went through shared memory in the first version):
   offset inside the input tile); a static loop over the fields ORs them into the word (the
   bits are disjoint), and whole words are stored along the output row. The input tile is
   read S times, from L1 after the first.
+- `marlin4_gptq_kernel`, `marlin4_awq_kernel`: int4 -> Marlin, a block of whole 16 x 64
+  tiles (see the comment above them).
 """
 
 # Triton idiom: compile-time parameters are UPPER_CASE, kernels take many arguments. The
