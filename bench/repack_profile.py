@@ -341,12 +341,14 @@ def profile_pair(
     device: torch.device,
     rounds: int,
     bandwidth: float,
+    routes: tuple[str, ...] = ("direct", "triton"),
 ) -> dict[str, Any]:
     quant = SourceQuantization(bits=4, group_size=shape["group_size"])
     experts = shape["num_experts"]
     reference = direct.canonical(source, tensors, quant, target, num_experts=experts)
     out: dict[str, Any] = {"source": source, "target": target, "routes": {}}
-    for route, flags in ROUTE_FLAGS.items():
+    for route in routes:
+        flags = ROUTE_FLAGS[route]
         kernels, table_kernels = flags["kernels"], flags["table_kernels"]
         if kernels and not gpu_repack.usable(device):
             continue
@@ -427,6 +429,13 @@ def main() -> int:
     parser.add_argument("--sources", nargs="+", default=["gptq", "awq"])
     parser.add_argument("--targets", nargs="+", default=["TRITON", "MARLIN"])
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument(
+        "--routes",
+        nargs="+",
+        default=["direct", "triton"],
+        choices=list(ROUTE_FLAGS),
+        help="`table` (the int4 Marlin pairs only) is off by default: it lengthens the run",
+    )
     parser.add_argument("--quick", action="store_true", help="smaller shapes (a smoke run)")
     parser.add_argument("--markdown", help="also write the report to this file")
     parser.add_argument("--json", help="also write the raw figures to this file")
@@ -457,6 +466,7 @@ def main() -> int:
                     device=device,
                     rounds=args.rounds,
                     bandwidth=bandwidth,
+                    routes=tuple(args.routes),
                 )
             )
         del tensors

@@ -51,6 +51,7 @@ def test_profile_pair_on_a_small_layer(
         device=torch.device("cpu"),
         rounds=1,
         bandwidth=1e9,
+        routes=("direct", "triton", "table"),
     )
     # `table`: the generic kernel the dedicated int4 Marlin kernel replaced, profiled too
     table = {"table"} if target == "MARLIN" else set()
