@@ -114,10 +114,14 @@ def staged(
     table_kernels: bool = False,
 ) -> registry.ConvertedLayer:
     """`direct.try_direct`'s steps, a mark between each (the same calls, in the same
-    order, for a layer the route takes)."""
+    order, for a layer the route takes; the deferred content checks, GPTQ's one sync, end
+    the "other tensors" stage)."""
     route, fn = _weight_fn(layout, backend, quant.bits, kernels, table_kernels)
     marks.mark()
-    packed = direct.read_packed(LAYOUTS[layout], tensors, quant, num_experts=num_experts)
+    deferred: list[Callable[[], bool]] = []
+    packed = direct.read_packed(
+        LAYOUTS[layout], tensors, quant, num_experts=num_experts, deferred=deferred
+    )
     assert route.target.applies(packed, DEFAULT_OPTIONS)
     marks.mark()
     device = packed.w13.device
@@ -126,6 +130,7 @@ def staged(
     w2 = direct._write_weight(route, fn, packed.w2, device)
     marks.mark()
     named = route.target.tensors(packed, w13, w2)
+    assert all(holds() for holds in deferred)  # the content checks' sync, as try_direct
     marks.mark()
     result = finish(
         named,

@@ -154,9 +154,18 @@ def read_packed(
     *,
     num_experts: int,
     gated: bool = True,
+    deferred: list[Callable[[], bool]] | None = None,
 ) -> PackedLayer:
     """Per-expert checkpoint tensors -> `PackedLayer`; FormatError on anything the
-    canonical reader would refuse (the caller then lets that reader word the error)."""
+    canonical reader would refuse (the caller then lets that reader word the error).
+
+    `deferred` (a list): on a device in `DEFER_DEVICES`, the uniform read's content checks
+    (GPTQ's zero points and g_idx, checked on the device) are not waited for here but
+    appended as one callable whose answer (one host sync) says whether they held; the
+    caller writes the weights first
+    (their kernels queued before the sync, so the GPU is not left waiting on the host's
+    check ops) and, on False, must read the layer again without `deferred`, which then
+    takes the general path (accepting the layer or raising as it always did)."""
     if num_experts <= 0:
         raise FormatError("num_experts", f"must be positive, got {num_experts}")
     found: dict[str, dict[Role, dict[int, torch.Tensor]]] = {}
@@ -179,7 +188,8 @@ def read_packed(
     if naming is None:
         raise FormatError("tensors", "no expert tensors given")
     projections = NAMINGS[naming][gated]
-    uniform = _read_uniform(layout, [found.get(p, {}) for p in projections], quant, num_experts)
+    by_projection = [found.get(p, {}) for p in projections]
+    uniform = _read_uniform(layout, by_projection, quant, num_experts, deferred)
     if uniform is not None:
         return uniform
     read = [_projection(layout, found.get(p, {}), quant, p, num_experts) for p in projections]
@@ -205,6 +215,7 @@ def _read_uniform(
     by_projection: Sequence[Mapping[Role, Mapping[int, torch.Tensor]]],
     quant: SourceQuantization,
     num_experts: int,
+    deferred: list[Callable[[], bool]] | None = None,
 ) -> PackedLayer | None:
     roles = set(by_projection[0])
     required: set[Role] = {"weight", "scales"}
@@ -229,6 +240,32 @@ def _read_uniform(
     device = w13.device
     if w2.device != device:
         return None
+    pending = checks or content["zeros"] or content["g_idx"]
+    if deferred is not None and pending and device.type in DEFER_DEVICES:
+        deferred.append(functools.partial(_content_holds, layout, quant, checks, content, device))
+        return PackedLayer(layout, w13, w2)
+    if not _content_holds(layout, quant, checks, content, device):
+        return None
+    return PackedLayer(layout, w13, w2)
+
+
+DEFER_DEVICES = {"cuda"}
+"""Device types whose content checks `read_packed(deferred=...)` defers: where the ops are
+queued, so the weights' kernels get queued ahead of the sync. On the CPU every op runs at
+once, nothing is gained, and a layer whose checks fail (act-order g_idx, say) would have
+its weights converted for nothing (the tests add "cpu" to check the deferred path)."""
+
+
+def _content_holds(
+    layout: SourceLayout,
+    quant: SourceQuantization,
+    checks: list[torch.Tensor],
+    content: dict[Role, list[tuple[int, torch.Tensor]]],
+    device: torch.device,
+) -> bool:
+    """The uniform read's device checks (`checks`, plus the zero points and g_idx in
+    `content`) all hold: the layer's one host sync when there is any."""
+    checks = list(checks)
     if content["zeros"]:  # symmetric: every stored zero point is the midpoint
         flat = torch.cat([t.reshape(-1) for _, t in content["zeros"]])
         checks.append(flat == _midpoint_word(layout, quant, flat.dtype))
@@ -236,11 +273,10 @@ def _read_uniform(
         flat = torch.cat([t.reshape(-1) for _, t in content["g_idx"]])
         ks = tuple(k for k, _ in content["g_idx"])
         checks.append(flat == _plain_groups(ks, quant.group_size, flat.dtype, device))
-    if checks:
-        ok = checks[0] if len(checks) == 1 else torch.cat([c.reshape(-1) for c in checks])
-        if not bool(ok.all()):  # the layer's one host sync
-            return None
-    return PackedLayer(layout, w13, w2)
+    if not checks:
+        return True
+    ok = checks[0] if len(checks) == 1 else torch.cat([c.reshape(-1) for c in checks])
+    return bool(ok.all())  # the layer's one host sync
 
 
 def _uniform_part(
@@ -956,6 +992,7 @@ def try_direct(
     kernels: bool | None = None,
     table_kernels: bool = False,
     check: Callable[[PackedLayer], None] | None = None,
+    defer_checks: bool = True,
 ) -> ConvertedLayer | None:
     """The direct route's result, or None when there is none for this layer (or the input
     is malformed: the canonical reader then says how). `compile_weights` runs the weight
@@ -965,6 +1002,8 @@ def try_direct(
     takes them for the routes in `KERNEL_DEFAULTS` (those an H200 run showed faster).
     The bench's `triton` route forces them on, its `direct` route off.
     `table_kernels` (with kernels on) takes `TABLE_KERNELS` where a route has one.
+    `defer_checks`: `read_packed`'s content checks are waited for after the weights are
+    queued (see its `deferred`); False waits for them before anything is written.
     `check` sees the layer as read, before anything is written (the inline path's
     declared-shape check)."""
     found = direct_route(layout, backend, quant.bits)
@@ -972,8 +1011,11 @@ def try_direct(
         return None
     route, fn = found
     registry.writer_for(backend)
+    deferred: list[Callable[[], bool]] | None = [] if defer_checks else None
     try:
-        packed = read_packed(LAYOUTS[layout], tensors, quant, num_experts=num_experts, gated=gated)
+        packed = read_packed(
+            LAYOUTS[layout], tensors, quant, num_experts=num_experts, gated=gated, deferred=deferred
+        )
     except FormatError:
         return None
     if check is not None:
@@ -988,8 +1030,26 @@ def try_direct(
         fn = table.get(quant.bits) or route.kernels.get(quant.bits, fn)
     w13 = _write_weight(route, fn, packed.w13, device, compile_weights)
     w2 = _write_weight(route, fn, packed.w2, device, compile_weights)
+    named = route.target.tensors(packed, w13, w2)
+    if deferred and not all(holds() for holds in deferred):
+        # A content check failed: what was written is dropped, and the layer is read the
+        # general way (which refuses it, or accepts it as, say, asymmetric).
+        return try_direct(
+            layout,
+            tensors,
+            quant,
+            backend,
+            num_experts=num_experts,
+            gated=gated,
+            options=options,
+            compile_weights=compile_weights,
+            kernels=kernels,
+            table_kernels=table_kernels,
+            check=check,
+            defer_checks=False,
+        )
     return finish(
-        route.target.tensors(packed, w13, w2),
+        named,
         backend=backend,
         source=layout,
         layer=packed,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -478,3 +479,51 @@ def test_one_host_sync_per_layer_on_the_gpu(layout: str, syncs: int, backend: st
     read()
     assert _syncs(read) == syncs
     assert _syncs(whole) == syncs
+
+
+@pytest.fixture
+def deferring(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Content checks deferred on the CPU too (as on a GPU); the order in which the weight
+    writes and the checks' sync ran, from now on."""
+    monkeypatch.setattr(direct, "DEFER_DEVICES", {"cuda", "cpu"})
+    events: list[str] = []
+    write, holds = direct._write_weight, direct._content_holds
+
+    def spy_write(*args: Any, **kwargs: Any) -> torch.Tensor:
+        events.append("write")
+        return write(*args, **kwargs)
+
+    def spy_holds(*args: Any, **kwargs: Any) -> bool:
+        events.append("check")
+        return holds(*args, **kwargs)
+
+    monkeypatch.setattr(direct, "_write_weight", spy_write)
+    monkeypatch.setattr(direct, "_content_holds", spy_holds)
+    return events
+
+
+@pytest.mark.parametrize("backend", ["TRITON", "MARLIN"])
+def test_deferred_checks_run_after_the_weight_writes(backend: str, deferring: list[str]) -> None:
+    """GPTQ's zero-point and g_idx checks wait until both weights are queued; same bytes."""
+    tensors, quant = _checkpoint("gptq", group=128)
+    want = direct.canonical("gptq", tensors, quant, backend, num_experts=E)
+    deferring.clear()
+    got = direct.try_direct("gptq", tensors, quant, backend, num_experts=E)
+    assert got is not None
+    _same(got, want)
+    assert deferring == ["write", "write", "check"]
+
+
+@pytest.mark.parametrize("name", sorted(SPECIAL))
+def test_special_variants_with_deferred_checks(name: str, deferring: list[str]) -> None:
+    """A layer whose deferred checks fail (act-order g_idx) is read again the general way:
+    the same answer as without deferral."""
+    test_special_variants(name)
+
+
+@pytest.mark.parametrize("how", ["asym-zero", "sym-zero", "g_idx-range"])
+def test_bad_content_with_deferred_checks(how: str, deferring: list[str]) -> None:
+    """Content the deferred check refuses gets the canonical route's error, after the
+    weights were written and dropped."""
+    test_bad_input_gets_the_canonical_error(how)
+    assert "write" in deferring or how == "g_idx-range"
