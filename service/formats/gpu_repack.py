@@ -345,8 +345,8 @@ def _launch(
     """One launch over the slabs (`sources[i]` -> the word matrix at address `targets[i]`),
     all shaped and strided as `head`."""
     device = head.stored.device
-    addresses = [t.data_ptr() for t in sources] + list(targets)
-    ptrs = _to_device(torch.tensor(addresses, dtype=torch.int64), device)
+    addresses = tuple([t.data_ptr() for t in sources] + list(targets))
+    ptrs = _pointer_table(device, addresses)
     src_stride, dst_stride = int(head.stored.stride(0)), int(head.matrix.stride(0))
     # Every pointer 16-byte aligned and every row a multiple of 16 bytes (fresh torch
     # allocations and Mixtral's shapes are): the kernels may then vectorize.
@@ -379,6 +379,15 @@ def _launch(
             **consts,
             num_warps=NUM_WARPS,
         )
+
+
+@functools.lru_cache(maxsize=64)
+def _pointer_table(device: torch.device, addresses: tuple[int, ...]) -> torch.Tensor:
+    """The slab pointers as a device int64 tensor, kept per address set: its content is its
+    key, so a kept one is always right, and consecutive layers of one shape usually get the
+    same addresses back from torch's caching allocator (no host tensor, pinning and copy
+    per launch then)."""
+    return _to_device(torch.tensor(addresses, dtype=torch.int64), device)
 
 
 def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
