@@ -346,7 +346,10 @@ def _launch(
     all shaped and strided as `head`."""
     device = head.stored.device
     addresses = tuple([t.data_ptr() for t in sources] + list(targets))
-    ptrs = _pointer_table(device, addresses)
+    # Keyed by the stream too: a table made (copied) on one stream is not yet ordered
+    # before a kernel on another.
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    ptrs = _pointer_table(device, stream, addresses)
     src_stride, dst_stride = int(head.stored.stride(0)), int(head.matrix.stride(0))
     # Every pointer 16-byte aligned and every row a multiple of 16 bytes (fresh torch
     # allocations and Mixtral's shapes are): the kernels may then vectorize.
@@ -382,7 +385,7 @@ def _launch(
 
 
 @functools.lru_cache(maxsize=64)
-def _pointer_table(device: torch.device, addresses: tuple[int, ...]) -> torch.Tensor:
+def _pointer_table(device: torch.device, stream: int, addresses: tuple[int, ...]) -> torch.Tensor:
     """The slab pointers as a device int64 tensor, kept per address set: its content is its
     key, so a kept one is always right, and consecutive layers of one shape usually get the
     same addresses back from torch's caching allocator (no host tensor, pinning and copy
