@@ -48,6 +48,7 @@ from service.metrics import MULTIPROC_ENV, Metrics
 from service.oracle import PlatformProfile
 from service.settings import Settings
 from service.worker.errors import WorkerNotFoundError, WorkerUnavailableError
+from service.worker.memory import tune_malloc
 
 log = logging.getLogger("moe_control.replica")
 
@@ -249,6 +250,10 @@ async def _serve(config: Mapping[str, Any], reader: asyncio.StreamReader) -> int
     from service.server import settle_heap
 
     settings = Settings.load(config["settings"], environ={})
+    if settings.malloc_tuning:
+        # A replica forwards the same big RunMoE messages as the primary (memory.py's
+        # "server" row and bench/RESULTS.md say why); before its threads start.
+        tune_malloc("server")
     metrics = Metrics(multiprocess_dir=os.environ[MULTIPROC_ENV])
     view = WorkerView()
     health_servicer = health.aio.HealthServicer()
@@ -274,7 +279,7 @@ async def _serve(config: Mapping[str, Any], reader: asyncio.StreamReader) -> int
             worker_methods=lambda registrar: registrar.add_generic_rpc_handlers((forwarder,)),
             reuseport=True,
         )
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:  # grpc answers a port it cannot bind with the latter
         print(json.dumps({"event": "failed", "reason": str(exc)}), flush=True)
         return 1
     stop = asyncio.Event()

@@ -51,10 +51,24 @@ print(json.dumps({{"code": code, "mapped": mapped, "kept": mallinfo2().keepcost}
 HAS_MALLINFO2 = hasattr(ctypes.CDLL(None), "mallinfo2")
 
 
-def started(extra_env: dict[str, str], tuning: str = "on") -> dict[str, int]:
+# A replica (`--server-processes` > 1) through its own start, `service.replica._serve`,
+# stopped at once by a busy port: the same measurement after it.
+REPLICA_CODE = CODE.replace(
+    """code = run(Settings(port=0, metrics_port=busy.getsockname()[1], devices="cpu",
+                    log_level="ERROR", malloc_tuning=sys.argv[1] == "on"))""",
+    """import asyncio, os, tempfile
+from service.replica import _serve
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp()
+config = {"settings": {"malloc_tuning": sys.argv[1] == "on", "devices": "cpu"},
+          "port": busy.getsockname()[1], "internal": "127.0.0.1:1"}
+code = asyncio.run(_serve(config, asyncio.StreamReader()))""",
+)
+
+
+def started(extra_env: dict[str, str], tuning: str = "on", code: str = CODE) -> dict[str, int]:
     env = {k: v for k, v in os.environ.items() if k not in ENVIRONMENT.values()}
     done = subprocess.run(
-        [sys.executable, "-c", CODE, tuning],
+        [sys.executable, "-c", code, tuning],
         env={**env, **extra_env},
         capture_output=True,
         text=True,
@@ -91,3 +105,12 @@ def test_no_malloc_tuning_leaves_glibcs_defaults() -> None:
     result = started({}, tuning="off")
     assert result["mapped"] == 1  # a mapping of its own
     assert result["kept"] < BLOCK  # and nothing of it kept
+
+
+@pytest.mark.skipif(not HAS_MALLINFO2, reason="mallinfo2 is glibc's (2.33+)")
+@pytest.mark.parametrize(("tuning", "mapped"), [("on", 0), ("off", 1)])
+def test_a_replica_applies_the_same_row(tuning: str, mapped: int) -> None:
+    assert REPLICA_CODE != CODE
+    result = started({}, tuning=tuning, code=REPLICA_CODE)
+    assert result["mapped"] == mapped
+    assert (result["kept"] >= BLOCK) is (tuning == "on")
