@@ -165,6 +165,9 @@ class WorkerHandle:
         self.last_exit_reason = ""
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._listeners: dict[int, Callable[[str, dict[str, Any]], None]] = {}
+        #: Calls whose caller left (cancelled, timed out) while the worker still ran them:
+        #: call id -> the caller's on_abandon, given the late answer (None: failed or died).
+        self._abandoned: dict[int, Callable[[dict[str, Any] | None], None]] = {}
         self._next_id = 0
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -240,43 +243,40 @@ class WorkerHandle:
         self._pending[call_id] = future
         if on_event is not None:
             self._listeners[call_id] = on_event
-        abandoned = False
         counted = method != "ping"
         self.busy += counted
         try:
             async with self._write_lock:
                 process.stdin.write(protocol.request(call_id, method, params))
                 await process.stdin.drain()
-            # Shielded: a cancelled caller must not cancel the answer's future, which still
-            # tells whether the worker finished the job (see on_abandon).
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
+            # Awaited directly, not through asyncio.shield: the shield's outer future cost
+            # one more pass of the event loop per answer. A caller that leaves cancels the
+            # future; whether the worker still runs the job is then "not answered yet"
+            # (cancelled, or still pending), and its late answer goes to on_abandon.
+            if timeout is None:
+                return await future
+            return await asyncio.wait_for(future, timeout)
         except (BrokenPipeError, ConnectionResetError):
             raise WorkerUnavailableError(
                 f"worker {self.index} ({self.device}) went away during {method}"
             ) from None
         except (asyncio.CancelledError, TimeoutError):
-            if cancellable and not future.done():
+            if cancellable and (future.cancelled() or not future.done()):
                 self._cancel_in_worker(process, call_id)
                 if on_abandon is not None:
-                    abandoned = True
-                    future.add_done_callback(
-                        lambda done: self._abandoned(call_id, done, on_abandon)
-                    )
+                    self._abandoned[call_id] = on_abandon
             raise
         finally:
             self.busy -= counted
-            if not abandoned:
-                self._pending.pop(call_id, None)
+            self._pending.pop(call_id, None)
             self._listeners.pop(call_id, None)
 
-    def _abandoned(
-        self,
-        call_id: int,
-        future: asyncio.Future[dict[str, Any]],
-        on_abandon: Callable[[dict[str, Any] | None], None],
-    ) -> None:
-        self._pending.pop(call_id, None)
-        answer = None if future.cancelled() or future.exception() else future.result()
+    def _answer_abandoned(self, call_id: int, answer: dict[str, Any] | None) -> None:
+        """Give an abandoned call's late answer (None: it failed, or the worker died) to its
+        caller's on_abandon, for the cleanup of what a job that finished anyway made."""
+        on_abandon = self._abandoned.pop(call_id, None)
+        if on_abandon is None:
+            return
         try:
             on_abandon(answer)
         except Exception:
@@ -303,6 +303,8 @@ class WorkerHandle:
             if not future.done():
                 future.set_exception(error)
         self._pending.clear()
+        for call_id in list(self._abandoned):
+            self._answer_abandoned(call_id, None)
 
     async def _supervise(self) -> None:
         backoff = self.config.restart_backoff_s
@@ -451,8 +453,12 @@ class WorkerHandle:
                 if listener is not None and isinstance(data, dict):
                     listener(str(message["event"]), data)
                 continue
-            future = self._pending.get(message.get("id", -1))
+            call_id = message.get("id", -1)
+            future = self._pending.get(call_id)
             if future is None or future.done():
+                if call_id in self._abandoned:
+                    late = None if "error" in message else (message.get("result") or {})
+                    self._answer_abandoned(call_id, late)
                 continue
             if "error" in message:
                 err = message["error"] or {}
