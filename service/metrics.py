@@ -119,6 +119,7 @@ class Metrics:
         # Label children resolved once (the label sets are small and bounded).
         self._selection_children: dict[tuple[str, str], Any] = {}
         self._rejection_children: dict[tuple[str, str], Any] = {}
+        self._run_moe_children: dict[str, tuple[Any, Any]] = {}
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
@@ -270,6 +271,17 @@ class Metrics:
     def count_decision(self, decision: Decision) -> None:
         for child in self.decision_counters(decision):
             child.inc()
+
+    def run_moe_children(self, backend: str) -> tuple[Any, Any]:
+        """(duration histogram child, token counter child) of a backend's RunMoE calls,
+        resolved once per backend: `labels()` costs a lock and a dict lookup per call."""
+        children = self._run_moe_children.get(backend)
+        if children is None:
+            children = self._run_moe_children[backend] = (
+                self.run_moe_seconds.labels(backend),
+                self.run_moe_tokens.labels(backend),
+            )
+        return children
 
     def set_worker_ready(self, worker: int, device: str, ready: bool) -> None:
         self.worker_ready.labels(str(worker), device).set(1 if ready else 0)

@@ -45,6 +45,9 @@ from service.worker.segments import Pooled, SegmentDir, SegmentError, SegmentPoo
 from service.worker.supervisor import WorkerHandle, WorkerPool
 
 HIDDEN_DTYPES = ("bfloat16", "float16")
+#: Wire dtype enum value -> name, as `convert_codec.dtype_name` gives it ("" for
+#: unspecified), built once: the enum's `Name()` is a Python call per lookup.
+_DTYPE_NAMES = {value: convert_codec.dtype_name(value) for value in tensor_pb2.Dtype.values()}
 #: Most warm-up or timed iterations one call may ask for.
 MAX_ITERATIONS = 1000
 _R = TypeVar("_R")
@@ -56,17 +59,18 @@ def wire_tensor(
     """The declaration of a whole-tensor message, checked against its data length; named
     `name`, else by its request field (what the worker looks inputs up by). `data` is the
     message's data when the caller has it already: each read of a bytes field copies it."""
-    dtype = convert_codec.dtype_name(message.dtype)
+    dtype = _DTYPE_NAMES.get(message.dtype, "")
     if dtype not in DTYPES:
         raise RunInputError(f"{field}.dtype", f"unknown or unspecified dtype ({message.dtype})")
-    if any(d < 0 for d in message.shape):
-        raise RunInputError(f"{field}.shape", f"negative dimension in {list(message.shape)}")
-    spec = TensorSpec.of(name or field, dtype, list(message.shape))
+    shape = list(message.shape)  # one read: each builds the repeated field's wrapper anew
+    if shape and min(shape) < 0:
+        raise RunInputError(f"{field}.shape", f"negative dimension in {shape}")
+    spec = TensorSpec.of(name or field, dtype, shape)
     size = len(message.data if data is None else data)
     if spec.byte_size != size:
         raise RunInputError(
             f"{field}.data",
-            f"{size} bytes, but {dtype} {list(message.shape)} holds {spec.byte_size}",
+            f"{size} bytes, but {dtype} {shape} holds {spec.byte_size}",
         )
     return spec
 
@@ -105,6 +109,9 @@ class RunMoEHandler:
         self._settings = settings
         self._segments = segments
         self._calls = itertools.count(1)
+        # Calls' file-name prefixes: a counter and this handler's token (drawn once, not
+        # per call: the counter already tells this handler's calls apart).
+        self._token = secrets.token_hex(3)
         self._pool: SegmentPool | None = None
         self._trim_timer: tuple[asyncio.TimerHandle, asyncio.AbstractEventLoop] | None = None
 
@@ -160,7 +167,7 @@ class RunMoEHandler:
             )
         segments = self._segments()
         pool = self._pool_of(segments)
-        prefix = f"r{next(self._calls)}-{secrets.token_hex(3)}-"
+        prefix = f"r{next(self._calls)}-{self._token}-"
         lent: list[Pooled] = []
         answered = spilled = False
         try:
@@ -187,16 +194,19 @@ class RunMoEHandler:
                 answered = True
                 raise from_worker(exc, request.layer_id) from None
             answered = True
-            out = TensorSpec.from_json(answer["output"]["spec"])
-            spilled = answer["output"]["segment"] != out_segment.name
+            output = answer["output"]
+            described = output["spec"]
+            shape = [int(d) for d in described["shape"]]
+            nbytes = int(described["byte_size"])
+            spilled = output["segment"] != out_segment.name
             # The reply is built while the output's segment is still lent to this call.
             if not spilled:
                 result = reply(
-                    self._reply(request, worker, answer, out, out_segment.view(out.byte_size))
+                    self._reply(request, worker.index, answer, shape, out_segment.view(nbytes))
                 )
             else:
-                with segments.open(answer["output"]["segment"], out.byte_size) as segment:
-                    result = reply(self._reply(request, worker, answer, out, segment.view))
+                with segments.open(output["segment"], nbytes) as segment:
+                    result = reply(self._reply(request, worker.index, answer, shape, segment.view))
         finally:
             # Once the worker has answered it maps none of them; otherwise (cancelled, the
             # worker gone) it may still: their files go, its mappings stay valid.
@@ -204,45 +214,47 @@ class RunMoEHandler:
             self._schedule_trim(pool)
             if spilled or not answered:
                 segments.remove(prefix)  # the worker's own output segment, if it made one
-        backend = str(answer["backend"])
-        seconds = float(answer["device_seconds"])
-        self._metrics.run_moe_seconds.labels(backend).observe(seconds)
-        self._metrics.run_moe_tokens.labels(backend).inc(int(answer.get("tokens", hidden[0])))
+        seconds, tokens = self._metrics.run_moe_children(str(answer["backend"]))
+        seconds.observe(float(answer["device_seconds"]))
+        tokens.inc(int(answer.get("tokens", hidden[0])))
         return result
 
     @staticmethod
     def _reply(
         request: pb.RunMoERequest,
-        worker: WorkerHandle,
+        worker_index: int,
         answer: dict[str, Any],
-        out: TensorSpec,
+        shape: list[int],
         data: memoryview,
     ) -> Reply:
-        """The response without its output's data, and that data (a view of a segment)."""
-        response = pb.RunMoEResponse(backend=str(answer["backend"]), worker_index=worker.index)
-        output = response.output
-        output.name = "output"
-        output.dtype = request.hidden_states.dtype
-        output.shape.extend(out.shape)
-        response.device_time.FromNanoseconds(int(float(answer["device_seconds"]) * 1e9))
+        """The response without its output, the output without its data, and that data (a
+        view of a segment): apart, so the bytes path serializes each once, copying none."""
+        rest = pb.RunMoEResponse(backend=str(answer["backend"]), worker_index=worker_index)
+        # Duration.FromNanoseconds in two assignments (its Python checks cost more than the
+        # rest of the message; a device time is never negative).
+        rest.device_time.seconds, rest.device_time.nanos = divmod(
+            int(float(answer["device_seconds"]) * 1e9), 1_000_000_000
+        )
         if "max_abs_error" in answer:
-            response.max_abs_error = float(answer["max_abs_error"])
-        return Reply(response, data)
+            rest.max_abs_error = float(answer["max_abs_error"])
+        head = tensor_pb2.Tensor(name="output", dtype=request.hidden_states.dtype, shape=shape)
+        return Reply(rest, head, data)
 
     def _check_hidden(self, request: pb.RunMoERequest) -> tuple[int, int]:
         if not request.HasField("hidden_states"):
             raise RunInputError("hidden_states", "required: [tokens, hidden_size] bf16 or fp16")
         message = request.hidden_states
-        dtype = convert_codec.dtype_name(message.dtype)
+        dtype = _DTYPE_NAMES.get(message.dtype, "")
         if dtype not in HIDDEN_DTYPES:
             raise RunInputError(
                 "hidden_states.dtype", f"must be bfloat16 or float16, got {dtype or 'unspecified'}"
             )
-        if len(message.shape) != 2:
+        shape = list(message.shape)
+        if len(shape) != 2:
             raise RunInputError(
-                "hidden_states.shape", f"must be [tokens, hidden_size], got {list(message.shape)}"
+                "hidden_states.shape", f"must be [tokens, hidden_size], got {shape}"
             )
-        tokens = int(message.shape[0])
+        tokens = int(shape[0])
         limit = self._settings.run_max_tokens
         if tokens > limit:
             raise RunResourceError(
@@ -250,7 +262,7 @@ class RunMoEHandler:
                 f"{tokens} tokens exceed this server's limit of {limit} (setting run_max_tokens)",
                 "run_max_tokens",
             )
-        return tokens, int(message.shape[1])
+        return tokens, int(shape[1])
 
     async def _holder(self, request: pb.RunMoERequest) -> WorkerHandle:
         """The worker that holds the layer: the named one, else the one the pool's layer
@@ -265,7 +277,10 @@ class RunMoEHandler:
         """What the worker needs to convert inline weights on the fly, and their tensors."""
         if not layer.tensors:
             raise RunInputError("inline_layer.tensors", "required: the layer's checkpoint tensors")
-        total = sum(len(t.data) for t in layer.tensors)
+        # Each read of a bytes field copies it (upb): every tensor's data is read once here,
+        # for the limit and for the segments alike.
+        datas = [message.data for message in layer.tensors]
+        total = sum(map(len, datas))
         limit = self._settings.run_max_inline_bytes
         if total > limit:
             raise RunResourceError(
@@ -282,9 +297,9 @@ class RunMoEHandler:
         )
         target = resolve_target(deployment, backend, field="backend")
         tensors = []
-        for number, message in enumerate(layer.tensors):
+        for number, (message, data) in enumerate(zip(layer.tensors, datas, strict=True)):
             field = f"inline_layer.tensors[{message.name or number}]"
-            tensors.append((field, wire_tensor(message, field, message.name), message.data))
+            tensors.append((field, wire_tensor(message, field, message.name, data), data))
         shape = deployment.layer
         return {
             "source": source.to_json(),
@@ -338,18 +353,23 @@ class RunMoEHandler:
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """A RunMoE response whose output has no data yet, and the data (valid only while the
-    call holds its segment)."""
+    """A RunMoE response in three parts: the response without its output (`rest`), the
+    output without its data (`head`), and the data (valid only while the call holds its
+    segment)."""
 
-    response: pb.RunMoEResponse
+    rest: pb.RunMoEResponse
+    head: tensor_pb2.Tensor
     data: memoryview
 
 
 def _reply_message(reply: Reply) -> pb.RunMoEResponse:
-    # Filled in place: a Tensor built first and passed as `output=` is copied whole
-    # into the response (25 ms against 1 ms for 8 MiB here, bench/RESULTS.md).
-    reply.response.output.data = bytes(reply.data)
-    return reply.response
+    # The output filled in place: a Tensor with its data passed as `output=` is copied
+    # whole into the response (25 ms against 1 ms for 8 MiB here, bench/RESULTS.md); the
+    # head has no data yet, so copying it costs nothing.
+    response = reply.rest
+    response.output.CopyFrom(reply.head)
+    response.output.data = bytes(reply.data)
+    return response
 
 
 def _varint(value: int) -> bytes:
@@ -373,15 +393,13 @@ def reply_bytes(reply: Reply) -> bytes:
     number order: output (1) first, and within it data (5) last, so the bytes are the
     output's tag and length, its small fields, data's tag, length and bytes, then the
     response's other fields. proto3 leaves empty bytes out, and so does this."""
-    response = reply.response
     data = reply.data
-    head = response.output.SerializeToString()
+    head = reply.head.SerializeToString()
     data_part = _DATA_TAG + _varint(len(data)) if len(data) else b""
-    rest = pb.RunMoEResponse()
-    rest.CopyFrom(response)
-    rest.ClearField("output")
     length = len(head) + len(data_part) + len(data)
-    return b"".join((_OUTPUT_TAG, _varint(length), head, data_part, data, rest.SerializeToString()))
+    return b"".join(
+        (_OUTPUT_TAG, _varint(length), head, data_part, data, reply.rest.SerializeToString())
+    )
 
 
 def _discard(value: object) -> None:

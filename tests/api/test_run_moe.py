@@ -11,10 +11,12 @@ import pytest
 
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import tensor_pb2
-from service.api.run_moe import Reply, _reply_message, reply_bytes
+from service.api.run_moe import Reply, RunMoEHandler, _reply_message, reply_bytes
+from service.metrics import Metrics
 
 
 def response(shape: list[int], *, error: float | None, backend: str = "EMULATION") -> Any:
+    """The whole response, as the generated classes build it (the reference)."""
     message = pb.RunMoEResponse(backend=backend, worker_index=3)
     message.output.name = "output"
     message.output.dtype = tensor_pb2.DTYPE_BFLOAT16
@@ -23,6 +25,15 @@ def response(shape: list[int], *, error: float | None, backend: str = "EMULATION
     if error is not None:
         message.max_abs_error = error
     return message
+
+
+def parts(shape: list[int], data: memoryview, *, error: float | None) -> Reply:
+    """The same response as the handler holds it: without its output, the output's head."""
+    rest = response(shape, error=error)
+    head = tensor_pb2.Tensor()
+    head.CopyFrom(rest.output)
+    rest.ClearField("output")
+    return Reply(rest, head, data)
 
 
 CASES = [
@@ -40,9 +51,12 @@ def test_reply_bytes_are_the_serialized_response(
     shape: list[int], nbytes: int, error: float | None
 ) -> None:
     data = os.urandom(nbytes)
-    fast = reply_bytes(Reply(response(shape, error=error), memoryview(data)))
-    slow = _reply_message(Reply(response(shape, error=error), memoryview(data)))
+    fast = reply_bytes(parts(shape, memoryview(data), error=error))
+    slow = _reply_message(parts(shape, memoryview(data), error=error))
     assert fast == slow.SerializeToString()
+    reference = response(shape, error=error)
+    reference.output.data = data
+    assert slow == reference
     parsed = pb.RunMoEResponse.FromString(fast)
     assert parsed == slow
     assert parsed.output.data == data
@@ -55,6 +69,32 @@ def test_reply_bytes_from_a_mapped_view() -> None:
     with mmap.mmap(-1, 4096) as mapped:
         mapped[:10] = b"0123456789"
         view = memoryview(mapped)[:256]
-        fast = reply_bytes(Reply(response([1, 128], error=None), view))
+        fast = reply_bytes(parts([1, 128], view, error=None))
         assert pb.RunMoEResponse.FromString(fast).output.data == bytes(mapped[:256])
         view.release()
+
+
+@pytest.mark.parametrize("seconds", [0.0, 1e-9, 0.000568, 0.85e-3, 1.0, 2.75, 3601.000000123])
+def test_device_time_as_from_nanoseconds(seconds: float) -> None:
+    """The handler sets the Duration's two fields itself: the same message as
+    `Duration.FromNanoseconds` gives for every device time."""
+    request = pb.RunMoERequest()
+    request.hidden_states.dtype = tensor_pb2.DTYPE_FLOAT16
+    answer = {"backend": "TRITON", "device_seconds": seconds, "max_abs_error": 0.5}
+    reply = RunMoEHandler._reply(request, 2, answer, [1, 64], memoryview(b""))
+    expected = pb.RunMoEResponse(backend="TRITON", worker_index=2, max_abs_error=0.5)
+    expected.device_time.FromNanoseconds(int(seconds * 1e9))
+    assert reply.rest == expected
+    assert reply.head == tensor_pb2.Tensor(
+        name="output", dtype=tensor_pb2.DTYPE_FLOAT16, shape=[1, 64]
+    )
+
+
+def test_run_moe_metric_children_are_bound_once() -> None:
+    """One pair of label children per backend, the same objects on every call."""
+    metrics = Metrics()
+    first = metrics.run_moe_children("TRITON")
+    assert metrics.run_moe_children("TRITON") is first
+    assert first[0] is metrics.run_moe_seconds.labels("TRITON")
+    assert first[1] is metrics.run_moe_tokens.labels("TRITON")
+    assert metrics.run_moe_children("MARLIN")[0] is not first[0]
