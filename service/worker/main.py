@@ -172,12 +172,16 @@ class Worker:
 
 def serve(device: str, stdin: BinaryIO, stdout: BinaryIO) -> int:
     lock = threading.Lock()
+    fd = stdout.fileno()
 
     def send(line: bytes) -> None:
-        """Write one protocol line (background jobs write from their own threads)."""
+        """Write one protocol line (background jobs write from their own threads): straight
+        to the pipe's descriptor, one write for a line that fits the pipe, no buffer to copy
+        into and flush."""
         with lock:
-            stdout.write(line)
-            stdout.flush()
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view) :]
 
     worker = Worker(device, send)
     send(protocol.hello(worker.info))

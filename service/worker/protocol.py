@@ -21,8 +21,12 @@ class ProtocolError(ValueError):
     """A line that is not a well-formed protocol message."""
 
 
+#: Made once: `json.dumps` with any non-default option builds a new encoder per call.
+_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
 def encode(message: dict[str, Any]) -> bytes:
-    line = json.dumps(message, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+    line = (_ENCODE(message) + "\n").encode()
     if len(line) > MAX_LINE_BYTES:
         raise ProtocolError(f"message of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
     return line
