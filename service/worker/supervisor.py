@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import re
 import signal
 import sys
@@ -52,6 +53,8 @@ MAX_BACKOFF_S = 30.0
 #: A worker that lived this long before dying restarts after the initial back-off again.
 STABLE_AFTER_S = 60.0
 _DEVICE = re.compile(r"^(cpu|cuda:\d+|xpu:\d+)$")
+#: Most bytes read from a worker's answer pipe at once (asyncio's own pipe reads: 256 KiB).
+READ_BYTES = 256 * 1024
 #: Lost layer ids remembered for their explanation (oldest forgotten first).
 MAX_LOST_LAYERS = 4096
 #: ListWorkers waits this long for a worker's layer list (a hung worker shows none; the
@@ -136,6 +139,66 @@ def _exit_reason(returncode: int | None) -> str:
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exited with status {returncode}"
+
+
+class _AnswerReader:
+    """The read end of a worker's stdout pipe, read in the event loop's readiness callback
+    (`loop.add_reader`): each complete line is handled where it was read. asyncio's
+    subprocess stream instead fed a StreamReader whose reader task the loop then had to
+    wake, one more pass of the loop per answer. The first line fills `hello`, the others go
+    to `on_line`; `closed` gets why reading ended ("" at end of file, the worker gone)."""
+
+    def __init__(self, fd: int, on_line: Callable[[bytes], None]) -> None:
+        self._fd = fd
+        self._on_line = on_line
+        self._partial = b""
+        self._loop = asyncio.get_running_loop()
+        self.hello: asyncio.Future[bytes] = self._loop.create_future()
+        self.closed: asyncio.Future[str] = self._loop.create_future()
+        os.set_blocking(fd, False)
+        self._loop.add_reader(fd, self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data = os.read(self._fd, READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._close(f"cannot read its answers: {exc}")
+            return
+        if not data:
+            self._close("")
+            return
+        lines = (self._partial + data).split(b"\n") if self._partial else data.split(b"\n")
+        self._partial = lines.pop()
+        if len(self._partial) > protocol.MAX_LINE_BYTES:
+            self._close(f"protocol error: a line longer than {protocol.MAX_LINE_BYTES} bytes")
+            return
+        for line in lines:
+            if self.closed.done():
+                return
+            if not self.hello.done():
+                self.hello.set_result(line)
+                continue
+            try:
+                self._on_line(line)
+            except Exception as exc:  # a protocol error or a failing listener: worker is lost
+                self._close(str(exc) or type(exc).__name__)
+                return
+
+    def _close(self, reason: str) -> None:
+        if not self.closed.done():
+            self.closed.set_result(reason)
+        self.close()
+
+    def close(self) -> None:
+        """Stop reading and close the pipe (idempotent)."""
+        if self._fd >= 0:
+            self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+        if not self.closed.done():
+            self.closed.set_result("")
 
 
 class WorkerHandle:
@@ -336,35 +399,43 @@ class WorkerHandle:
             await asyncio.sleep(backoff)
             backoff = min(max(backoff * 2, 0.1), MAX_BACKOFF_S)
 
-    async def _spawn(self) -> asyncio.subprocess.Process:
-        return await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "service.worker",
-            "--device",
-            self.device,
-            "--log-format",
-            self.config.log_format,
-            "--log-level",
-            self.config.log_level,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            limit=protocol.MAX_LINE_BYTES + 1,
-        )
+    async def _spawn(self) -> tuple[asyncio.subprocess.Process, _AnswerReader]:
+        """Start an incarnation; its stdout is a pipe of ours read by `_AnswerReader`."""
+        read_fd, write_fd = os.pipe()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "service.worker",
+                "--device",
+                self.device,
+                "--log-format",
+                self.config.log_format,
+                "--log-level",
+                self.config.log_level,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=write_fd,
+            )
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        return process, _AnswerReader(read_fd, self._answer)
 
     async def _run_once(self) -> str:
         """Run one incarnation until it dies; returns why it ended."""
         try:
-            self.process = await self._spawn()
+            self.process, reader = await self._spawn()
         except OSError as exc:
             return f"could not start: {exc}"
         process = self.process
         if self.state is not WorkerState.RESTARTING:
             self._set_state(WorkerState.STARTING)
-        tasks: list[asyncio.Task[None]] = []
+        ping: asyncio.Task[None] | None = None
         reason = ""
         try:
-            await self._handshake(process)
+            await self._handshake(reader)
             self.ready_time = time.time()
             self.incarnation += 1
             self._set_state(WorkerState.READY)
@@ -378,18 +449,19 @@ class WorkerHandle:
                     "platform": self.info.get("platform"),
                 },
             )
-            tasks = [
-                asyncio.create_task(self._read_loop(process)),
-                asyncio.create_task(self._ping_loop()),
-            ]
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            failure = next(iter(done)).exception()
-            reason = str(failure) if failure else ""
+            ping = asyncio.create_task(self._ping_loop())
+            await asyncio.wait((reader.closed, ping), return_when=asyncio.FIRST_COMPLETED)
+            if reader.closed.done():
+                reason = reader.closed.result()
+            else:
+                failure = ping.exception()
+                reason = str(failure) if failure else ""
         except _WorkerDiedError as exc:
             reason = str(exc)
         finally:
-            for task in tasks:
-                task.cancel()
+            if ping is not None:
+                ping.cancel()
+            reader.close()
             if not self._stopping:
                 await self._reap(process, hung=bool(reason))
         status = _exit_reason(process.returncode)
@@ -408,20 +480,21 @@ class WorkerHandle:
             process.kill()
         await process.wait()
 
-    async def _handshake(self, process: asyncio.subprocess.Process) -> None:
-        assert process.stdout is not None
-        try:
-            line = await asyncio.wait_for(
-                process.stdout.readline(), timeout=self.config.start_timeout_s
+    async def _handshake(self, reader: _AnswerReader) -> None:
+        done, _ = await asyncio.wait(
+            (reader.hello, reader.closed),
+            timeout=self.config.start_timeout_s,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        if not done:
+            raise _WorkerDiedError(f"no hello within {self.config.start_timeout_s:g} s")
+        if not reader.hello.done():
+            failure = reader.closed.result()
+            raise _WorkerDiedError(
+                f"bad hello: {failure}" if failure else "exited before its hello"
             )
-        except TimeoutError:
-            raise _WorkerDiedError(f"no hello within {self.config.start_timeout_s:g} s") from None
-        except ValueError as exc:  # line over the limit
-            raise _WorkerDiedError(f"bad hello: {exc}") from None
-        if not line:
-            raise _WorkerDiedError("exited before its hello")
         try:
-            message = protocol.decode(line)
+            message = protocol.decode(reader.hello.result())
             if message.get("event") != "hello" or not isinstance(message.get("info"), dict):
                 raise protocol.ProtocolError("the first message must be a hello")
             info: dict[str, Any] = message["info"]
@@ -431,47 +504,39 @@ class WorkerHandle:
         self.info = info
         self.profile = profile
 
-    async def _read_loop(self, process: asyncio.subprocess.Process) -> None:
-        """Resolve each answer's future as its line arrives. The pipe is read by the event
-        loop itself (asyncio's pipe transport), not a reader thread: an answer wakes only
-        this process's loop, with no hop between threads on the way to the caller."""
-        assert process.stdout is not None
-        while True:
-            try:
-                line = await process.stdout.readline()
-            except ValueError as exc:
-                raise _WorkerDiedError(f"protocol error: {exc}") from None
-            if not line:
-                return
-            try:
-                message = protocol.decode(line)
-            except protocol.ProtocolError as exc:
-                raise _WorkerDiedError(f"protocol error: {exc}") from None
-            if "event" in message:
-                listener = self._listeners.get(message.get("id", -1))
-                data = message.get("data")
-                if listener is not None and isinstance(data, dict):
-                    listener(str(message["event"]), data)
-                continue
-            call_id = message.get("id", -1)
-            future = self._pending.get(call_id)
-            if future is None or future.done():
-                if call_id in self._abandoned:
-                    late = None if "error" in message else (message.get("result") or {})
-                    self._answer_abandoned(call_id, late)
-                continue
-            if "error" in message:
-                err = message["error"] or {}
-                details = err.get("details")
-                future.set_exception(
-                    WorkerCallError(
-                        str(err.get("type", "Error")),
-                        str(err.get("message", "")),
-                        details if isinstance(details, dict) else None,
-                    )
+    def _answer(self, line: bytes) -> None:
+        """Resolve the future of the call a line answers (or hand a progress line to its
+        listener); `_AnswerReader` calls it for each line after the hello, in the event
+        loop's own callback for the pipe, so the caller's task is the only one woken."""
+        try:
+            message = protocol.decode(line)
+        except protocol.ProtocolError as exc:
+            raise _WorkerDiedError(f"protocol error: {exc}") from None
+        call_id = message.get("id", -1)
+        if "event" in message:
+            listener = self._listeners.get(call_id)
+            data = message.get("data")
+            if listener is not None and isinstance(data, dict):
+                listener(str(message["event"]), data)
+            return
+        future = self._pending.get(call_id)
+        if future is None or future.done():
+            if call_id in self._abandoned:
+                late = None if "error" in message else (message.get("result") or {})
+                self._answer_abandoned(call_id, late)
+            return
+        if "error" in message:
+            err = message["error"] or {}
+            details = err.get("details")
+            future.set_exception(
+                WorkerCallError(
+                    str(err.get("type", "Error")),
+                    str(err.get("message", "")),
+                    details if isinstance(details, dict) else None,
                 )
-            else:
-                future.set_result(message.get("result") or {})
+            )
+        else:
+            future.set_result(message.get("result") or {})
 
     async def _ping_loop(self) -> None:
         while True:
