@@ -37,6 +37,13 @@ BACKGROUND: dict[str, str] = {
 }
 
 
+#: Request classes whose calls the thread that read them runs (after passing the reading
+#: on, `serve`): a RunMoE is short and latency-bound, and the hand-over to a job thread was
+#: one wake-up of a thread on its path. Conversions and measurements still go to their
+#: classes' kept threads.
+HERE = frozenset({jobs.DEFAULT_KIND})
+
+
 class Worker:
     """The worker's request handlers: quick ones answer inline, long ones run as jobs."""
 
@@ -50,6 +57,10 @@ class Worker:
         self._transport: Transport | None = None
         self._kernels: dict[str, Any] | None = None
         self._background: dict[str, tuple[jobs.Handler, str]] = {}
+        #: Set by `serve`: passes the reading role to another thread, so that the reading
+        #: thread can run a call of a class in HERE itself (without it every background
+        #: call goes to its class's kept threads: tests driving `handle` directly).
+        self.relay: Callable[[], None] | None = None
         self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "ping": self.ping,
             "profile": self.profile,
@@ -155,7 +166,10 @@ class Worker:
         if method in BACKGROUND:
             try:
                 job, kind = self.job(method)
-                self.jobs.start(call_id, method, job, params, kind=kind)
+                if self.relay is not None and kind in HERE:
+                    self.jobs.run_here(call_id, method, job, params, before=self.relay)
+                else:
+                    self.jobs.start(call_id, method, job, params, kind=kind)
             except Exception as exc:
                 log.exception("cannot start %s", method)
                 return protocol.error(call_id, *jobs.describe(exc))
@@ -184,15 +198,42 @@ def serve(device: str, stdin: BinaryIO, stdout: BinaryIO) -> int:
                 view = view[os.write(fd, view) :]
 
     worker = Worker(device, send)
+    closed = threading.Event()
+    failure: list[BaseException] = []
+    relayed = threading.local()
+
+    def read() -> None:
+        """The reading role: one thread at a time reads and answers requests, until the
+        pipe closes or it meets a call it runs itself; it has then passed the role on
+        (`relay`), so pings and cancels are still read while that call runs."""
+        relayed.done = False
+        try:
+            for line in stdin:
+                answer = worker.handle(line)
+                if answer is not None:
+                    send(answer)
+                if relayed.done:
+                    return
+        except BaseException as exc:  # the server went away (a broken pipe), or a bug
+            failure.append(exc)
+        closed.set()
+
+    def relay() -> None:
+        worker.jobs.relay(jobs.DEFAULT_KIND, read)
+        relayed.done = True
+
+    worker.relay = relay
     send(protocol.hello(worker.info))
     log.info("worker ready", extra={"device": device, "platform": worker.info.get("platform")})
     try:
-        for line in stdin:
-            answer = worker.handle(line)
-            if answer is not None:
-                send(answer)
+        # Readers are threads of the RUN class: the one that runs a call and the one that
+        # reads on take turns, kept like any job thread (jobs.py).
+        worker.jobs.relay(jobs.DEFAULT_KIND, read)
+        closed.wait()
     finally:
         worker.jobs.cancel_all()
+    if failure:
+        raise failure[0]
     return 0
 
 
