@@ -1,9 +1,10 @@
 """The worker's request loop (`main.serve`): a RUN-class call runs on the thread that read
-it, which first passes the reading on, so pings and cancels are still answered meanwhile.
+it, while the other waiting threads still answer pings and cancels.
 
 Why: the hand-over of every RunMoE from the reader to a job thread was one thread wake-up
-on its path; running it where it was read removes that, and the relay keeps what the
-supervisor relies on (a ping within its timeout, a cancel that reaches a running call).
+on its path; running it where it was read removes that, and the other readers keep what
+the supervisor relies on (a ping within its timeout, a cancel that reaches a running call,
+the pipe's end cancelling what runs).
 """
 
 from __future__ import annotations
@@ -83,14 +84,15 @@ def test_pings_and_cancels_are_answered_while_a_run_call_runs(
         assert pipes.answer() == {"id": 3, "result": {"cancelled": True}}
         cancelled = pipes.answer()
         assert cancelled["id"] == 1 and cancelled["error"]["details"]["category"] == "cancelled"
-        # One call after another: the two RUN-class threads take turns reading and running.
+        # One call after another: run by the RUN-class threads that wait for requests (one
+        # runs, another waits; no crowd of threads).
         names = set()
         for call_id in range(4, 10):
             pipes.send(call_id, "test_name")
             answer = pipes.answer()
             assert answer["id"] == call_id
             names.add(answer["result"]["thread"])
-        assert len(names) == 2 and all(name.startswith("jobs-run-") for name in names)
+        assert 1 <= len(names) <= 2 and all(name.startswith("jobs-run-") for name in names)
     finally:
         assert pipes.close() == 0
 
