@@ -125,9 +125,9 @@ class _Lane:
     its threads: a call goes to an idle one through a queue (one wake-up). When every thread
     is busy a new one starts, so calls of a class still run side by side as before (a long
     conversion never queues behind another); threads beyond the first end after `idle_s`
-    without work, so a burst leaves no crowd behind. The RUN class's threads also take turns
-    at reading the worker's requests (`Jobs.relay`, main.py): a RunMoE runs on the thread
-    that read it, with no hand-over at all.
+    without work, so a burst leaves no crowd behind. The RUN class's threads also wait on
+    the worker's request pipe (main.py starts them with `Jobs.relay`): a RunMoE runs on the
+    thread that read it, with no hand-over at all.
     """
 
     def __init__(self, name: str, idle_s: float) -> None:
@@ -239,10 +239,10 @@ class Jobs:
         before: Task,
     ) -> None:
         """Run `handler` on the calling thread, once `before` has returned: the worker's
-        reader runs a RUN call itself after passing the reading role to another thread of
-        that class (`relay`), so the call skips a hand-over between threads while pings and
-        cancels are still read meanwhile. Cancellable and cancelled at shutdown like a job
-        started with `start`."""
+        reading thread runs a RUN call itself after `before` let other threads read on
+        (main.py), so the call skips a hand-over between threads while pings and cancels
+        are still read meanwhile. Cancellable and cancelled at shutdown like a job started
+        with `start`."""
         context = JobContext(call_id, self._send)
         with self._lock:
             self._running[call_id] = context
