@@ -13,7 +13,6 @@ up by the exception's class names (walking its MRO), so this module imports no d
 
 from __future__ import annotations
 
-import functools
 import logging
 import queue
 import threading
@@ -110,8 +109,6 @@ class _Job:
         self.params = params
 
 
-#: What a lane's thread runs: a job (`Jobs._run` of it) or the reading role (main.py).
-Task = Callable[[], None]
 #: Put on a lane's queue to end one of its threads (at shutdown).
 _STOP = None
 
@@ -125,48 +122,47 @@ class _Lane:
     its threads: a call goes to an idle one through a queue (one wake-up). When every thread
     is busy a new one starts, so calls of a class still run side by side as before (a long
     conversion never queues behind another); threads beyond the first end after `idle_s`
-    without work, so a burst leaves no crowd behind. The RUN class's threads also wait on
-    the worker's request pipe (main.py starts them with `Jobs.relay`): a RunMoE runs on the
-    thread that read it, with no hand-over at all.
+    without work, so a burst leaves no crowd behind.
     """
 
-    def __init__(self, name: str, idle_s: float) -> None:
+    def __init__(self, name: str, run: Callable[[_Job], None], idle_s: float) -> None:
         self._name = name
+        self._run = run
         self._idle_s = idle_s
-        self._queue: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         #: Threads waiting on the queue less jobs queued for them (each put reserves one).
         self._idle = 0
         self._threads: set[threading.Thread] = set()
         self._started = 0
 
-    def submit(self, task: Task) -> None:
+    def submit(self, job: _Job) -> None:
         with self._lock:
             if self._idle:
                 self._idle -= 1
-                self._queue.put(task)
+                self._queue.put(job)
                 return
             self._started += 1
             thread = threading.Thread(
                 target=self._loop,
-                args=(task,),
+                args=(job,),
                 name=f"jobs-{self._name}-{self._started}",
                 daemon=True,
             )
             self._threads.add(thread)
         thread.start()
 
-    def _loop(self, task: Task | None) -> None:
+    def _loop(self, job: _Job | None) -> None:
         try:
-            while task is not None:
-                task()
-                task = self._next()
+            while job is not None:
+                self._run(job)
+                job = self._next()
         finally:
             with self._lock:
                 self._threads.discard(threading.current_thread())
 
-    def _next(self) -> Task | None:
-        """The next task; None when this thread is to end (stopped, or surplus and idle)."""
+    def _next(self) -> _Job | None:
+        """The next job; None when this thread is to end (stopped, or surplus and idle)."""
         with self._lock:
             self._idle += 1
         while True:
@@ -221,49 +217,15 @@ class Jobs:
         context = JobContext(call_id, self._send)
         with self._lock:
             self._running[call_id] = context
-        job = _Job(context, method, handler, params)
-        try:
-            self._lane(kind).submit(functools.partial(self._run, job))
-        except BaseException:
-            with self._lock:
-                self._running.pop(call_id, None)
-            raise
-
-    def run_here(
-        self,
-        call_id: int,
-        method: str,
-        handler: Handler,
-        params: dict[str, Any],
-        *,
-        before: Task,
-    ) -> None:
-        """Run `handler` on the calling thread, once `before` has returned: the worker's
-        reading thread runs a RUN call itself after `before` let other threads read on
-        (main.py), so the call skips a hand-over between threads while pings and cancels
-        are still read meanwhile. Cancellable and cancelled at shutdown like a job started
-        with `start`."""
-        context = JobContext(call_id, self._send)
-        with self._lock:
-            self._running[call_id] = context
-        try:
-            before()
-        except BaseException:
-            with self._lock:
-                self._running.pop(call_id, None)
-            raise
-        self._run(_Job(context, method, handler, params))
-
-    def relay(self, kind: str, task: Task) -> None:
-        """Run `task` (not a call: no answer, no cancellation) on a kept thread of `kind`."""
-        self._lane(kind).submit(task)
-
-    def _lane(self, kind: str) -> _Lane:
-        with self._lock:
             lane = self._lanes.get(kind)
             if lane is None:
-                lane = self._lanes[kind] = _Lane(kind, self._idle_s)
-            return lane
+                lane = self._lanes[kind] = _Lane(kind, self._run, self._idle_s)
+        try:
+            lane.submit(_Job(context, method, handler, params))
+        except BaseException:
+            with self._lock:
+                self._running.pop(call_id, None)
+            raise
 
     def _run(self, job: _Job) -> None:
         context = job.context

@@ -12,7 +12,6 @@ import importlib
 import json
 import logging
 import os
-import select
 import signal
 import sys
 import threading
@@ -38,15 +37,6 @@ BACKGROUND: dict[str, str] = {
 }
 
 
-#: Most bytes read from the request pipe at once.
-READ_BYTES = 256 * 1024
-#: Request classes whose calls the thread that read them runs (after passing the reading
-#: on, `serve`): a RunMoE is short and latency-bound, and the hand-over to a job thread was
-#: one wake-up of a thread on its path. Conversions and measurements still go to their
-#: classes' kept threads.
-HERE = frozenset({jobs.DEFAULT_KIND})
-
-
 class Worker:
     """The worker's request handlers: quick ones answer inline, long ones run as jobs."""
 
@@ -60,10 +50,6 @@ class Worker:
         self._transport: Transport | None = None
         self._kernels: dict[str, Any] | None = None
         self._background: dict[str, tuple[jobs.Handler, str]] = {}
-        #: Set by `serve`: lets other threads read on, so that the thread that read a call
-        #: of a class in HERE runs it itself (without it every background call goes to its
-        #: class's kept threads: tests driving `handle` directly).
-        self.relay: Callable[[], None] | None = None
         self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "ping": self.ping,
             "profile": self.profile,
@@ -169,10 +155,7 @@ class Worker:
         if method in BACKGROUND:
             try:
                 job, kind = self.job(method)
-                if self.relay is not None and kind in HERE:
-                    self.jobs.run_here(call_id, method, job, params, before=self.relay)
-                else:
-                    self.jobs.start(call_id, method, job, params, kind=kind)
+                self.jobs.start(call_id, method, job, params, kind=kind)
             except Exception as exc:
                 log.exception("cannot start %s", method)
                 return protocol.error(call_id, *jobs.describe(exc))
@@ -201,131 +184,16 @@ def serve(device: str, stdin: BinaryIO, stdout: BinaryIO) -> int:
                 view = view[os.write(fd, view) :]
 
     worker = Worker(device, send)
-    requests = _Requests(worker, stdin.fileno(), send)
-    worker.relay = requests.pass_on
     send(protocol.hello(worker.info))
     log.info("worker ready", extra={"device": device, "platform": worker.info.get("platform")})
     try:
-        worker.jobs.relay(jobs.DEFAULT_KIND, requests.serve)
-        requests.closed.wait()
+        for line in stdin:
+            answer = worker.handle(line)
+            if answer is not None:
+                send(answer)
     finally:
         worker.jobs.cancel_all()
-        requests.release()
-    if requests.failure:
-        raise requests.failure[0]
     return 0
-
-
-class _Requests:
-    """The request pipe, read by every idle thread of the RUN class at once.
-
-    Each waits in its own epoll on the pipe with EPOLLEXCLUSIVE, so the kernel wakes one of
-    them per request and the others stay asleep without wanting the GIL. The woken thread
-    reads, frames and answers lines under `_lock` (one reader at a time keeps the lines in
-    order) and runs a RUN-class call itself once it has released the lock (`pass_on`): no
-    hand-over to another thread on the call's path, and the other threads still answer
-    pings and cancels meanwhile. A kept reader that waits more than `jobs.IDLE_S` while
-    another waits too leaves. (A single reader that relayed the reading role to a job
-    thread before running a call cost as much as the hand-over it saved: the woken thread
-    took the GIL from the running call.)
-    """
-
-    def __init__(self, worker: Worker, fd: int, send: Callable[[bytes], None]) -> None:
-        self._worker = worker
-        self._fd = fd
-        self._send = send
-        os.set_blocking(fd, False)
-        self._lock = threading.Lock()
-        self._buffer = bytearray()
-        self._waiting = 0
-        self._local = threading.local()
-        self._wake_r, self._wake_w = os.pipe()
-        self.closed = threading.Event()
-        self.failure: list[BaseException] = []
-
-    def serve(self) -> None:
-        """Wait for requests and handle them until the pipe closes (a lane task)."""
-        poller = select.epoll()
-        try:
-            poller.register(self._fd, select.EPOLLIN | select.EPOLLEXCLUSIVE)
-            poller.register(self._wake_r, select.EPOLLIN)
-            while not self.closed.is_set():
-                with self._lock:
-                    self._waiting += 1
-                try:
-                    events = poller.poll(jobs.IDLE_S)
-                finally:
-                    with self._lock:
-                        self._waiting -= 1
-                        surplus = not events and self._waiting > 0
-                if surplus:
-                    return
-                if events and not self.closed.is_set():
-                    self.drain(read=True)
-        except BaseException as exc:  # the server went away (a broken pipe), or a bug
-            self._close(exc)
-        finally:
-            poller.close()
-
-    def drain(self, *, read: bool) -> None:
-        """Read what the pipe holds (`read`) and handle the complete lines buffered, in
-        order; a RUN-class call runs here after `pass_on` released the lock."""
-        self._lock.acquire()
-        self._local.released = False
-        try:
-            if read:
-                try:
-                    data = os.read(self._fd, READ_BYTES)
-                except BlockingIOError:  # another thread took it
-                    data = None
-                if data == b"":
-                    self._close(None)
-                    return
-                if data:
-                    self._buffer += data
-            while not self.closed.is_set():
-                end = self._buffer.find(b"\n")
-                if end < 0:
-                    return
-                line = bytes(self._buffer[: end + 1])
-                del self._buffer[: end + 1]
-                answer = self._worker.handle(line)
-                if answer is not None:
-                    self._send(answer)
-                if self._local.released:
-                    return
-        finally:
-            if not self._local.released:
-                self._lock.release()
-
-    def pass_on(self) -> None:
-        """Called, under the lock, just before a RUN-class call runs on this thread: keep a
-        reader waiting for the next request and another for lines already buffered, then
-        release the lock."""
-        jobs_ = self._worker.jobs
-        if self._waiting == 0:
-            jobs_.relay(jobs.DEFAULT_KIND, self.serve)
-        if b"\n" in self._buffer:
-            jobs_.relay(jobs.DEFAULT_KIND, self._drain_buffered)
-        self._local.released = True
-        self._lock.release()
-
-    def _drain_buffered(self) -> None:
-        try:
-            self.drain(read=False)
-        except BaseException as exc:
-            self._close(exc)
-
-    def _close(self, failure: BaseException | None) -> None:
-        if failure is not None:
-            self.failure.append(failure)
-        if not self.closed.is_set():
-            self.closed.set()
-            os.write(self._wake_w, b"x")  # every waiting reader wakes and leaves
-
-    def release(self) -> None:
-        os.close(self._wake_r)
-        os.close(self._wake_w)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,8 +9,6 @@ import threading
 import time
 from typing import Any
 
-import pytest
-
 from service.worker import jobs, protocol
 
 
@@ -110,32 +108,3 @@ def test_a_call_cancelled_before_its_thread_takes_it_never_runs() -> None:
     answer = answers.get()
     assert answer["id"] == 9 and answer["error"]["details"]["category"] == "cancelled"
     assert ran == []
-
-
-def test_run_here_runs_on_the_calling_thread_after_before() -> None:
-    answers = Answers()
-    runner = jobs.Jobs(answers)
-    order: list[str] = []
-    runner.run_here(1, "m", thread_name, {}, before=lambda: order.append("before"))
-    answer = answers.get()
-    assert order == ["before"] and answer["id"] == 1
-    assert answer["result"]["thread"] == threading.current_thread().name
-    assert runner.active == 0 and runner.threads == {}
-
-    def refuse() -> None:
-        raise RuntimeError("can't start new thread")
-
-    with pytest.raises(RuntimeError):
-        runner.run_here(2, "m", thread_name, {}, before=refuse)
-    assert runner.active == 0 and answers.queue.empty()  # never ran, nothing left behind
-
-
-def test_relay_runs_a_task_on_a_kept_thread_of_its_class() -> None:
-    runner = jobs.Jobs(Answers())
-    ran: queue.Queue[str] = queue.Queue()
-    for _ in range(3):
-        runner.relay("run", lambda: ran.put(threading.current_thread().name))
-        assert ran.get(timeout=10).startswith("jobs-run-")
-    assert wait_until(lambda: runner.threads == {"run": 1})
-    runner.cancel_all(wait_s=5)
-    assert runner.threads == {"run": 0}
