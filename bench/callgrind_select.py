@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import grpc
+from _serve import listening, serve_command  # bench/_serve.py (bench/ is on sys.path)
 
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 
@@ -74,35 +75,15 @@ def control(*args: str) -> None:
 
 def measure(tree: Path, calls: int, connections: int, serve_args: list[str]) -> dict[str, object]:
     out = Path(tempfile.mkdtemp(prefix="callgrind-select-"))
-    command = [
-        "valgrind",
-        "--tool=callgrind",
-        f"--callgrind-out-file={out}/callgrind.%p",
-        sys.executable,
-        "-m",
-        "service.cli",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--metrics-port",
-        "0",
-        "--devices",
-        "cpu",
-        "--log-level",
-        "WARNING",
-        "--server-processes",
-        "1",
-        *serve_args,
-    ]
+    valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/callgrind.%p"]
+    command = serve_command("--log-level", "WARNING", *serve_args, prefix=valgrind)
     with open(out / "stderr", "w") as stderr:
         server = subprocess.Popen(
             command, cwd=tree, stdout=subprocess.PIPE, stderr=stderr, text=True
         )
     try:
         assert server.stdout is not None
-        match = re.search(r"serving gRPC on (\S+?)(;|$)", server.stdout.readline())
+        match = listening(server.stdout.readline())
         if match is None:
             raise SystemExit(f"the server did not start; see {out}/stderr")
         target = match.group(1)

@@ -29,7 +29,6 @@ import ipaddress
 import json
 import multiprocessing
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from _serve import listening, serve_command  # bench/_serve.py (bench/ is on sys.path)
 
 from service.api import codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
@@ -92,23 +92,8 @@ def specs(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def start_server(extra: list[str], cpus: set[int] | None) -> tuple[subprocess.Popen[str], str]:
-    command = [
-        sys.executable,
-        "-m",
-        "service.cli",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--metrics-port",
-        "0",
-        "--devices",
-        "cpu",
-        "--log-level",
-        "WARNING",
-        *extra,
-    ]
+    # The server's own default process count (one per core it may use): what is measured.
+    command = serve_command("--log-level", "WARNING", *extra, processes=None)
 
     def pin() -> None:
         if cpus:
@@ -118,7 +103,7 @@ def start_server(extra: list[str], cpus: set[int] | None) -> tuple[subprocess.Po
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, preexec_fn=pin)  # noqa: PLW1509
     assert process.stdout is not None
     line = process.stdout.readline()
-    match = re.search(r"serving gRPC on (\S+?)(;|$)", line)
+    match = listening(line)
     if match is None:
         process.kill()
         raise SystemExit(f"server did not start: {line!r}")

@@ -29,7 +29,6 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _serve import listening, serve_command  # bench/_serve.py (bench/ is on sys.path)
 
 from service.api.convert_client import Connection, convert_checkpoint_remote, header_for
 from service.formats.checkpoint import MANIFEST_NAME
@@ -50,31 +50,13 @@ from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
 GB = 1e9
 MIXTRAL = {"num_experts": 8, "hidden_size": 4096, "intermediate_size": 14336, "group_size": 128}
 QUICK = {"num_experts": 8, "hidden_size": 512, "intermediate_size": 1024, "group_size": 128}
-_LISTENING = re.compile(r"serving gRPC on (\S+?)(?:;|$)")
 
 
 class Server:
     """`moe-control serve` on a free loopback port, with its stderr kept for the logs."""
 
     def __init__(self, devices: str, root: Path, extra: list[str]) -> None:
-        command = [
-            sys.executable,
-            "-m",
-            "service.cli",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--no-metrics-enabled",
-            "--server-processes",
-            "1",
-            "--devices",
-            devices,
-            "--data-root",
-            str(root),
-            *extra,
-        ]
+        command = serve_command("--data-root", str(root), *extra, devices=devices, metrics=False)
         self.process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -83,7 +65,7 @@ class Server:
         stderr = self.process.stderr
         threading.Thread(target=lambda: self.stderr.extend(stderr), daemon=True).start()
         line = self.process.stdout.readline()
-        match = _LISTENING.search(line.strip())
+        match = listening(line)
         if match is None:
             self.stop()
             raise RuntimeError(f"server did not start: {line!r}\n{''.join(self.stderr[-40:])}")

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -48,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import grpc
 import torch
+from _serve import listening, serve_command  # bench/ is on sys.path (above)
 
 from service.api.convert_client import Connection, convert_layer_remote, header_for
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
@@ -64,7 +64,6 @@ SHAPES = {
     "qwen3": (128, 8, 2048, 768),
     "mixtral": (8, 2, 4096, 14336),
 }
-_LISTENING = re.compile(r"serving gRPC on (\S+?); metrics at (\S+)")
 
 
 @dataclass
@@ -86,21 +85,19 @@ class Row:
 def start_server(
     devices: str, extra: list[str], prefix: list[str] | None = None
 ) -> tuple[subprocess.Popen[str], str, str]:
-    command = [
-        *(prefix or []), sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
-        "--port", "0", "--metrics-port", "0", "--devices", devices, "--server-processes", "1",
+    command = serve_command(
         "--log-level", "WARNING",
         # M = 4096 at a real hidden size is 16+ MiB a message each way (the default limit)
         "--max-receive-message-bytes", str(256 << 20), "--max-send-message-bytes", str(256 << 20),
-        *extra,
-    ]  # fmt: skip
+        *extra, devices=devices, prefix=prefix or (),
+    )  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     line = process.stdout.readline()
-    while line and prefix and _LISTENING.search(line) is None:
+    while line and prefix and listening(line) is None:
         line = process.stdout.readline()  # a profiler's own lines first
-    match = _LISTENING.search(line)
-    if match is None:
+    match = listening(line)
+    if match is None or match.group(2) is None:  # the bench reads the server's /metrics
         process.kill()
         raise SystemExit(f"server did not start: {line!r}")
     return process, match.group(1), match.group(2)

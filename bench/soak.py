@@ -64,7 +64,6 @@ import hashlib
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import statistics
@@ -81,6 +80,7 @@ from typing import Any
 
 import grpc
 import torch
+from _serve import listening, serve_command  # bench/_serve.py (bench/ is on sys.path)
 from grpc_health.v1 import health_pb2
 
 from service.api import codec, convert_codec
@@ -315,21 +315,7 @@ async def stream_call(
 
 def start_server(workdir: Path, extra: list[str]) -> tuple[subprocess.Popen[str], str, Path]:
     log = workdir / "server.log"
-    command = [
-        sys.executable,
-        "-m",
-        "service.cli",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--metrics-port",
-        "0",
-        "--devices",
-        "cpu",
-        "--server-processes",
-        "1",
+    command = serve_command(
         "--log-level",
         "INFO",
         "--grace-s",
@@ -340,12 +326,12 @@ def start_server(workdir: Path, extra: list[str]) -> tuple[subprocess.Popen[str]
         str(workdir / "segments"),
         *(f"--{name.replace('_', '-')}={value}" for name, value in LIMITS.items()),
         *extra,
-    ]
+    )
     with log.open("w") as sink:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=sink, text=True)
     assert process.stdout is not None
     line = process.stdout.readline()
-    match = re.search(r"serving gRPC on (\S+?)(;|$)", line)
+    match = listening(line)
     if match is None:
         process.kill()
         process.wait()
