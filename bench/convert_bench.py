@@ -54,6 +54,7 @@ from typing import Any, ClassVar
 import torch
 
 from service.formats import checkpoint, direct, registry, safetensors_io
+from service.formats.canonical import QuantizedMoELayer
 from service.formats.checkpoint import convert_checkpoint, plan_job, registry_converter
 from service.formats.paths import DataRoot
 from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint
@@ -194,8 +195,10 @@ def finish_row(row: dict[str, Any], bandwidth: float) -> dict[str, Any]:
     }
 
 
-def layer_part(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    shape = QUICK if args.quick else MIXTRAL
+def bench_layer(quick: bool, device: torch.device) -> tuple[dict[str, int], QuantizedMoELayer]:
+    """The layer both layer benches convert (this one and bench/repack_profile.py): the
+    Mixtral-8x7B shape (QUICK: a smaller one), random int4 codes from seed 0, on `device`."""
+    shape = QUICK if quick else MIXTRAL
     spec = SyntheticSpec(
         num_experts=shape["num_experts"],
         hidden_size=shape["hidden_size"],
@@ -204,7 +207,11 @@ def layer_part(args: argparse.Namespace, device: torch.device) -> dict[str, Any]
         fast=True,
     )
     print(f"building a {shape} layer ...", file=sys.stderr, flush=True)
-    layer = to_device(synthetic_layer(spec, torch.Generator().manual_seed(0)), device)
+    return shape, to_device(synthetic_layer(spec, torch.Generator().manual_seed(0)), device)
+
+
+def layer_part(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    shape, layer = bench_layer(args.quick, device)
     bandwidth = copy_bandwidth(device)
     rows: list[dict[str, Any]] = []
     for source in args.sources:

@@ -41,10 +41,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.convert_bench import GB, MIXTRAL, QUICK, Timer, copy_bandwidth, identical, markdown
+from bench.convert_bench import GB, Timer, bench_layer, copy_bandwidth, identical, markdown
 from service.formats import direct, gpu_repack, registry
 from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint
-from service.formats.synthetic import SyntheticSpec, synthetic_layer, to_device
 from service.formats.writers import DEFAULT_OPTIONS, finish, weight_type
 
 STAGES = ("read_packed", "w13 weight", "w2 weight", "other tensors", "finish")
@@ -446,16 +445,7 @@ def main() -> int:
     parser.add_argument("--json", help="also write the raw figures to this file")
     args = parser.parse_args()
     device = torch.device(args.device)
-    shape = QUICK if args.quick else MIXTRAL
-    spec = SyntheticSpec(
-        num_experts=shape["num_experts"],
-        hidden_size=shape["hidden_size"],
-        intermediate_size=shape["intermediate_size"],
-        group_size=shape["group_size"],
-        fast=True,
-    )
-    print(f"building a {shape} layer ...", file=sys.stderr, flush=True)
-    layer = to_device(synthetic_layer(spec, torch.Generator().manual_seed(0)), device)
+    shape, layer = bench_layer(args.quick, device)
     bandwidth = copy_bandwidth(device, size=(1 << 30) if device.type == "cuda" else 1 << 26)
     results = []
     for source in args.sources:
