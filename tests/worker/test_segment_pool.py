@@ -4,30 +4,13 @@ files deleted when given back beyond the pool's size, dropped, or idle too long.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from service.worker.segments import SegmentDir, SegmentError, SegmentPool, pool_class
+from worker.conftest import Clock
 
 KIB = 1024
 MIB = 1024 * KIB
-
-
-@pytest.fixture
-def directory(tmp_path: Path) -> Iterator[SegmentDir]:
-    made = SegmentDir.create(tmp_path)
-    yield made
-    made.destroy()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 #: bytes asked for -> pooled segment size (a page at least; at most a quarter unused).
@@ -78,9 +61,8 @@ def test_what_the_worker_writes_into_a_lent_segment_is_in_the_pools_mapping(
 
 
 def test_beyond_the_idle_limit_dropped_or_idle_too_long_the_file_goes(
-    directory: SegmentDir,
+    directory: SegmentDir, clock: Clock
 ) -> None:
-    clock = Clock()
     pool = SegmentPool(directory, max_idle_bytes=12 * KIB, idle_s=2.0, clock=clock)
     small, large = pool.take(10), pool.take(9 * KIB)
     pool.give([small, large])  # 4 KiB kept, 12 KiB more would pass the limit

@@ -7,29 +7,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from service.worker.segments import MappedSegments, SegmentDir, SegmentError
+from worker.conftest import Clock
 
 KIB = 1024
-
-
-@pytest.fixture
-def directory(tmp_path: Path) -> Iterator[SegmentDir]:
-    made = SegmentDir.create(tmp_path)
-    yield made
-    made.destroy()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def put(directory: SegmentDir, name: str, data: bytes, size: int | None = None) -> None:
@@ -162,10 +146,11 @@ def test_big_files_are_mapped_per_call_not_kept(directory: SegmentDir) -> None:
     assert len(mapped) == 0 and mapped.mapped == 0
 
 
-def test_mappings_idle_too_long_are_closed_at_the_next_use(directory: SegmentDir) -> None:
+def test_mappings_idle_too_long_are_closed_at_the_next_use(
+    directory: SegmentDir, clock: Clock
+) -> None:
     put(directory, "a", b"a" * 64)
     put(directory, "b", b"b" * 64)
-    clock = Clock()
     mapped = MappedSegments(directory, idle_s=2.0, clock=clock)
     mapped.read("a", 64)
     clock.now += 1.5
