@@ -34,22 +34,14 @@ import time
 from pathlib import Path
 
 import grpc
-from _serve import listening, serve_command  # bench/_serve.py (bench/ is on sys.path)
+from _serve import listening, serve_command  # siblings in bench/ (on sys.path)
+from load_bench import METHOD
+from load_bench import SPEC as LOAD_SPEC
 
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 
-METHOD = "/moe_control.v1.MoeControlService/SelectBackend"
-SPEC = {
-    "hf_quantization_config": {
-        "quant_method": "gptq",
-        "bits": 4,
-        "group_size": 128,
-        "desc_act": False,
-        "sym": True,
-    },
-    "layer": {"num_experts": 60, "top_k": 4, "hidden_size": 2048, "intermediate_size": 1408},
-    "platform": "a100",
-}
+#: load_bench's request (Qwen1.5-MoE GPTQ int4), answered for the A100 preset.
+SPEC = {**LOAD_SPEC, "platform": "a100"}
 
 
 async def drive(target: str, calls: int, connections: int) -> None:
