@@ -173,23 +173,11 @@ class Transport:
         nbytes = tensor.numel() * tensor.element_size()
         if len(target) != nbytes:
             raise ValueError(f"target holds {len(target)} bytes, the tensor {nbytes}")
-        if nbytes == 0:
-            return
-        destination = torch.frombuffer(target, dtype=torch.uint8)
-        source = _bytes_of(tensor.detach().contiguous())
-        if not (self.pinned and tensor.is_cuda):
-            destination.copy_(source)
-            return
-        if nbytes > self.pool.max_bytes:
-            destination.copy_(source.cpu())
-            return
-        staging = self.pool.take(nbytes)
-        staging[:nbytes].copy_(source, non_blocking=True)
-        event = self._recorded()
-        assert event is not None
-        event.synchronize()
-        destination.copy_(staging[:nbytes])
-        self.pool.give(staging, None)
+
+        def write(data: memoryview) -> None:
+            target[:] = data
+
+        self.to_file(tensor, write)
 
     def to_file(self, tensor: torch.Tensor, write: Callable[[memoryview], None]) -> None:
         """Hand `tensor`'s bytes, on the host, to `write` (a segment's `write`): from the
