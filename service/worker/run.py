@@ -403,7 +403,7 @@ def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict
         timer.time(once, timed)
         out = results[0]
         stages.done("forward")
-        answer: dict[str, Any] = {"backend": runner.name, "tokens": int(hidden.shape[0])}
+        answer: dict[str, Any] = {"backend": runner.name, "tokens": tokens}
         if params.get("compare"):
             reference = _reference(layer, hidden, ids, weights, activation)
             diff = (out.to(torch.float32) - reference).abs()
