@@ -188,7 +188,7 @@ class Settings:
         default=True,
         metadata=_doc(
             "set glibc malloc's mmap and trim thresholds in the server process at start, so "
-            "big messages' buffers are kept for the next call (service/worker/memory.py); "
+            "big messages' buffers are kept for the next call (service/process.py); "
             "off: glibc's defaults (MALLOC_* variables win either way)"
         ),
     )

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from service.worker.memory import ENVIRONMENT, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, SETTINGS
+from service.process import ENVIRONMENT, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, SETTINGS
 
 # 48 MiB: above glibc's highest dynamic mmap threshold (32 MiB), so without our setting it
 # is always a mapping of its own; and below the server's mmap threshold.

@@ -39,6 +39,7 @@ from service import __version__
 from service.api.generated.moe_control.v1 import measured_pb2, selection_pb2
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.formats.plan import source_spec
+from service.kernels.registry import RUNNABLE
 from service.oracle import DEFAULT_RULESET, InvalidSpecError, SelectionError, parse_deployment
 from service.worker.errors import WorkerCallError, WorkerUnavailableError
 
@@ -53,8 +54,6 @@ MEASURED = measured_pb2.SELECTION_POLICY_MEASURED
 DEFAULT_TOKENS = (1, 16, 256, 4096)
 MAX_TOKENS = 16384
 MAX_BUCKETS = 16
-#: The backends a worker has kernels for (service/worker/run.py).
-RUNNABLE = ("HUMMING", "MARLIN", "BATCHED_MARLIN", "TRITON", "EMULATION")
 CACHE_FILE = "measured_backends.json"
 #: Cache-served answers kept as bytes, by request bytes (least recently used dropped).
 MAX_KEPT_ANSWERS = 1024

@@ -417,7 +417,7 @@ def _kernel(kind: str) -> Any:
     """The Triton kernel of `kind`, imported on first use (so importing this module needs no
     Triton, and the TRITON_INTERPRET switch is read when the tests have set it)."""
     from service.formats import gpu_repack_kernel
-    from service.kernels.runtime import fix_interpreter_index, interpreting
+    from service.triton_runtime import fix_interpreter_index, interpreting
 
     if interpreting():
         fix_interpreter_index()

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from service.kernels.errors import KernelInputError
-from service.kernels.runtime import fix_interpreter_index, interpreting, triton_unavailable_reason
+from service.triton_runtime import fix_interpreter_index, interpreting, triton_unavailable_reason
 
 #: Tiles (blocks x experts, chunks x experts) are kept at about this many elements.
 _TILE_ELEMENTS = 16384

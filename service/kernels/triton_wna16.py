@@ -54,7 +54,7 @@ from service.kernels.activation import ResolvedActivation
 from service.kernels.align import align_block_size
 from service.kernels.errors import KernelInputError, KernelUnavailableError
 from service.kernels.interface import ExpertsBackend, LayerSpec, LayerTensors
-from service.kernels.runtime import fix_interpreter_index, interpreting, triton_unavailable_reason
+from service.triton_runtime import fix_interpreter_index, interpreting, triton_unavailable_reason
 
 PROJECTIONS = ("w13", "w2")
 #: Smallest K tile: tl.dot needs K >= 16 and the int4 unpack works on whole bytes.

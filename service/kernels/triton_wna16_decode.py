@@ -51,7 +51,6 @@ import triton.language as tl
 
 from service.kernels.activation import ResolvedActivation
 from service.kernels.interface import LayerSpec
-from service.kernels.runtime import interpreting
 from service.kernels.triton_wna16 import (
     GemmTile,
     KernelConfig,
@@ -61,6 +60,7 @@ from service.kernels.triton_wna16 import (
     fit_block_k,
 )
 from service.kernels.triton_wna16_v4 import _zero_point
+from service.triton_runtime import interpreting
 
 #: Most routes (M·k) the decode variant is chosen for by `use_decode`: past it experts are
 #: shared by many routes and re-reading their tiles per route (even from L2) costs more

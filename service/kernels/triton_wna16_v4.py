@@ -41,7 +41,6 @@ import triton.language as tl
 from service.kernels.activation import ResolvedActivation
 from service.kernels.align import align_block_size
 from service.kernels.interface import LayerSpec
-from service.kernels.runtime import interpreting
 from service.kernels.triton_wna16 import (
     KernelConfig,
     _along_m,
@@ -52,6 +51,7 @@ from service.kernels.triton_wna16 import (
     _plain_activation,
     _round16,
 )
+from service.triton_runtime import interpreting
 
 #: Most routes (M·k) the fused-routes path takes: each program compacts its routes with a
 #: [BLOCK_M, routes] comparison and histograms all of them.

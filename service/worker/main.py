@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     # Before any thread starts: glibc's defaults let the heap grow under load (memory.py).
-    from service.worker.memory import tune_malloc
+    from service.process import tune_malloc
 
     tune_malloc()
     from service.logs import configure_logging

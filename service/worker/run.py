@@ -18,7 +18,6 @@ worker stays healthy.
 from __future__ import annotations
 
 import functools
-import importlib
 import time
 import warnings
 from collections.abc import Callable
@@ -30,6 +29,7 @@ import torch
 from service.formats import inline
 from service.formats.plan import SourceSpec
 from service.formats.streaming import DTYPES, FROM_TORCH, TensorSpec
+from service.kernels import registry
 from service.kernels.activation import resolve
 from service.kernels.errors import KernelInputError, KernelUnavailableError
 from service.kernels.interface import ExpertsBackend, LayerSpec
@@ -40,22 +40,6 @@ from service.worker.segments import MappedSegments, Segment, SegmentDir
 
 if TYPE_CHECKING:
     from service.worker.main import Worker
-
-#: (backend asked for, layout the layer is in) -> the class that runs it, "module:Class".
-#: A backend absent for a layout cannot read that layout: no silent substitution. MARLIN and
-#: BATCHED_MARLIN read each other's layout (their writers write the same tensors).
-BACKENDS: dict[tuple[str, str], str] = {
-    ("EMULATION", "EMULATION"): "service.kernels.dense:DenseEmulationExperts",
-    ("EMULATION", "TRITON"): "service.kernels.emulation:EmulationExperts",
-    ("EMULATION", "MARLIN"): "service.kernels.emulation:EmulationExperts",
-    ("EMULATION", "BATCHED_MARLIN"): "service.kernels.emulation:EmulationExperts",
-    ("TRITON", "TRITON"): "service.kernels.triton_wna16:TritonWNA16Experts",
-    ("MARLIN", "MARLIN"): "service.kernels.marlin:MarlinExperts",
-    ("MARLIN", "BATCHED_MARLIN"): "service.kernels.marlin:MarlinExperts",
-    ("BATCHED_MARLIN", "BATCHED_MARLIN"): "service.kernels.batched_marlin:BatchedMarlinExperts",
-    ("BATCHED_MARLIN", "MARLIN"): "service.kernels.batched_marlin:BatchedMarlinExperts",
-    ("HUMMING", "HUMMING"): "service.kernels.humming:HummingExperts",
-}
 
 # Inputs are views of read-only mappings (segments.MappedSegments): torch says once per
 # process that it cannot mark a tensor read-only; the mapping itself enforces it.
@@ -69,17 +53,15 @@ MAX_ITERATIONS = 1000
 def backend_class(backend: str, layout: str) -> type[ExpertsBackend]:
     """The class that runs `backend` on a layer in `layout` (imported once: every RunMoE
     asks); an error when it cannot read that layout."""
-    path = BACKENDS.get((backend, layout))
+    path = registry.runner_for(backend, layout)
     if path is None:
-        readers = sorted(b for b, lay in BACKENDS if lay == layout)
+        readers = sorted(row.name for row in registry.BACKENDS if layout in row.reads)
         raise KernelInputError(
             "backend",
             f"{backend or '(none)'} cannot run a layer in the {layout} layout; "
             f"backends that read it: {readers}",
         )
-    module, _, name = path.partition(":")
-    cls: type[ExpertsBackend] = getattr(importlib.import_module(module), name)
-    return cls
+    return registry.load_class(path)
 
 
 def kernel_status(device: torch.device) -> dict[str, dict[str, Any]]:
@@ -90,11 +72,9 @@ def kernel_status(device: torch.device) -> dict[str, dict[str, Any]]:
     MARLIN loads vLLM's ops library, so it is asked for, not done at start.
     """
     status: dict[str, dict[str, Any]] = {}
-    for (backend, layout), _ in BACKENDS.items():
-        if backend != layout:
-            continue
-        reason = backend_class(backend, layout).unavailable_reason(device)
-        status[backend] = {"available": reason is None, "reason": reason or ""}
+    for row in registry.BACKENDS:
+        reason = backend_class(row.name, row.layout).unavailable_reason(device)
+        status[row.name] = {"available": reason is None, "reason": reason or ""}
     return status
 
 

@@ -96,10 +96,3 @@ def test_token_counts_are_bounded(counts: list[int]) -> None:
 def test_token_counts_default_and_dedupe() -> None:
     assert measured.token_counts(pb.SelectBackendRequest()) == measured.DEFAULT_TOKENS
     assert measured.token_counts(pb.SelectBackendRequest(token_counts=[16, 1, 16])) == (1, 16)
-
-
-def test_runnable_backends_are_the_workers() -> None:
-    """The server's list (it never imports torch) is the worker's own table's."""
-    from service.worker.run import BACKENDS
-
-    assert set(measured.RUNNABLE) == {backend for backend, layout in BACKENDS if backend == layout}

@@ -1,4 +1,4 @@
-"""The worker tunes glibc's malloc (service/worker/memory.py), unless told otherwise.
+"""The worker tunes glibc's malloc (service/process.py), unless told otherwise.
 
 Why: with glibc's defaults the worker's heap grew for as long as mixed load lasted
 (bench/soak.py); the effect itself is what `make soak` measures. Here: both settings are
@@ -14,11 +14,9 @@ import sys
 
 import pytest
 
-from service.worker.memory import ENVIRONMENT, SETTINGS
+from service.process import ENVIRONMENT, SETTINGS
 
-CODE = (
-    "import json; from service.worker.memory import tune_malloc; print(json.dumps(tune_malloc()))"
-)
+CODE = "import json; from service.process import tune_malloc; print(json.dumps(tune_malloc()))"
 GLIBC = sys.platform.startswith("linux") and bool(os.confstr("CS_GNU_LIBC_VERSION"))
 NAMES = [ENVIRONMENT[parameter] for parameter in SETTINGS["worker"]]
 

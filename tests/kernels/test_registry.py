@@ -1,0 +1,43 @@
+"""The backend table is the one list: its rows agree with the classes and the writers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from service.formats.registry import TARGET_BACKENDS
+from service.kernels import registry
+
+
+def test_every_layout_read_has_a_writer() -> None:
+    for row in registry.BACKENDS:
+        assert set(row.reads) <= set(TARGET_BACKENDS), row
+        assert row.layout == row.name, "a backend's converter writes the layout named after it"
+
+
+@pytest.mark.parametrize("row", registry.BACKENDS, ids=lambda row: row.name)
+def test_classes_agree_with_their_rows(row: registry.Backend) -> None:
+    cls = registry.load_class(row.experts)
+    assert cls.name == row.name
+    for layout in row.reads:
+        runner = registry.load_class(registry.runner_for(row.name, layout) or "")
+        assert layout in runner.layouts
+        assert runner.graph_capturable == row.graph_capturable
+
+
+def test_a_backend_never_runs_a_layout_it_does_not_read() -> None:
+    assert registry.runner_for("TRITON", "MARLIN") is None
+    assert registry.runner_for("FLASHINFER_TRTLLM", "TRITON") is None
+    assert (
+        registry.runner_for("EMULATION", "EMULATION")
+        == "service.kernels.dense:DenseEmulationExperts"
+    )
+
+
+def test_the_table_is_read_without_torch() -> None:
+    """The server process reads the table and never imports torch."""
+    code = "import sys, service.kernels.registry; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
