@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from service.errors import MoeControlError
+
 ENV_PREFIX = "MOE_CONTROL_"
 MIB = 1024 * 1024
 
@@ -23,7 +25,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-class SettingsError(ValueError):
+class SettingsError(MoeControlError, ValueError):
     """A setting has a bad value, or settings contradict each other."""
 
 

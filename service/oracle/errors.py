@@ -17,11 +17,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from service.errors import MoeControlError
+
 if TYPE_CHECKING:
     from service.oracle.decision import Candidate
 
 
-class OracleError(Exception):
+class OracleError(MoeControlError):
     """Base class of every error the oracle raises on purpose."""
 
 
