@@ -66,6 +66,12 @@ parity: $(VENV)/.stamp $(VLLM_VENV)/.stamp
 protos: $(VENV)/.stamp
 	$(BIN)/python -m service.api.codegen
 
+# The configuration reference, docs/configuration.md, from the settings' own help
+# (tests/docs/test_configuration.py fails when the checked-in page drifts).
+.PHONY: docs
+docs: $(VENV)/.stamp
+	$(BIN)/python -m service.settings_doc
+
 # buf (from npm, into a local ignored node_modules/) lints the contract with STANDARD rules.
 $(BUF):
 	npm install --no-save --no-package-lock --no-audit --no-fund @bufbuild/buf@$(BUF_VERSION)

@@ -2,8 +2,9 @@
 variables, then defaults (in that order of precedence).
 
 Every field has a flag (`--max-concurrent-rpcs`) and an environment variable
-(`MOE_CONTROL_MAX_CONCURRENT_RPCS`) derived from its name; `moe-control serve --help` and the
-README list them.
+(`MOE_CONTROL_MAX_CONCURRENT_RPCS`) derived from its name. The help text in each field's
+metadata is the one reference: `moe-control serve --help` prints it, and
+`service.settings_doc` (`make docs`) writes docs/configuration.md from it.
 """
 
 from __future__ import annotations
@@ -52,7 +53,10 @@ class Settings:
     )
     max_concurrent_rpcs: int = field(
         default=512,
-        metadata=_doc("RPCs served at once; more get RESOURCE_EXHAUSTED (0: no limit)"),
+        metadata=_doc(
+            "RPCs served at once per server process (grpc's own limit); more get "
+            "RESOURCE_EXHAUSTED without details (0: no limit)"
+        ),
     )
     max_concurrent_select: int = field(
         default=384,
@@ -65,31 +69,39 @@ class Settings:
     max_concurrent_convert: int = field(
         default=8,
         metadata=_doc(
-            "ConvertWeights streams open at once (each may hold a layer in shared memory); "
-            "more get RESOURCE_EXHAUSTED (0: no limit)"
+            "ConvertWeights streams open at once, server-wide (each may hold a layer in "
+            "shared memory, and holds its slot until it ends, cancelled or not); more get "
+            "RESOURCE_EXHAUSTED (0: no limit)"
         ),
     )
     max_concurrent_run: int = field(
         default=64,
-        metadata=_doc("RunMoE calls served at once; more get RESOURCE_EXHAUSTED (0: no limit)"),
+        metadata=_doc(
+            "RunMoE calls served at once, server-wide; more get RESOURCE_EXHAUSTED (0: no limit)"
+        ),
     )
     concurrency_wait_s: float = field(
         default=0.0,
         metadata=_doc(
-            "a call over its method's limit waits this long for a slot before it is refused "
-            "(0: refused at once; calls are never queued longer)"
+            "a call over its method's limit waits at most this long (0..10 s) for a slot "
+            "before it is refused (0: refused at once; calls are never queued longer)"
         ),
     )
     server_processes: int = field(
         default=0,
         metadata=_doc(
             "gRPC server processes sharing the port (SO_REUSEPORT), each with its own event "
-            "loop (0: one per CPU core this process may use)"
+            "loop; the kernel spreads connections, not calls, over them (0: one per CPU "
+            "core this process may use: its affinity, capped by a cgroup CPU quota)"
         ),
     )
     select_cache_mib: int = field(
         default=32,
-        metadata=_doc("memory for remembered SelectBackend answers, per process (0: off)"),
+        metadata=_doc(
+            "memory for remembered SelectBackend answers, per process (the same request "
+            "bytes while no worker changes get the same answer, still counted in the "
+            "metrics; 0: off)"
+        ),
     )
     keepalive_time_s: float = field(
         default=60.0, metadata=_doc("server pings an idle connection this often")
@@ -107,7 +119,9 @@ class Settings:
     tls_cert: Path | None = field(
         default=None, metadata=_doc("PEM server certificate chain; enables TLS")
     )
-    tls_key: Path | None = field(default=None, metadata=_doc("PEM private key of tls_cert"))
+    tls_key: Path | None = field(
+        default=None, metadata=_doc("PEM private key of tls_cert (the two go together)")
+    )
     tls_client_ca: Path | None = field(
         default=None, metadata=_doc("PEM CA bundle; clients must present a cert it signed (mTLS)")
     )
@@ -189,9 +203,9 @@ class Settings:
     malloc_tuning: bool = field(
         default=True,
         metadata=_doc(
-            "set glibc malloc's mmap and trim thresholds in the server process at start, so "
-            "big messages' buffers are kept for the next call (service/process.py); "
-            "off: glibc's defaults (MALLOC_* variables win either way)"
+            "set fixed glibc malloc thresholds (mmap 64 MiB, trim 256 MiB) in the server "
+            "process at start, so big messages' buffers are kept for the next call; off: glibc's "
+            "defaults (MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ win either way)"
         ),
     )
     log_level: str = field(default="INFO", metadata=_doc("DEBUG, INFO, WARNING or ERROR"))

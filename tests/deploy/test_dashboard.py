@@ -92,7 +92,7 @@ def test_provisioning_points_at_the_dashboards_folder() -> None:
 
 
 def test_the_readme_metrics_reference_lists_every_metric() -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "metrics.md").read_text()
     section = readme.split("## Metrics reference", 1)[1].split("\n## ", 1)[0]
     families = {
         family(name) for name in service_metrics() if not name.startswith(("process_", "python_"))
