@@ -93,7 +93,7 @@ USER ${UID}:${UID}
 WORKDIR /home/moe
 EXPOSE 50151 9464
 
-# Readiness through the standard gRPC health service: SERVING once every worker is ready.
+# Readiness through the standard gRPC health service: SERVING while at least one worker is ready.
 # With TLS on, run `moe-control health --tls-ca ...` instead (see docs/deploying.md, "TLS").
 HEALTHCHECK --interval=15s --timeout=5s --start-period=180s --retries=3 \
     CMD ["/bin/sh", "-c", "moe-control health --ready --server 127.0.0.1:${MOE_CONTROL_PORT} --timeout 4"]
