@@ -1,6 +1,6 @@
 """Host <-> device copies of segment tensors through pinned (page-locked) staging buffers.
 
-Tensors reach a worker as files in the server's shared-memory segment directory (segments.py)
+Tensors reach a worker as files in the server's shared-memory segment directory (ipc/segments.py)
 and stay there as the carrier. A GPU can only DMA from page-locked memory: a copy from an
 ordinary mapping is staged by the driver through its own pinned bounce buffer and blocks the
 calling thread until it is done, whatever stream it was issued on. So a CUDA worker copies
