@@ -7,8 +7,10 @@ they need its device, its kept layers and its device transport, not the request 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
+from service.worker.jobs import JobContext
 from service.worker.layers import LayerStore
 
 if TYPE_CHECKING:
@@ -32,3 +34,8 @@ class WorkerContext(Protocol):
     def transport(self) -> Transport:
         """Segment <-> device copies through pinned staging (made on first use)."""
         ...
+
+
+#: A background job of the worker (`main.BACKGROUND` names them): the worker, the call's
+#: parameters and its job context in, the answer out.
+Job = Callable[[WorkerContext, dict[str, Any], JobContext], dict[str, Any]]

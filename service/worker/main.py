@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from service.ipc import protocol
 from service.ipc.errors import ProtocolError
 from service.worker import jobs, probe
+from service.worker.context import Job
 from service.worker.layers import LayerStore
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ class Worker:
         if found is not None:
             return found
         module_name, _, function = BACKGROUND[method].partition(":")
-        target = getattr(importlib.import_module(module_name), function)
+        target: Job = getattr(importlib.import_module(module_name), function)
         from service.worker.streams import request_class
 
         kind = request_class(method)
