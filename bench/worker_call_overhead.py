@@ -41,8 +41,9 @@ from service.formats.plan import SourceSpec  # noqa: E402
 from service.formats.quantize import random_layer  # noqa: E402
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint  # noqa: E402
 from service.formats.synthetic import SyntheticSpec, synthetic_layer  # noqa: E402
-from service.worker.segments import SegmentDir  # noqa: E402
-from service.worker.supervisor import SupervisorConfig, WorkerPool  # noqa: E402
+from service.ipc.segments import SegmentDir  # noqa: E402
+from service.pool.config import SupervisorConfig  # noqa: E402
+from service.pool.pool import WorkerPool  # noqa: E402
 
 #: name -> (experts, top_k, hidden, intermediate, group_size, default backend)
 SHAPES: dict[str, tuple[int, int, int, int, int, str]] = {

@@ -46,9 +46,9 @@ from service.api.selection import MIB, Selection
 from service.logs import configure_logging
 from service.metrics import MULTIPROC_ENV, Metrics
 from service.oracle import PlatformProfile
+from service.pool.errors import WorkerNotFoundError, WorkerUnavailableError
 from service.process import tune_malloc
 from service.settings import Settings
-from service.worker.errors import WorkerNotFoundError, WorkerUnavailableError
 
 log = logging.getLogger("moe_control.replica")
 

@@ -39,10 +39,13 @@ from service.api.limits import Limits
 from service.api.servicer import MoeControlServicer, add_to_server
 from service.logs import configure_logging
 from service.metrics import Metrics, enable_multiprocess
+from service.pool.config import SupervisorConfig
+from service.pool.devices import discover_devices
+from service.pool.handle import WorkerHandle
+from service.pool.pool import WorkerPool
 from service.process import tune_malloc
 from service.replica import ReplicaSet, settings_to_json
 from service.settings import Settings
-from service.worker.supervisor import SupervisorConfig, WorkerHandle, WorkerPool, discover_devices
 
 log = logging.getLogger("moe_control.server")
 

@@ -3,7 +3,7 @@
 Inline: the header is checked and the target resolved before a byte of tensor data is
 accepted (an unknown backend, a backend without a writer or a bad deployment fails at
 once). Each tensor's declaration reserves its size against the per-call budget and gets a
-segment (segments.py) that its chunks are assembled into, in order, checksummed; the
+segment (ipc/segments.py) that its chunks are assembled into, in order, checksummed; the
 server process never holds more than one chunk of its own. The worker converts from the
 segments into new ones; their tensors stream back in chunks, then the summary. However the
 call ends (answered, failed, cancelled, the worker died) every segment with the call's
@@ -48,6 +48,8 @@ from service.formats.streaming import (
     TensorSpec,
     chunks,
 )
+from service.ipc.errors import SegmentError
+from service.ipc.segments import Segment, SegmentDir
 from service.metrics import Metrics
 from service.oracle import (
     DeploymentSpec,
@@ -58,10 +60,10 @@ from service.oracle import (
     parse_deployment,
     preset,
 )
+from service.pool.errors import WorkerCallError
+from service.pool.handle import WorkerHandle
+from service.pool.pool import WorkerPool
 from service.settings import MIB, Settings
-from service.worker.errors import WorkerCallError
-from service.worker.segments import Segment, SegmentDir, SegmentError
-from service.worker.supervisor import WorkerHandle, WorkerPool
 
 log = logging.getLogger("moe_control.convert")
 

@@ -55,8 +55,9 @@ from service.formats.checkpoint import (
     shard_names,
 )
 from service.formats.safetensors_io import SafetensorsFile
-from service.worker.errors import WorkerUnavailableError
-from service.worker.supervisor import WorkerHandle, WorkerPool
+from service.pool.errors import WorkerUnavailableError
+from service.pool.handle import WorkerHandle
+from service.pool.pool import WorkerPool
 
 #: The merged answer lists at most this many tensors (as a worker's answer does).
 MAX_LISTED_TENSORS = 20_000

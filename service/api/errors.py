@@ -49,7 +49,7 @@ from service.formats.input_errors import (
 )
 from service.formats.paths import PermissionDeniedError
 from service.oracle import InvalidSpecError, OracleError, SelectionError
-from service.worker.errors import (
+from service.pool.errors import (
     BackendUnavailableError,
     LayerNotFoundError,
     RunInputError,

@@ -41,11 +41,11 @@ from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.formats.plan import source_spec
 from service.kernels.registry import RUNNABLE
 from service.oracle import DEFAULT_RULESET, InvalidSpecError, SelectionError, parse_deployment
-from service.worker.errors import WorkerCallError, WorkerUnavailableError
+from service.pool.errors import WorkerCallError, WorkerUnavailableError
 
 if TYPE_CHECKING:
     from service.api.selection import Selection
-    from service.worker.supervisor import WorkerPool
+    from service.pool.pool import WorkerPool
 
 log = logging.getLogger("moe_control.measured")
 

@@ -31,18 +31,21 @@ from service.api.generated.moe_control.v1 import tensor_pb2
 from service.formats.input_errors import ConvertResourceError
 from service.formats.plan import resolve_target, source_spec
 from service.formats.streaming import DTYPES, TensorSpec
+from service.ipc.errors import SegmentError
+from service.ipc.segments import SegmentDir
 from service.metrics import Metrics
 from service.oracle import parse_deployment
-from service.settings import MIB, Settings
-from service.worker.errors import (
+from service.pool.errors import (
     BackendUnavailableError,
     LayerNotFoundError,
     RunInputError,
     RunResourceError,
     WorkerCallError,
 )
-from service.worker.segments import Pooled, SegmentDir, SegmentError, SegmentPool
-from service.worker.supervisor import WorkerHandle, WorkerPool
+from service.pool.handle import WorkerHandle
+from service.pool.pool import WorkerPool
+from service.pool.segments import Pooled, SegmentPool
+from service.settings import MIB, Settings
 
 HIDDEN_DTYPES = ("bfloat16", "float16")
 #: Wire dtype enum value -> name, as `convert_codec.dtype_name` gives it ("" for

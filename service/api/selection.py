@@ -31,7 +31,7 @@ from service.oracle import (
     parse_deployment,
     select,
 )
-from service.worker.errors import WorkerUnavailableError
+from service.pool.errors import WorkerUnavailableError
 
 if TYPE_CHECKING:
     from service.api.measured import MeasuredAnswerer

@@ -22,8 +22,9 @@ from service.api.measured import MeasuredPolicy
 from service.api.run_moe import RunMoEHandler
 from service.api.selection import MIB, Selection
 from service.metrics import Metrics
+from service.pool.handle import WorkerSnapshot, WorkerState
+from service.pool.pool import WorkerPool
 from service.settings import Settings
-from service.worker.supervisor import WorkerPool, WorkerSnapshot, WorkerState
 
 Context = grpc.aio.ServicerContext[Any, Any]
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["MoeControlService"].full_name

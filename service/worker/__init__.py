@@ -1,7 +1,9 @@
-"""The worker side: one process per device, supervised by the server.
+"""The worker process: one per device, started and supervised by the server.
 
-In this release a worker reports its platform profile (device kind, capability, kernel
-packages, env flags) and answers pings; later releases give it converted layers and kernels.
-The server talks to it over a JSON-lines pipe protocol (`protocol.py`): nothing is ever
-unpickled.
+A worker reports its platform profile (device kind, capability, kernel packages, env flags),
+answers pings, converts layers and checkpoints, keeps converted layers on its device and runs
+them (RunMoE), and measures backends for the measured policy. It speaks to the server only
+through `service.ipc` (the JSON-lines pipe protocol and the shared-memory segments): nothing
+is ever unpickled, and the server side of the boundary (`service.pool`) is never imported
+here.
 """

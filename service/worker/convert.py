@@ -1,7 +1,7 @@
 """The worker's conversion jobs: one inline layer, or a whole checkpoint on disk.
 
 Both run in a background thread of the worker (jobs.py) on the worker's own device. Inline
-tensors arrive as segments the server filled (segments.py): they are mapped, viewed as
+tensors arrive as segments the server filled (ipc/segments.py): they are mapped, viewed as
 tensors without a copy, converted, and the results written into new segments of the call's
 prefix for the server to stream back. A layer kept loaded stays on the device in the
 worker's layer store, registered as the very last step, so a cancelled call never leaves
@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -23,12 +23,10 @@ from service.formats.input_errors import ConvertCancelledError
 from service.formats.plan import SourceSpec
 from service.formats.safetensors_io import tensor_bytes
 from service.formats.streaming import DTYPES, FROM_TORCH, TensorSpec
+from service.ipc.segments import Segment, SegmentDir
+from service.worker.context import WorkerContext
 from service.worker.jobs import JobContext
 from service.worker.layers import LoadedLayer, new_layer_id, now_rfc3339
-from service.worker.segments import Segment, SegmentDir
-
-if TYPE_CHECKING:
-    from service.worker.main import Worker
 
 #: A checkpoint job's answer lists at most this many tensors (the manifest has them all).
 MAX_LISTED_TENSORS = 20_000
@@ -46,7 +44,9 @@ def _wire_spec(name: str, tensor: torch.Tensor, sha256: str) -> TensorSpec:
     return TensorSpec.of(name, dtype, tuple(tensor.shape), sha256=sha256)
 
 
-def convert_layer(worker: Worker, params: dict[str, Any], context: JobContext) -> dict[str, Any]:
+def convert_layer(
+    worker: WorkerContext, params: dict[str, Any], context: JobContext
+) -> dict[str, Any]:
     segments = SegmentDir(Path(params["segments_dir"]))
     opened: list[Segment] = []
     made: list[str] = []
@@ -115,7 +115,7 @@ def convert_layer(worker: Worker, params: dict[str, Any], context: JobContext) -
             segment.close()
 
 
-def _keep(worker: Worker, params: dict[str, Any], result: inline.InlineResult) -> str:
+def _keep(worker: WorkerContext, params: dict[str, Any], result: inline.InlineResult) -> str:
     shape = params["shape"]
     layer_id = new_layer_id()
     descriptor = result.descriptor
@@ -159,7 +159,7 @@ def format_attributes(descriptor: dict[str, Any]) -> dict[str, str]:
 
 
 def convert_checkpoint(
-    worker: Worker, params: dict[str, Any], context: JobContext
+    worker: WorkerContext, params: dict[str, Any], context: JobContext
 ) -> dict[str, Any]:
     job = checkpoint.CheckpointJob.from_json({**params["job"], "device": worker.device})
     began = time.perf_counter()

@@ -1,72 +1,32 @@
-"""Domain errors of the worker seam (no grpc in them; the API maps them to status codes)."""
+"""The errors a worker process raises about its own state: the layers it holds.
+
+They cross the pipe as a type name, a message and details (`jobs.describe` looks up their
+category by class name), so the server rebuilds them without importing this module.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from service.errors import MoeControlError
 
 
-class WorkerError(Exception):
-    """Base class of the worker seam's errors."""
+class LayerBudgetError(MoeControlError):
+    """A layer that cannot fit the worker's layer budget even with every other one evicted."""
+
+    def __init__(self, needed: int, budget: int) -> None:
+        self.field = "layer_budget"
+        self.needed = needed
+        self.budget = budget
+        self.description = (
+            f"the layer needs {needed} bytes, more than the worker's whole layer budget of "
+            f"{budget} bytes (setting layer_budget_mib)"
+        )
+        super().__init__(self.description)
 
 
-class WorkerUnavailableError(WorkerError):
-    """No worker is ready to serve the request, or the one serving it died meanwhile."""
-
-
-class WorkerNotFoundError(WorkerError):
-    """A request named a worker index the server does not have."""
-
-    def __init__(self, index: int, count: int) -> None:
-        self.index = index
-        self.count = count
-        super().__init__(f"no worker {index}: this server has {count} (0..{count - 1})")
-
-
-class LayerNotFoundError(WorkerError):
-    """No worker holds a converted layer with this id."""
+class LayerMissingError(MoeControlError, LookupError):
+    """No layer with this id on this worker (evicted, unloaded, or never made)."""
 
     def __init__(self, layer_id: str) -> None:
-        self.layer_id = layer_id
-        super().__init__(f"no worker holds layer {layer_id!r}")
-
-
-class WorkerCallError(WorkerError):
-    """The worker answered a call with an error of its own; `details` (possibly empty) is
-    what the worker said about it beyond the message (see protocol.error)."""
-
-    def __init__(self, kind: str, message: str, details: dict[str, Any] | None = None) -> None:
-        self.kind = kind
-        self.message = message
-        self.details: dict[str, Any] = dict(details or {})
-        super().__init__(f"{kind}: {message}")
-
-
-class RunInputError(WorkerError, ValueError):
-    """A RunMoE request that does not fit its layer or the contract; `field` names the
-    request field (``hidden_states``, ``topk.topk_ids``, ``backend``...)."""
-
-    def __init__(self, field: str, description: str) -> None:
-        self.field = field
-        self.description = description
-        super().__init__(f"{field}: {description}")
-
-
-class RunResourceError(WorkerError):
-    """A RunMoE request over a configured limit (tokens, inline bytes, layer budget);
-    `field` names what is too large, `limit` the setting where it is known."""
-
-    def __init__(self, field: str, description: str, limit: str = "") -> None:
-        self.field = field
-        self.description = description
-        self.limit = limit
-        super().__init__(f"{field}: {description}")
-
-
-class BackendUnavailableError(WorkerError):
-    """The backend a RunMoE needs cannot run on this worker (no GPU, no kernel library);
-    RunMoE reports it instead of running another backend."""
-
-    def __init__(self, backend: str, description: str) -> None:
-        self.backend = backend
-        self.description = description
-        super().__init__(f"{backend} cannot run on this worker: {description}")
+        self.field = "layer_id"
+        self.description = f"this worker holds no layer {layer_id!r} (unloaded or evicted)"
+        super().__init__(self.description)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.formats.input_errors import ConvertCancelledError
-from service.worker import protocol
+from service.ipc import protocol
 
 log = logging.getLogger("moe_control.worker")
 

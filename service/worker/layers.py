@@ -25,19 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-
-class LayerBudgetError(Exception):
-    """A layer that cannot fit the worker's layer budget even with every other one evicted."""
-
-    def __init__(self, needed: int, budget: int) -> None:
-        self.field = "layer_budget"
-        self.needed = needed
-        self.budget = budget
-        self.description = (
-            f"the layer needs {needed} bytes, more than the worker's whole layer budget of "
-            f"{budget} bytes (setting layer_budget_mib)"
-        )
-        super().__init__(self.description)
+from service.worker.errors import LayerBudgetError
 
 
 @dataclass

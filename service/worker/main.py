@@ -18,7 +18,10 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from service.worker import jobs, probe, protocol
+from service.ipc import protocol
+from service.ipc.errors import ProtocolError
+from service.worker import jobs, probe
+from service.worker.context import Job
 from service.worker.layers import LayerStore
 
 if TYPE_CHECKING:
@@ -90,7 +93,7 @@ class Worker:
         if found is not None:
             return found
         module_name, _, function = BACKGROUND[method].partition(":")
-        target = getattr(importlib.import_module(module_name), function)
+        target: Job = getattr(importlib.import_module(module_name), function)
         from service.worker.streams import request_class
 
         kind = request_class(method)
@@ -145,7 +148,7 @@ class Worker:
         answers by itself when it ends)."""
         try:
             message = protocol.decode(line)
-        except protocol.ProtocolError as exc:
+        except ProtocolError as exc:
             return protocol.error(-1, "ProtocolError", str(exc))
         call_id = message.get("id")
         if not isinstance(call_id, int):

@@ -21,7 +21,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -33,11 +33,9 @@ from service.formats.writers import ConversionOptions, ConversionUnsupported
 from service.kernels.errors import KernelError, KernelInputError
 from service.kernels.interface import ExpertsBackend, LayerSpec
 from service.kernels.routing import topk_route
+from service.worker.context import WorkerContext
 from service.worker.jobs import JobContext
 from service.worker.run import backend_class, kernel_names
-
-if TYPE_CHECKING:
-    from service.worker.main import Worker
 
 log = logging.getLogger("moe_control.worker.measure")
 
@@ -85,7 +83,9 @@ def _params(params: dict[str, Any]) -> tuple[dict[str, Any], SourceSpec, list[st
     return shape, source, backends, tokens
 
 
-def measure_backends(worker: Worker, params: dict[str, Any], context: JobContext) -> dict[str, Any]:
+def measure_backends(
+    worker: WorkerContext, params: dict[str, Any], context: JobContext
+) -> dict[str, Any]:
     """{"device_name", "versions", "results": [{"backend", "seconds": {tokens: s}, "error"}]}."""
     shape, source, backends, tokens = _params(params)
     device = torch.device(worker.device)

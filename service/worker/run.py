@@ -22,24 +22,24 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from service.formats import inline
 from service.formats.plan import SourceSpec
 from service.formats.streaming import DTYPES, FROM_TORCH, TensorSpec
+from service.ipc.segments import Segment, SegmentDir
 from service.kernels import registry
 from service.kernels.activation import resolve
 from service.kernels.errors import KernelInputError, KernelUnavailableError
 from service.kernels.interface import ExpertsBackend, LayerSpec
 from service.kernels.routing import as_route, check_given_route, topk_route
+from service.worker.context import WorkerContext
+from service.worker.errors import LayerMissingError
 from service.worker.jobs import JobContext
 from service.worker.layers import LoadedLayer
-from service.worker.segments import MappedSegments, Segment, SegmentDir
-
-if TYPE_CHECKING:
-    from service.worker.main import Worker
+from service.worker.mapped import MappedSegments
 
 # Inputs are views of read-only mappings (segments.MappedSegments): torch says once per
 # process that it cannot mark a tensor read-only; the mapping itself enforces it.
@@ -172,7 +172,9 @@ class _Timer:
         return self._seconds
 
 
-def _inline_layer(worker: Worker, spec: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
+def _inline_layer(
+    worker: WorkerContext, spec: dict[str, Any], tensors: dict[str, torch.Tensor]
+) -> Any:
     """Convert inline weights on the fly into a LoadedLayer that is never stored."""
     shape = spec["shape"]
     backend = str(spec["backend"])
@@ -309,7 +311,7 @@ class _Stages:
         self._last = now
 
 
-def run_moe(worker: Worker, params: dict[str, Any], context: JobContext) -> dict[str, Any]:
+def run_moe(worker: WorkerContext, params: dict[str, Any], context: JobContext) -> dict[str, Any]:
     stages = _Stages()
     segments = _segment_dir(str(params["segments_dir"]))
     mapped = _mapped(str(params["segments_dir"]))
@@ -431,12 +433,3 @@ def _reference(
         return dense
     result: torch.Tensor = runner.forward_fp32(hidden, ids, weights, activation)  # type: ignore[attr-defined]
     return result
-
-
-class LayerMissingError(LookupError):
-    """No layer with this id on this worker (evicted, unloaded, or never made)."""
-
-    def __init__(self, layer_id: str) -> None:
-        self.field = "layer_id"
-        self.description = f"this worker holds no layer {layer_id!r} (unloaded or evicted)"
-        super().__init__(self.description)

@@ -2,7 +2,7 @@
 
 Background jobs run in their own threads, but every thread issues its kernels to the
 device's default stream unless told otherwise, and work on one stream runs in order: a
-whole-checkpoint conversion would queue ahead of a 50 µs forward. Each request class
+whole-checkpoint conversion would queue ahead of a microsecond-scale forward. Each request class
 (RunMoE, conversion, measurement) gets its own stream instead; the job's thread makes it
 current for the job's whole run (torch's current stream is per thread), so everything the
 job launches, the Marlin workspace it picks (keyed by stream) and the CUDA events that time

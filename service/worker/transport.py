@@ -1,6 +1,6 @@
 """Host <-> device copies of segment tensors through pinned (page-locked) staging buffers.
 
-Tensors reach a worker as files in the server's shared-memory segment directory (segments.py)
+Tensors reach a worker as files in the server's shared-memory segment directory (ipc/segments.py)
 and stay there as the carrier. A GPU can only DMA from page-locked memory: a copy from an
 ordinary mapping is staged by the driver through its own pinned bounce buffer and blocks the
 calling thread until it is done, whatever stream it was issued on. So a CUDA worker copies
@@ -20,8 +20,8 @@ and a tensor larger than `max_bytes` is copied plainly.
 
 A call's inputs go together (`to_device_all`): packed into one staging buffer and sent
 with one host -> device copy, each tensor a view of one device buffer, rather than one
-buffer, copy and event per tensor (each costs ~0.1-0.15 ms of host time on the H200 host
-at M = 1, bench/RESULTS.md).
+buffer, copy and event per tensor (each costs host time that dominates a small call;
+bench/RESULTS.md has the figures).
 
 On a CPU worker nothing changes: a segment tensor is used in place, and the output is
 copied straight into its segment.

@@ -18,7 +18,7 @@ from service.oracle import (
     UnknownRulesetError,
     Verdict,
 )
-from service.worker.errors import LayerNotFoundError, WorkerNotFoundError, WorkerUnavailableError
+from service.pool.errors import LayerNotFoundError, WorkerNotFoundError, WorkerUnavailableError
 
 
 def detail(status: Any, kind: type) -> Any:
@@ -95,7 +95,7 @@ def test_anything_else_is_internal_without_leaking_its_text() -> None:
 def test_a_configured_size_limit_is_resource_exhausted_naming_field_and_limit() -> None:
     from service.formats.input_errors import ConvertInputError
     from service.formats.streaming import StreamBudget, StreamError, TensorSpec
-    from service.worker.errors import RunResourceError
+    from service.pool.errors import RunResourceError
 
     budget = StreamBudget(10)
     with pytest.raises(StreamError) as over:

@@ -19,7 +19,7 @@ from service.oracle import (
     SelectionError,
     select,
 )
-from service.worker.errors import WorkerNotFoundError, WorkerUnavailableError
+from service.pool.errors import WorkerNotFoundError, WorkerUnavailableError
 
 LAYER = {"num_experts": 64, "top_k": 6, "hidden_size": 2048, "intermediate_size": 1408}
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}

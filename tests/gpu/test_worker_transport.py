@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
+from service.ipc.segments import SegmentDir
 from service.worker import transport
-from service.worker.segments import SegmentDir
 
 pytestmark = [
     pytest.mark.gpu,

@@ -33,7 +33,7 @@ from service.formats.streaming import FROM_TORCH, TensorSpec
 from service.kernels.activation import resolve
 from service.kernels.emulation import reference_forward
 from service.kernels.routing import topk_route
-from service.worker.segments import POOL_IDLE_S
+from service.pool.segments import POOL_IDLE_S
 
 QUANT = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False, "sym": True}
 E, H, I, TOP_K = 4, 64, 64, 2  # noqa: E741

@@ -246,5 +246,5 @@ def test_nothing_is_unpickled() -> None:
 
 
 def test_worker_protocol_is_json_lines() -> None:
-    protocol = (PACKAGE / "worker" / "protocol.py").read_text()
+    protocol = (PACKAGE / "ipc" / "protocol.py").read_text()
     assert "json.loads" in protocol and "pickle" not in protocol.replace("nothing pickled", "")

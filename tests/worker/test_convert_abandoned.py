@@ -15,9 +15,9 @@ from typing import Any
 
 from service.formats.plan import SourceSpec
 from service.formats.streaming import TensorSpec
-from service.worker import protocol
+from service.ipc import protocol
+from service.ipc.segments import SegmentDir
 from service.worker.main import Worker
-from service.worker.segments import SegmentDir
 
 
 def test_missing_input_segment_answers_cancelled(tmp_path: Path) -> None:

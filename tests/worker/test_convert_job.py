@@ -20,10 +20,12 @@ from service.formats.quantize import random_layer
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
 from service.formats.safetensors_io import tensor_bytes
 from service.formats.streaming import FROM_TORCH, TensorSpec
+from service.ipc import protocol
+from service.ipc.errors import SegmentError
+from service.ipc.segments import SegmentDir
 from service.oracle import InvalidSpecError
-from service.worker import jobs, protocol
+from service.worker import jobs
 from service.worker.main import Worker
-from service.worker.segments import SegmentDir, SegmentError
 
 
 @pytest.fixture
@@ -173,21 +175,3 @@ def test_check_target(tmp_path: Path) -> None:
     no = protocol.decode(worker.handle(request(2, "check_target", {"backend": "CPU"})) or b"")
     assert yes["result"] == {"supported": True}
     assert no["result"]["supported"] is False and no["result"]["reason"]
-
-
-def test_segments_are_private_sized_and_removed_by_prefix(tmp_path: Path) -> None:
-    segments = SegmentDir.create(tmp_path)
-    assert segments.path.stat().st_mode & 0o777 == 0o700
-    with segments.new("c1-in-0", 16) as segment:
-        segment.view[:4] = b"abcd"
-    with segments.new("c1-in-1", 0) as empty:
-        assert len(empty.view) == 0
-    segments.new("c2-in-0", 8).close()
-    with pytest.raises(SegmentError):
-        segments.open("c1-in-0", 17)
-    with pytest.raises(SegmentError):
-        segments.new("../escape", 1)
-    assert segments.remove("c1-") == 2
-    assert segments.names() == ["c2-in-0"]
-    segments.destroy()
-    assert not segments.path.exists()

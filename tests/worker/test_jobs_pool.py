@@ -9,7 +9,8 @@ import threading
 import time
 from typing import Any
 
-from service.worker import jobs, protocol
+from service.ipc import protocol
+from service.worker import jobs
 
 
 class Answers:

@@ -31,7 +31,7 @@ def test_without_torch_the_only_device_is_the_cpu(monkeypatch: pytest.MonkeyPatc
 
 def test_worker_answers_requests_and_reports_bad_ones() -> None:
     worker = Worker("cpu")
-    from service.worker import protocol
+    from service.ipc import protocol
 
     assert protocol.decode(worker.handle(protocol.request(1, "list_layers")))["result"] == {
         "layers": []

@@ -22,11 +22,12 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
 from service.formats.quantize import random_layer
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
 from service.formats.streaming import TensorSpec
+from service.ipc.segments import SegmentDir
 from service.kernels.activation import resolve
 from service.kernels.emulation import reference_forward
 from service.kernels.routing import topk_route
+from service.pool.segments import SegmentPool
 from service.worker.main import Worker
-from service.worker.segments import SegmentDir, SegmentPool
 from worker.test_convert_job import Lines, params, put_inputs, request
 
 KIB = 1024
@@ -59,7 +60,7 @@ class Rig:
         self.calls += 1
         answer = self.worker.handle(request(self.calls, method, values))
         if answer is not None:
-            from service.worker import protocol
+            from service.ipc import protocol
 
             return protocol.decode(answer)
         return self.lines.answer(self.calls)

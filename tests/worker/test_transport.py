@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import torch
 
+from service.ipc.errors import SegmentError
+from service.ipc.segments import SegmentDir
 from service.worker import transport
-from service.worker.segments import SegmentDir, SegmentError
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64, torch.uint8]
 

@@ -10,14 +10,11 @@ from collections.abc import Callable
 
 import pytest
 
-from service.worker.errors import WorkerNotFoundError, WorkerUnavailableError
-from service.worker.supervisor import (
-    SupervisorConfig,
-    WorkerHandle,
-    WorkerPool,
-    WorkerState,
-    discover_devices,
-)
+from service.pool.config import SupervisorConfig
+from service.pool.devices import discover_devices
+from service.pool.errors import WorkerNotFoundError, WorkerUnavailableError
+from service.pool.handle import WorkerHandle, WorkerState
+from service.pool.pool import WorkerPool
 
 FAST = SupervisorConfig(ping_interval_s=0.2, ping_timeout_s=2.0, restart_backoff_s=0.05)
 

@@ -1,7 +1,7 @@
 """How the server reads a worker's answers: lines off the pipe in the loop's own callback,
 and the late answer of a call whose caller left.
 
-Why: `_AnswerReader` replaced asyncio's stream and reader task (one pass of the event loop
+Why: `AnswerReader` replaced asyncio's stream and reader task (one pass of the event loop
 less per answer), so it now owns line framing, the line limit and end of file; and the
 answer's future is awaited without `asyncio.shield`, so an abandoned call's answer reaches
 `on_abandon` through the handle's registry instead of the shielded future.
@@ -17,13 +17,15 @@ from typing import Any
 
 import pytest
 import torch
+from worker.test_convert_job import params, put_inputs
 
 from service.formats.quantize import random_layer
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
-from service.worker import protocol
-from service.worker.segments import SegmentDir
-from service.worker.supervisor import SupervisorConfig, WorkerPool, _AnswerReader
-from worker.test_convert_job import params, put_inputs
+from service.ipc import protocol
+from service.ipc.segments import SegmentDir
+from service.pool.config import SupervisorConfig
+from service.pool.pool import WorkerPool
+from service.pool.reader import AnswerReader
 
 FAST = SupervisorConfig(ping_interval_s=0.2, ping_timeout_s=30.0, restart_backoff_s=0.05)
 
@@ -32,7 +34,7 @@ async def read_all(chunks: list[bytes]) -> tuple[bytes, list[bytes], str]:
     """Write `chunks` into a pipe one by one, then close it; what the reader saw."""
     read_fd, write_fd = os.pipe()
     lines: list[bytes] = []
-    reader = _AnswerReader(read_fd, lines.append)
+    reader = AnswerReader(read_fd, lines.append)
     try:
         for chunk in chunks:
             if reader.closed.done():
@@ -72,7 +74,7 @@ def test_a_failing_line_handler_ends_reading() -> None:
         def refuse(line: bytes) -> None:
             raise ValueError(f"cannot take {line!r}")
 
-        reader = _AnswerReader(read_fd, refuse)
+        reader = AnswerReader(read_fd, refuse)
         try:
             os.write(write_fd, b"{}\nbad\nnever\n")
             return await asyncio.wait_for(reader.closed, 5)

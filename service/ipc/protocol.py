@@ -5,7 +5,7 @@ Worker to server: `{"id": <int>, "result": {...}}` or
 `{"id": <int>, "error": {"type": <str>, "message": <str>}}`, and once at start, before any
 answer, `{"event": "hello", "info": {...}}` (the worker's device and platform profile).
 Tensors never travel here: they go through segment files in shared memory (segments.py),
-copied to and from a CUDA device through pinned staging (transport.py).
+copied to and from a CUDA device through pinned staging (the worker's transport.py).
 """
 
 from __future__ import annotations
@@ -13,12 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from service.ipc.errors import ProtocolError
+
 #: Longest line either side accepts; a longer one is a protocol error.
 MAX_LINE_BYTES = 4 * 1024 * 1024
-
-
-class ProtocolError(ValueError):
-    """A line that is not a well-formed protocol message."""
 
 
 #: Made once: `json.dumps` with any non-default option builds a new encoder per call.

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.worker import protocol
+from service.ipc import protocol
+from service.ipc.errors import ProtocolError
 
 
 def test_round_trip() -> None:
@@ -19,14 +20,14 @@ def test_round_trip() -> None:
 
 @pytest.mark.parametrize("line", [b"not json\n", b"[1, 2]\n", b"\xff\xfe\n"])
 def test_malformed_lines_are_protocol_errors(line: bytes) -> None:
-    with pytest.raises(protocol.ProtocolError):
+    with pytest.raises(ProtocolError):
         protocol.decode(line)
 
 
 def test_oversized_messages_are_refused() -> None:
-    with pytest.raises(protocol.ProtocolError):
+    with pytest.raises(ProtocolError):
         protocol.encode({"blob": "x" * protocol.MAX_LINE_BYTES})
-    with pytest.raises(protocol.ProtocolError):
+    with pytest.raises(ProtocolError):
         protocol.decode(b"{" + b" " * protocol.MAX_LINE_BYTES + b"}")
 
 

@@ -9,9 +9,11 @@ import os
 import time
 
 import pytest
+from ipc.fixtures import Clock
 
-from service.worker.segments import MappedSegments, SegmentDir, SegmentError
-from worker.conftest import Clock
+from service.ipc.errors import SegmentError
+from service.ipc.segments import SegmentDir
+from service.worker.mapped import MappedSegments
 
 KIB = 1024
 

@@ -5,9 +5,11 @@ files deleted when given back beyond the pool's size, dropped, or idle too long.
 from __future__ import annotations
 
 import pytest
+from ipc.fixtures import Clock
 
-from service.worker.segments import SegmentDir, SegmentError, SegmentPool, pool_class
-from worker.conftest import Clock
+from service.ipc.errors import SegmentError
+from service.ipc.segments import SegmentDir
+from service.pool.segments import SegmentPool, pool_class
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -9,15 +9,17 @@ import signal
 
 import pytest
 
-from service.worker.errors import LayerNotFoundError, WorkerNotFoundError, WorkerUnavailableError
-from service.worker.supervisor import (
+from pool.test_supervisor import until
+from service.pool.config import SupervisorConfig
+from service.pool.devices import discover_devices
+from service.pool.errors import (
     LayerLostError,
-    SupervisorConfig,
-    WorkerPool,
-    WorkerState,
-    discover_devices,
+    LayerNotFoundError,
+    WorkerNotFoundError,
+    WorkerUnavailableError,
 )
-from worker.test_supervisor import until
+from service.pool.handle import WorkerState
+from service.pool.pool import WorkerPool
 
 FAST = SupervisorConfig(ping_interval_s=0.2, ping_timeout_s=2.0, restart_backoff_s=0.3)
 

@@ -1,0 +1,5 @@
+"""Fixtures of the pool tests: a fresh segment directory and a hand-moved clock."""
+
+from ipc.fixtures import clock, directory
+
+__all__ = ["clock", "directory"]
