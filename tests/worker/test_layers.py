@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from service.worker.layers import LayerBudgetError, LayerStore, LoadedLayer
+from service.worker.errors import LayerBudgetError
+from service.worker.layers import LayerStore, LoadedLayer
 
 
 def layer(layer_id: str, size: int) -> LoadedLayer:
