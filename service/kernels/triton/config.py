@@ -106,7 +106,7 @@ class _ConfigRow:
     w2: GemmTile
 
 
-#: Measured on an H200 with bench/kernel_check.py --sweep (bench/KERNEL_NOTES.md has the
+#: Chosen on an H200 with bench/kernel_check.py --sweep (bench/KERNEL_NOTES.md has the
 #: figures). Few routes per expert: swap-AB (the weights fill wgmma's 64-row side, read
 #: from registers); many: the plain orientation, 128-row token blocks, 8 warps.
 _CONFIG_TABLE = (
@@ -118,8 +118,8 @@ _CONFIG_TABLE = (
     _ConfigRow(float("inf"), 128, GemmTile(64, 64, 8, 4), GemmTile(128, 64, 8, 4)),
 )
 #: When few (expert, 64-column) w13 tiles exist (decode on few large experts), narrower
-#: plain tiles give the GPU more programs: Mixtral M=1 ran 152 µs so (with w2 split-K)
-#: against 195 µs with 64-wide swap-AB tiles.
+#: plain tiles give the GPU more programs (measured faster than 64-wide swap-AB tiles on few
+#: large experts: bench/KERNEL_NOTES.md, version 3).
 _NARROW_W13 = GemmTile(32, 128, 4, 4)
 #: Programs per SM the w13 grid should reach before swap-AB's 64-wide tiles are used, and
 #: that split-K raises the w2 grid to.
@@ -167,8 +167,8 @@ def choose_config(num_tokens: int, top_k: int, spec: LayerSpec, num_sms: int) ->
     bn2 = min(row.w2.block_n, triton.next_power_of_2(h))
     programs = blocks * triton.cdiv(h, bn2)
     split = 1
-    # Split-K only where the bytes bound (decode rows): at 64 routes per expert splitting
-    # w2 in two cost Mixtral 10% (1368 against 1249 µs).
+    # Split-K only where the bytes bound (small blocks): at 64 routes per expert splitting
+    # w2 measured slower (bench/KERNEL_NOTES.md, version 3).
     while (
         row.block_m <= _SPLIT_K_MAX_BLOCK_M
         and split * 2 <= i // bk2
@@ -187,8 +187,7 @@ def choose_config(num_tokens: int, top_k: int, spec: LayerSpec, num_sms: int) ->
 DECODE_MAX_ROUTES = 64
 #: Programs per SM the split-K choice aims each GEMM at. 8 (~8 programs x 8 KB in flight
 #: per SM) was the prediction; the H200 sweep (bench/KERNEL_NOTES.md, "Version 5",
-#: measured) found 4 faster at Qwen3 / Qwen1.5 M=1 (23.2 / 22.6 µs against 25.9 / 24.7):
-#: fewer splits means fewer partial read-backs in the last arriver.
+#: measured) found 4 faster: fewer splits mean fewer partial read-backs in the last arriver.
 DECODE_PROGRAMS_PER_SM = 4
 #: The K tile the heuristic starts from (fitted to K and the group); >= 32 like every
 #: compiled K tile of this package, though no tensor-core dot is involved here.
@@ -198,9 +197,8 @@ DECODE_BLOCK_K = 256
 #: Most routes per distinct expert (expected, uniform routing) the dispatcher accepts: each
 #: route dequantizes its expert's tiles again (the bytes may come from L2, the ALU work
 #: does not), so where many tokens share experts the aligned paths, which dequantize once
-#: per block of routes, win. Measured on the H200 (bench/KERNEL_NOTES.md, "Version 5"):
-#: Mixtral M=4 (1.46 per expert) decode 295 µs against 433, Qwen1.5 M=16 (1.6) 131 against
-#: 127, Mixtral M=16 (4.0) 1046 against 534; the bound sits between 1.46 and 1.6.
+#: per block of routes, win. The H200 put the crossover between 1.46 and 1.6 routes per
+#: expert (bench/KERNEL_NOTES.md, "Version 5").
 DECODE_MAX_SHARING = 1.5
 
 
