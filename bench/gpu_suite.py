@@ -43,7 +43,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
+from service.formats.registry import writer_for
 from service.formats.writers import ConversionOptions, ConversionUnsupported
+from service.kernels import registry
 from service.kernels.activation import apply as apply_activation
 from service.kernels.activation import resolve
 from service.kernels.errors import KernelError
@@ -89,37 +91,10 @@ VARIANTS = {
     )
 }
 
-# Backend -> (kernel module, class, layout name the class reads, writer "module:function" or
-# None for the canonical layer itself).
-BACKENDS: dict[str, tuple[str, str, str, str | None]] = {
-    "EMULATION": ("service.kernels.emulation", "EmulationExperts", "CANONICAL", None),
-    "TRITON": (
-        "service.kernels.triton_wna16",
-        "TritonWNA16Experts",
-        "TRITON",
-        "service.formats.writers.triton:write_triton",
-    ),
-    "HUMMING": (
-        "service.kernels.humming",
-        "HummingExperts",
-        "HUMMING",
-        "service.formats.writers.humming:write_humming",
-    ),
-    "MARLIN": (
-        "service.kernels.marlin",
-        "MarlinExperts",
-        "MARLIN",
-        "service.formats.writers.marlin:write_marlin",
-    ),
-    # The same op as MARLIN through vLLM's batched (expert-parallel) path: tokens dispatched
-    # into per-expert batches, top_k 1, router weights applied after (kernels/batched_marlin.py).
-    "BATCHED_MARLIN": (
-        "service.kernels.batched_marlin",
-        "BatchedMarlinExperts",
-        "BATCHED_MARLIN",
-        "service.formats.writers.marlin:write_batched_marlin",
-    ),
-}
+#: The backend table's backends (service/kernels/registry.py), the float32 reference first and
+#: ours next: the suite's default order. Each is written by its own writer and prepared in its
+#: layout, but for EMULATION, which takes the canonical layer itself.
+BACKENDS = tuple(sorted(registry.RUNNABLE, key=lambda n: (n != "EMULATION", n != "TRITON")))
 TOLERANCE = 1e-2
 """bf16 activations: products rounded to bf16 between the GEMMs give about 3e-3."""
 POISON_BYTE = 0xFF
@@ -228,31 +203,29 @@ class Reference:
 
 
 def backend_class(name: str) -> type[ExpertsBackend]:
-    module, cls, _, _ = BACKENDS[name]
-    found: type[ExpertsBackend] = getattr(importlib.import_module(module), cls)
-    return found
+    row = registry.backend(name)
+    if row is None:
+        raise KeyError(f"{name} is not in the backend table; one of {registry.RUNNABLE}")
+    return registry.load_class(row.experts)
 
 
 def build_backend(
     name: str, layer: QuantizedMoELayer, device: torch.device
 ) -> tuple[ExpertsBackend, dict[str, Any]]:
     """Write the layer for `name` with the registry's writer, prepare the backend."""
-    _, _, layout, writer = BACKENDS[name]
     cls = backend_class(name)
     reason = cls.unavailable_reason(device)
     if reason is not None:
         raise KernelUnavailable(reason)
-    spec = LayerSpec.from_canonical(layer, layout=layout)
     backend = cls()
     info: dict[str, Any] = {}
-    if writer is None:
-        backend.prepare(layer, spec)
+    if name == "EMULATION":
+        backend.prepare(layer, LayerSpec.from_canonical(layer, layout="CANONICAL"))
         return backend, info
-    module, function = writer.split(":")
-    write = getattr(importlib.import_module(module), function)
+    spec = LayerSpec.from_canonical(layer, layout=name)
     start = time.perf_counter()
     options = ConversionOptions(device=device, activation_dtype=torch.bfloat16)
-    converted = write(layer, source="gptq", options=options)
+    converted = writer_for(name)(layer, source="gptq", options=options)
     torch.cuda.synchronize(device)
     info["convert_s"] = round(time.perf_counter() - start, 3)
     backend.prepare(converted.tensors, spec)
@@ -423,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default="mixtral,qwen3")
     parser.add_argument("--variants", default="int4-g128-sym,int4-g128-zp,int8-ch-sym")
     parser.add_argument("--tokens", default="1,16,256,4096")
-    parser.add_argument("--backends", default="EMULATION,TRITON,HUMMING,MARLIN,BATCHED_MARLIN")
+    parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument(
         "--require",
         default="EMULATION,TRITON,HUMMING,MARLIN,BATCHED_MARLIN",

@@ -51,14 +51,9 @@ from service.kernels.emulation import EmulationExperts  # noqa: E402
 from service.kernels.interface import LayerSpec  # noqa: E402
 from service.kernels.layouts import triton_to_canonical  # noqa: E402
 from service.kernels.routing import topk_route  # noqa: E402
-from service.kernels.triton_wna16 import (  # noqa: E402
-    GemmTile,
-    KernelConfig,
-    TritonWNA16Experts,
-    _moe_w2_kernel,
-    _moe_w13_kernel,
-    choose_config,
-)
+from service.kernels.triton.config import GemmTile, KernelConfig, choose_config  # noqa: E402
+from service.kernels.triton.experts import TritonWNA16Experts  # noqa: E402
+from service.kernels.triton.prefill import _moe_w2_kernel, _moe_w13_kernel  # noqa: E402
 
 SHAPES = {
     "Mixtral-8x7B": (8, 4096, 14336, 2),

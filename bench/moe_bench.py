@@ -48,6 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_suite import VARIANTS, Shape, Variant
 
+from service.kernels.registry import RUNNABLE
+
 SHAPES: dict[str, Shape] = {
     "mixtral": Shape("Mixtral-8x7B", experts=8, top_k=2, hidden=4096, intermediate=14336),
     "qwen15": Shape("Qwen1.5-MoE-A2.7B", experts=60, top_k=4, hidden=2048, intermediate=1408),
@@ -56,7 +58,9 @@ SHAPES: dict[str, Shape] = {
     "small": Shape("small", experts=8, top_k=2, hidden=512, intermediate=256),
 }
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096)
-BACKENDS = ("TRITON", "HUMMING", "MARLIN", "BATCHED_MARLIN", "EMULATION")
+#: The backend table's backends (service/kernels/registry.py), ours first and the float32
+#: reference last: the table's column order.
+BACKENDS = tuple(sorted(RUNNABLE, key=lambda n: (n != "TRITON", n == "EMULATION")))
 #: EMULATION loops over experts in float32 on the host's command: only where that is short.
 EMULATION_MAX_TOKENS = 16
 PRIMARY = "int4-g128-sym"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""Per-kernel device time of our TRITON MoE forward inside its CUDA graph (issue 6, decode).
+"""Per-kernel device time of our TRITON MoE forward inside its CUDA graph.
 
-bench/KERNEL_NOTES.md could only reason about where the decode time goes: nothing was
-measured per kernel. For each layer shape, token count M and kernel variant this script
+Where the time of a forward goes, graph node by graph node (bench/KERNEL_NOTES.md reads
+these tables). For each layer shape, token count M and kernel variant this script
 
 1. checks the forward against the fp32 reference (EMULATION's `forward_fp32` over the same
    random TRITON-layout layer, bench/kernel_check.py's `make_layer`): output and
@@ -16,13 +16,13 @@ measured per kernel. For each layer shape, token count M and kernel variant this
    before it (launch latency inside the graph), and the median device span first-start to
    last-end; the graph's output is checked again after the replays.
 
-Variants: `shipped` (what the dispatcher picks today: the tuned table, else the v3
-heuristic), `v3` (the heuristic, when it differs), `v4` (its default, fused routes at
-M·k <= 64) and `decode` (triton_wna16_decode.py's default tiles); `--sweep` adds a few
+Variants: `shipped` (what the dispatcher picks today: the decode kernels for few routes per
+expert, else the tuned table, else the prefill heuristic), `prefill` (the prefill heuristic,
+when it differs) and `decode` (the decode kernels' default tiles); `--sweep` adds a few
 alternative decode tiles at M=1.
 
     PYTHONPATH=. python bench/profile_forward.py [--shapes qwen3 mixtral] [--tokens 1 4]
-        [--variants shipped v4 decode] [--sweep] [--out DIR] [--budget-s 170]
+        [--variants shipped prefill decode] [--sweep] [--out DIR] [--budget-s 170]
     PYTHONPATH=. python bench/profile_forward.py --smoke   # CPU, interpreted, tiny shape
 
 Writes profile_forward.md (the command, then the tables) and .json under --out (or $OUT).
@@ -61,19 +61,17 @@ from service.kernels.emulation import EmulationExperts
 from service.kernels.interface import LayerSpec
 from service.kernels.layouts import triton_to_canonical
 from service.kernels.routing import topk_route
-from service.kernels.triton_wna16 import (
+from service.kernels.triton.config import (
+    DECODE,
+    DECODE_PROGRAMS_PER_SM,
     GemmTile,
     KernelConfig,
-    TritonWNA16Experts,
+    _splits,
     choose_config,
-    choose_config_v4,
+    choose_config_decode,
     fit_block_k,
 )
-from service.kernels.triton_wna16_decode import (
-    DECODE_PROGRAMS_PER_SM,
-    _splits,
-    choose_config_decode,
-)
+from service.kernels.triton.experts import TritonWNA16Experts
 
 #: (experts, hidden, intermediate, top_k), as bench/moe_bench.py names them.
 SHAPES = {
@@ -82,7 +80,7 @@ SHAPES = {
     "mixtral": ("Mixtral-8x7B", (8, 4096, 14336, 2)),
     "tiny": ("tiny", (4, 128, 128, 2)),
 }
-VARIANTS = ("shipped", "v3", "v4", "decode")
+VARIANTS = ("shipped", "prefill", "decode")
 #: Alternative decode tiles timed by --sweep at M=1: (label, w13 tile, w2 tile, splits):
 #: splits "auto" as the default heuristic picks them for those tiles, "none" unsplit,
 #: "half" half the default tiles' splits.
@@ -129,8 +127,8 @@ class Result:
 
 def describe(config: KernelConfig) -> str:
     c1, c2 = config.w13, config.w2
-    head = f"{config.version}" + (" fused" if config.fused_routes else "")
-    if config.version != "decode":
+    head = config.kernel
+    if config.kernel != DECODE:
         head += f" bm{config.block_m}"
     tiles = []
     for name, c in (("w13", c1), ("w2", c2)):
@@ -145,7 +143,7 @@ def configs_for(
     variants: list[str], m: int, top_k: int, backend: TritonWNA16Experts, num_sms: int,
     device: torch.device, sweep: bool,
 ) -> list[tuple[str, KernelConfig]]:  # fmt: skip
-    """The (label, config) pairs of one point; v3 only where it differs from the shipped."""
+    """The (label, config) pairs of one point; prefill only where it differs from shipped."""
     spec = backend.spec
     out: list[tuple[str, KernelConfig]] = []
     heuristic = choose_config(m, top_k, spec, num_sms)
@@ -153,10 +151,8 @@ def configs_for(
     for v in variants:
         if v == "shipped":
             out.append(("shipped", shipped))
-        elif v == "v3" and shipped != heuristic:
-            out.append(("v3", heuristic))
-        elif v == "v4":
-            out.append(("v4", choose_config_v4(m, top_k, spec, num_sms)))
+        elif v == "prefill" and shipped != heuristic:
+            out.append(("prefill", heuristic))
         elif v == "decode":
             out.append(("decode", choose_config_decode(m, top_k, spec, num_sms)))
     if sweep and m == 1 and "decode" in variants:

@@ -24,8 +24,8 @@ from typing import Any
 import triton
 from triton.backends.compiler import GPUTarget
 
-from service.kernels import triton_wna16 as v3
 from service.kernels import triton_wna16_v4 as v4
+from service.kernels.triton import prefill as v3
 
 PTXAS = Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"
 POINTERS = {

@@ -5,8 +5,7 @@ For Mixtral-8x7B (8, 4096, 14336, top 2), Qwen3-30B-A3B (128, 2048, 768, top 8) 
 DeepSeek-V3 (256, 7168, 2048, top 8), int4 group 128 symmetric, bf16, silu, at token
 counts 1, 16, 256, 4096 (each the bucket of the token counts up to it):
 
-1. baselines first, at every point: v3 with its heuristic tiles (the shipped path today)
-   and v4 with its untuned default;
+1. the baseline first, at every point: the prefill kernels with the heuristic's tiles;
 2. then candidates from a small space per regime (decode / mid / large token counts),
    taken round-robin across points until the time budget is spent, so every point gets
    some search even when the budget is short;
@@ -15,9 +14,10 @@ counts 1, 16, 256, 4096 (each the bucket of the token counts up to it):
    forward on fresh random data (weights, routing, hidden states); timed as the whole
    forward in one CUDA graph, median of `triton.testing.do_bench` replays, L2 flushed
    before each (do_bench's cache clearing);
-4. the fastest checked candidate per point (v3 included: a v4 that loses ships nothing) is
+4. the fastest checked candidate per point (the heuristic included) is
    written to `$OUT/triton_configs/<device>.json` in the format
-   `service.kernels.triton_wna16.tuned_config` reads; every timing to
+   `service.kernels.triton.tuned.tuned_config` reads (copy it to
+   service/kernels/triton/configs/); every timing to
    `$OUT/tune_results.json`; the comparison table (with the floor and the peers of
    shared/reference/peer_bench.md) to `$OUT/tune_table.md` and stdout, last.
 
@@ -60,16 +60,14 @@ from service.kernels.emulation import EmulationExperts  # noqa: E402
 from service.kernels.interface import LayerSpec  # noqa: E402
 from service.kernels.layouts import triton_to_canonical  # noqa: E402
 from service.kernels.routing import topk_route  # noqa: E402
-from service.kernels.triton_wna16 import (  # noqa: E402
+from service.kernels.triton.config import (  # noqa: E402
     GemmTile,
     KernelConfig,
-    TritonWNA16Experts,
     choose_config,
-    choose_config_v4,
-    config_key,
-    config_to_dict,
     fit_block_k,
 )
+from service.kernels.triton.experts import TritonWNA16Experts  # noqa: E402
+from service.kernels.triton.tuned import config_key, config_to_dict  # noqa: E402
 
 SHAPES = {
     "Mixtral-8x7B": (8, 4096, 14336, 2),
@@ -100,7 +98,7 @@ def _t(bn: int, bk: int, warps: int = 4, stages: int = 3, **kw: Any) -> GemmTile
 
 def _fit(config: KernelConfig, spec: LayerSpec, top_k: int, m: int, sms: int) -> KernelConfig:
     """K tiles fitted to the layer, N tiles capped, and w2 split-K (when asked for with
-    split_k=0) set to about four programs per SM, as v3's heuristic does."""
+    split_k=0) set to about four programs per SM, as the heuristic does."""
     h, i = spec.hidden_size, spec.intermediate_size
     g13 = h if spec.group_size == -1 else spec.group_size
     g2 = i if spec.group_size == -1 else spec.group_size
@@ -128,10 +126,8 @@ def _fit(config: KernelConfig, spec: LayerSpec, top_k: int, m: int, sms: int) ->
 def candidates(m: int, top_k: int, spec: LayerSpec, sms: int) -> list[tuple[str, KernelConfig]]:
     """The search space at one point, most promising first (split_k=0: auto)."""
     per_expert = m * top_k / max(1, min(spec.num_experts, m * top_k))
-    v4 = {"version": "v4"}
     out: list[tuple[str, KernelConfig]] = []
-    if per_expert <= 8:  # decode: bytes and launches
-        fused = m * top_k <= 512
+    if per_expert <= 8:  # few routes per expert: bytes and launches
         for label, w13, w2 in (
             ("bn32 bk256", _t(32, 256, 4, 4), _t(64, 256, 4, 4, split_k=0)),
             ("bn16 bk256", _t(16, 256, 4, 4), _t(32, 256, 4, 4, split_k=0)),
@@ -139,36 +135,29 @@ def candidates(m: int, top_k: int, spec: LayerSpec, sms: int) -> list[tuple[str,
             ("swap bn64 bk128", _t(64, 128, 4, 4, swap_ab=True), _t(64, 128, 4, 4, swap_ab=True, split_k=0)),
             ("bn64 bk128 w2 split1", _t(64, 128, 4, 4), _t(128, 128, 4, 4)),
             ("bn16 bk128 s4", _t(16, 128, 4, 4), _t(32, 128, 4, 4, split_k=0)),
-            ("bn32 bk256 in-weights", _t(32, 256, 4, 4, scale_after=False), _t(64, 256, 4, 4, scale_after=False, split_k=0)),
         ):  # fmt: skip
-            out.append((f"v4 fused {label}" if fused else f"v4 {label}",
-                        KernelConfig(16, w13, w2, fused_routes=fused, **v4)))  # fmt: skip
-        if fused:
-            out.append(("v4 aligned bn32 bk256", KernelConfig(16, _t(32, 256, 4, 4), _t(64, 256, 4, 4, split_k=0), **v4)))  # fmt: skip
+            out.append((label, KernelConfig(16, w13, w2)))
     elif per_expert <= 96:  # mid: bytes, with many experts touched
         for label, bm, w13, w2 in (
             ("swap bm32 bn128 bk64", 32, _t(128, 64, 4, 3, swap_ab=True), _t(128, 64, 4, 3, swap_ab=True)),
             ("swap bm32 bn64 bk128", 32, _t(64, 128, 4, 4, swap_ab=True), _t(64, 128, 4, 4, swap_ab=True)),
             ("swap bm16 bn64 bk128", 16, _t(64, 128, 4, 4, swap_ab=True), _t(64, 128, 4, 4, swap_ab=True, split_k=0)),
-            ("bm64 bn64 bk64", 64, _t(64, 64, 4, 3, scale_after=False), _t(64, 64, 4, 3, scale_after=False)),
+            ("bm64 bn64 bk64", 64, _t(64, 64, 4, 3), _t(64, 64, 4, 3)),
             ("bm64 bn32 bk64 s4", 64, _t(32, 64, 4, 4), _t(64, 64, 4, 4)),
             ("swap bm64 bn128 bk64 w8", 64, _t(128, 64, 8, 3, swap_ab=True), _t(128, 64, 8, 3, swap_ab=True)),
             ("bm32 bn64 bk128", 32, _t(64, 128, 4, 4), _t(64, 128, 4, 4, split_k=0)),
         ):  # fmt: skip
-            out.append((f"v4 {label}", KernelConfig(bm, w13, w2, **v4)))
-    else:  # large: wgmma rate; scale in the weights keeps the accumulator chain.
-        # (Compiler report: w2 tiles 128 wide, 256-row blocks and the scale after the
-        # partial product all spill at these heights.)
-        na = {"scale_after": False}
+            out.append((label, KernelConfig(bm, w13, w2)))
+    else:  # large: the wgmma rate
         for label, bm, w13, w2 in (
-            ("bm128 bn64 bk64 w8", 128, _t(64, 64, 8, 3, **na), _t(64, 64, 8, 4, **na)),
-            ("bm128 bn32 bk64 w8 s4", 128, _t(32, 64, 8, 4, **na), _t(64, 64, 8, 4, **na)),
-            ("bm128 bn64 bk32 w8 s4", 128, _t(64, 32, 8, 4, **na), _t(64, 32, 8, 4, **na)),
-            ("bm64 bn64 bk64 w4", 64, _t(64, 64, 4, 3, **na), _t(64, 64, 4, 3, **na)),
-            ("bm64 bn32 bk64 w4 s4", 64, _t(32, 64, 4, 4, **na), _t(64, 64, 4, 4, **na)),
-            ("bm128 bn64 bk64 w8 s5", 128, _t(64, 64, 8, 5, **na), _t(64, 64, 8, 5, **na)),
+            ("bm128 bn64 bk64 w8", 128, _t(64, 64, 8, 3), _t(64, 64, 8, 4)),
+            ("bm128 bn32 bk64 w8 s4", 128, _t(32, 64, 8, 4), _t(64, 64, 8, 4)),
+            ("bm128 bn64 bk32 w8 s4", 128, _t(64, 32, 8, 4), _t(64, 32, 8, 4)),
+            ("bm64 bn64 bk64 w4", 64, _t(64, 64, 4, 3), _t(64, 64, 4, 3)),
+            ("bm64 bn32 bk64 w4 s4", 64, _t(32, 64, 4, 4), _t(64, 64, 4, 4)),
+            ("bm128 bn64 bk64 w8 s5", 128, _t(64, 64, 8, 5), _t(64, 64, 8, 5)),
         ):  # fmt: skip
-            out.append((f"v4 {label}", KernelConfig(bm, w13, w2, **v4)))
+            out.append((label, KernelConfig(bm, w13, w2)))
     return [(label, _fit(c, spec, top_k, m, sms)) for label, c in out]
 
 
@@ -235,7 +224,6 @@ class Bench:
                 lambda: timed.forward(x, ids, weights, PRIMARY.activation), self.device, rep_ms
             )
             graph_err = rel_err(graph_out, ref)
-            # A second replay's output too: the fused path's workspace must come back zeroed.
             result.us = us
             result.passed = written and result.rel_err < TOL and graph_err < TOL
             if not result.passed:
@@ -269,12 +257,12 @@ def time_graph(fn: Any, device: torch.device, rep_ms: int) -> tuple[float, torch
 
 def table(points: list[Point]) -> str:
     lines = [
-        "| shape | M | floor µs | v3 µs | v4 default µs | best µs | best / v3 | best ×floor | "
+        "| shape | M | floor µs | heuristic µs | best µs | best / heuristic | best ×floor | "
         "vLLM Triton µs | humming µs | best / humming | rel err | best config |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for p in points:
-        v3, v4, best = p.get("v3 heuristic"), p.get("v4 default"), p.best()
+        base, best = p.get("heuristic"), p.best()
         peers = ALL_PEERS.get((p.shape, p.tokens))
 
         def us(t: Trial | None) -> str:
@@ -283,9 +271,9 @@ def table(points: list[Point]) -> str:
             return f"{t.us:.1f}" if t.passed else "FAIL"
 
         b = best.us if best else math.nan
-        ratio = f"{b / v3.us:.2f}" if best and v3 and v3.passed else "-"
+        ratio = f"{b / base.us:.2f}" if best and base and base.passed else "-"
         lines.append(
-            f"| {p.shape} | {p.tokens} | {p.floor_us:.1f} ({p.bound}) | {us(v3)} | {us(v4)} | "
+            f"| {p.shape} | {p.tokens} | {p.floor_us:.1f} ({p.bound}) | {us(base)} | "
             f"{us(best)} | {ratio} | {b / p.floor_us:.2f} | "
             f"{peers[0] if peers else '-'} | {peers[1] if peers else '-'} | "
             f"{f'{b / peers[1]:.2f}' if peers and best else '-'} | "
@@ -329,10 +317,7 @@ def main() -> int:
             floor, bound, _ = floor_us(shape, PRIMARY, m, *ceil)
             point = Point(shape_name, m, floor, bound)
             points.append(point)
-            base = [
-                ("v3 heuristic", choose_config(m, shape[3], spec, sms)),
-                ("v4 default", choose_config_v4(m, shape[3], spec, sms)),
-            ]
+            base = [("heuristic", choose_config(m, shape[3], spec, sms))]
             queues.append((point, base + candidates(m, shape[3], spec, sms)))
 
     def elapsed() -> float:
@@ -393,7 +378,7 @@ def main() -> int:
     log(f"total {elapsed():.1f}s")
     log("\n" + table(points))
     save()
-    baselines_ok = all((t := p.get("v3 heuristic")) is not None and t.passed for p in points)
+    baselines_ok = all((t := p.get("heuristic")) is not None and t.passed for p in points)
     return 0 if baselines_ok and all(p.best() for p in points) else 1
 
 

@@ -5,7 +5,7 @@
 # itself needs only the image's torch and triton).
 #
 # (a) correctness of every v4 code path at small shapes on the GPU (tests/kernels/
-#     test_triton_v4.py: int4/int8, zero points, groups 16-128 and channelwise,
+#     triton/: int4/int8, zero points, groups 16-128 and channelwise,
 #     activations, fused/aligned routes, swap-AB, split-K, workspace reuse);
 # (b)+(c) bench/tune_triton.py at Mixtral-8x7B, Qwen3-30B-A3B and DeepSeek-V3 for M = 1,
 #     16, 256, 4096: v3 and the v4 default at every point, then the search space until
@@ -13,7 +13,7 @@
 #     before it may win; CUDA-graph medians with L2 flushed.
 #
 # Writes under $OUT: pytest_v4.log, tune.log, tune_table.md, tune_results.json and
-# triton_configs/NVIDIA_H200.json (copy that file to service/kernels/triton_configs/).
+# triton_configs/NVIDIA_H200.json (copy that file to service/kernels/triton/configs/).
 # Extra arguments go to the tuner (e.g. --shapes Qwen3-30B-A3B --tokens 1 16).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,7 @@ export MOE_CONTROL_TRITON_VERSION=${MOE_CONTROL_TRITON_VERSION:-v3}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader || true
 start=$SECONDS
 status=0
-timeout "${TEST_TIMEOUT_S:-110}" "$PY" -m pytest -q -x tests/kernels/test_triton_v4.py \
+timeout "${TEST_TIMEOUT_S:-110}" "$PY" -m pytest -q -x tests/kernels/triton/ \
     -p no:cacheprovider 2>&1 | tee "$OUT/pytest_v4.log" | tail -5
 (( ${PIPESTATUS[0]} == 0 )) || status=1
 echo "tests: $((SECONDS - start)) s"

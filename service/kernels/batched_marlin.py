@@ -121,9 +121,6 @@ class BatchedMarlinExperts(MarlinExperts):
     """Runs a MARLIN-layout layer through the batched (expert-parallel) Marlin path."""
 
     name: ClassVar[str] = BACKEND
-    #: It sizes its per-expert batch on the host (one device-to-host read per forward).
-    graph_capturable: ClassVar[bool] = False
-    layouts: ClassVar[frozenset[str]] = frozenset({"MARLIN", "BATCHED_MARLIN"})
 
     def _forward_into(
         self,

@@ -23,9 +23,6 @@ class DenseEmulationExperts(ExpertsBackend):
     """Float32 forward over dense 16-bit expert weights (layout "EMULATION")."""
 
     name: ClassVar[str] = "EMULATION"
-    #: It loops over the routed experts on the host.
-    graph_capturable: ClassVar[bool] = False
-    layouts: ClassVar[frozenset[str]] = frozenset({"EMULATION"})
 
     def __init__(self) -> None:
         super().__init__()

@@ -82,11 +82,7 @@ class EmulationExperts(ExpertsBackend):
     so a Marlin layer can be checked against the reference on the worker that holds it."""
 
     name: ClassVar[str] = "EMULATION"
-    #: It loops over the routed experts on the host.
-    graph_capturable: ClassVar[bool] = False
-    layouts: ClassVar[frozenset[str]] = frozenset(
-        {"CANONICAL", "TRITON", "MARLIN", "BATCHED_MARLIN"}
-    )
+    reads_canonical: ClassVar[bool] = True
 
     def __init__(self) -> None:
         super().__init__()

@@ -14,8 +14,10 @@ them to status codes. Two families matter to callers:
 
 from __future__ import annotations
 
+from service.errors import MoeControlError
 
-class KernelError(Exception):
+
+class KernelError(MoeControlError):
     """Base class of every error the kernels raise on purpose."""
 
 

@@ -113,7 +113,6 @@ class HummingExperts(ExpertsBackend):
     """Runs a HUMMING-layout layer through humming-kernels' indexed MoE GEMM."""
 
     name: ClassVar[str] = BACKEND
-    layouts: ClassVar[frozenset[str]] = frozenset({"HUMMING"})
 
     def __init__(self) -> None:
         super().__init__()

@@ -21,11 +21,12 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar, TypeAlias
+from typing import ClassVar, Self, TypeAlias
 
 import torch
 
 from service.formats.canonical import QuantizedMoELayer
+from service.kernels import registry
 from service.kernels.activation import ActivationSpec, ResolvedActivation, resolve
 from service.kernels.errors import KernelInputError
 
@@ -81,6 +82,15 @@ class LayerSpec:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class KernelOptions:
+    """Process-wide choices the worker hands to every backend it makes (read once, at the
+    worker's edge: kernels never read the environment themselves)."""
+
+    triton_decode: bool = True
+    """Whether TRITON may take its decode kernels for few routes per expert."""
+
+
 class ExpertsBackend(abc.ABC):
     """A runnable fused-MoE experts implementation for one prepared layer.
 
@@ -89,15 +99,30 @@ class ExpertsBackend(abc.ABC):
 
     #: The backend's name as the oracle spells it ("EMULATION", "TRITON", ...).
     name: ClassVar[str]
-    #: The layouts `prepare` reads.
-    layouts: ClassVar[frozenset[str]]
-    #: Whether a forward may be captured in a CUDA graph (no host synchronisation inside).
-    #: Timers read this instead of trying: a capture that fails midway leaves torch's CUDA
-    #: random generator in capture mode, so every later `torch.randn` on the device raises.
-    graph_capturable: ClassVar[bool] = True
+    #: The layouts `prepare` reads, and whether a forward may be captured in a CUDA graph:
+    #: both set from the class's row of the backend table (`service.kernels.registry`),
+    #: the one place these facts are written.
+    layouts: ClassVar[frozenset[str]] = frozenset()
+    graph_capturable: ClassVar[bool] = False
+    #: Whether `prepare` also takes the layout-neutral canonical layer ("CANONICAL"), which
+    #: no converter writes and so no row of the table names.
+    reads_canonical: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        path = f"{cls.__module__}:{cls.__qualname__}"
+        row = registry.class_row(path)
+        canonical = frozenset({"CANONICAL"}) if cls.reads_canonical else frozenset()
+        cls.layouts = registry.layouts_run_by(path) | canonical
+        cls.graph_capturable = row is not None and row.graph_capturable
 
     def __init__(self) -> None:
         self._spec: LayerSpec | None = None
+
+    @classmethod
+    def configured(cls, options: KernelOptions) -> Self:
+        """A new backend set up by `options` (a backend ignores the options of others)."""
+        return cls()
 
     @property
     def spec(self) -> LayerSpec:

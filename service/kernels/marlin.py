@@ -203,8 +203,6 @@ class MarlinExperts(ExpertsBackend):
     """Runs a MARLIN-layout layer through vLLM's compiled Marlin MoE GEMM."""
 
     name: ClassVar[str] = BACKEND
-    #: The BATCHED_MARLIN writer writes the same tensors (both backends run one op).
-    layouts: ClassVar[frozenset[str]] = frozenset({"MARLIN", "BATCHED_MARLIN"})
 
     def __init__(self, library: str | Path | None = None) -> None:
         super().__init__()

@@ -5,8 +5,10 @@ imported on first use, so this module stays free of torch and can be read by the
 process), the layouts (`service.formats` writers, by name) its class prepares, and whether
 a forward may be captured in a CUDA graph. The worker picks classes from it, the measured
 policy times exactly these backends, and the worker's profile reports each one's
-availability; `tests/kernels/test_registry.py` checks that every layout named here has a
-writer and that each class agrees with its row.
+availability (each row's class answers `unavailable_reason`: the probe needs torch, which
+this table must not import). The classes take their `layouts` and `graph_capturable` from
+here (`ExpertsBackend.__init_subclass__`); `tests/kernels/test_registry.py` checks that every
+layout named here has a writer and that each class agrees with its row.
 
 Adding a backend is one row here (and its writer in `service.formats.registry`).
 """
@@ -20,7 +22,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from service.kernels.interface import ExpertsBackend
 
-__all__ = ["BACKENDS", "RUNNABLE", "Backend", "backend", "load_class", "runner_for"]
+__all__ = [
+    "BACKENDS",
+    "RUNNABLE",
+    "Backend",
+    "backend",
+    "class_row",
+    "layouts_run_by",
+    "load_class",
+    "runner_for",
+]
 
 
 @dataclass(frozen=True)
@@ -54,12 +65,14 @@ BACKENDS: tuple[Backend, ...] = (
         reads=("HUMMING",),
         graph_capturable=True,
     ),
+    # The BATCHED_MARLIN writer writes the same tensors (both backends run one op).
     Backend(
         "MARLIN",
         "service.kernels.marlin:MarlinExperts",
         reads=("MARLIN", "BATCHED_MARLIN"),
         graph_capturable=True,
     ),
+    # Not capturable: it sizes its per-expert batch on the host (a device-to-host read).
     Backend(
         "BATCHED_MARLIN",
         "service.kernels.batched_marlin:BatchedMarlinExperts",
@@ -68,10 +81,11 @@ BACKENDS: tuple[Backend, ...] = (
     ),
     Backend(
         "TRITON",
-        "service.kernels.triton_wna16:TritonWNA16Experts",
+        "service.kernels.triton.experts:TritonWNA16Experts",
         reads=("TRITON",),
         graph_capturable=True,
     ),
+    # Not capturable: it loops over the routed experts on the host.
     Backend(
         "EMULATION",
         "service.kernels.emulation:EmulationExperts",
@@ -102,6 +116,18 @@ def runner_for(name: str, layout: str) -> str | None:
     if layout == row.layout and row.dense_experts is not None:
         return row.dense_experts
     return row.experts
+
+
+def layouts_run_by(path: str) -> frozenset[str]:
+    """The layouts whose layers the class ``module:Class`` runs (under any backend's row)."""
+    return frozenset(
+        layout for row in BACKENDS for layout in row.reads if runner_for(row.name, layout) == path
+    )
+
+
+def class_row(path: str) -> Backend | None:
+    """The row whose `experts` or `dense_experts` is the class ``module:Class``, if any."""
+    return next((row for row in BACKENDS if path in (row.experts, row.dense_experts)), None)
 
 
 def load_class(path: str) -> type[ExpertsBackend]:

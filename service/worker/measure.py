@@ -35,7 +35,7 @@ from service.kernels.interface import ExpertsBackend, LayerSpec
 from service.kernels.routing import topk_route
 from service.worker.context import WorkerContext
 from service.worker.jobs import JobContext
-from service.worker.run import backend_class, kernel_names
+from service.worker.run import KERNEL_OPTIONS, backend_class, kernel_names
 
 log = logging.getLogger("moe_control.worker.measure")
 
@@ -163,7 +163,7 @@ def _prepared(
     options = ConversionOptions(device=device, activation_dtype=spec.dtype)
     converted = registry.convert(layer, backend, source=source.layout, options=options)
     tensors = kernel_names(converted.tensors)
-    runner = cls()
+    runner = cls.configured(KERNEL_OPTIONS)
     runner.prepare(
         tensors,
         LayerSpec(

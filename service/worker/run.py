@@ -18,6 +18,7 @@ worker stays healthy.
 from __future__ import annotations
 
 import functools
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from service.ipc.segments import Segment, SegmentDir
 from service.kernels import registry
 from service.kernels.activation import resolve
 from service.kernels.errors import KernelInputError, KernelUnavailableError
-from service.kernels.interface import ExpertsBackend, LayerSpec
+from service.kernels.interface import ExpertsBackend, KernelOptions, LayerSpec
 from service.kernels.routing import as_route, check_given_route, topk_route
 from service.worker.context import WorkerContext
 from service.worker.errors import LayerMissingError
@@ -47,6 +48,9 @@ warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarnin
 
 #: Most timed or warm-up iterations one call may ask for (each is a whole forward).
 MAX_ITERATIONS = 1000
+#: The options every backend this worker makes is given, read from the environment once:
+#: MOE_CONTROL_TRITON_DECODE=0 keeps TRITON off its decode kernels.
+KERNEL_OPTIONS = KernelOptions(triton_decode=os.environ.get("MOE_CONTROL_TRITON_DECODE") != "0")
 
 
 @functools.cache
@@ -117,7 +121,7 @@ def prepared(layer: LoadedLayer, backend: str, device: torch.device) -> ExpertsB
 
     def make(item: LoadedLayer) -> ExpertsBackend:
         tensors = kernel_names(item.tensors)
-        runner = cls()
+        runner = cls.configured(KERNEL_OPTIONS)
         runner.prepare(tensors, layer_spec(item.info, tensors, activation.gated))
         return runner
 

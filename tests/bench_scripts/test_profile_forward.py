@@ -22,9 +22,9 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     # Kernel modules an earlier test imported compiled-mode, in dependency order.
     for _name in (
         "service.kernels.align",
-        "service.kernels.triton_wna16",
-        "service.kernels.triton_wna16_v4",
-        "service.kernels.triton_wna16_decode",
+        "service.kernels.triton.jit",
+        "service.kernels.triton.prefill",
+        "service.kernels.triton.decode",
     ):
         if _name in sys.modules:
             importlib.reload(sys.modules[_name])

@@ -26,7 +26,7 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
 
 from service.formats import direct, gpu_repack
 from tests.formats.test_direct import E, _checkpoint, _same
-from tests.kernels._ttgir import compiled_asm
+from tests.kernels.triton._ttgir import compiled_asm
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

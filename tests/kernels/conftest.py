@@ -15,6 +15,12 @@ import torch
 
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     os.environ["TRITON_INTERPRET"] = "1"
-    for name in ("service.kernels.align", "service.kernels.triton_wna16"):
+    kernel_modules = (
+        "service.kernels.align",
+        "service.kernels.triton.jit",
+        "service.kernels.triton.prefill",
+        "service.kernels.triton.decode",
+    )
+    for name in kernel_modules:
         if name in sys.modules:
             importlib.reload(sys.modules[name])

@@ -41,3 +41,17 @@ def test_the_table_is_read_without_torch() -> None:
     code = "import sys, service.kernels.registry; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_classes_take_their_layouts_from_the_table() -> None:
+    """`layouts` and `graph_capturable` are set from the rows, not written in the classes."""
+    from service.kernels.dense import DenseEmulationExperts
+    from service.kernels.emulation import EmulationExperts
+
+    assert DenseEmulationExperts.layouts == frozenset({"EMULATION"})
+    assert EmulationExperts.layouts == frozenset(
+        {"CANONICAL", "TRITON", "MARLIN", "BATCHED_MARLIN"}
+    )
+    assert not EmulationExperts.graph_capturable
+    triton = registry.load_class("service.kernels.triton.experts:TritonWNA16Experts")
+    assert triton.layouts == frozenset({"TRITON"}) and triton.graph_capturable

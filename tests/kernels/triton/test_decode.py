@@ -1,7 +1,7 @@
 """TRITON decode variant (one program per route, split-K GEMVs), interpreted on CPU, against
 EMULATION's float32 forward.
 
-Same method as test_triton_wna16.py (`_check`: fresh random weights, zero points and inputs,
+Same method as test_prefill.py (`_check`: fresh random weights, zero points and inputs,
 NaN-poisoned output and intermediate, relative error under 1e-2 for bfloat16 and 3e-3 for
 float16 activations). The variant computes in float32 without rounding the dequantized
 weights, so its error is that of the 16-bit intermediate and output alone. Its own paths:
@@ -9,7 +9,7 @@ w13 split or not (the last-arriver epilogue vs a direct store), w2's reduction (
 with a last-arriver flush, or top-1 storing directly), K tiles spanning several groups or
 lying inside one, int4/int8, zero points, bias, every activation, the workspaces left
 zeroed for the next forward, and the dispatcher switch. Then what the interpreter cannot
-show: both kernels compile for sm_90a (tests/kernels/_ttgir.py) with no tensor-core dot.
+show: both kernels compile for sm_90a (tests/kernels/triton/_ttgir.py) with no tensor-core dot.
 """
 
 from __future__ import annotations
@@ -20,25 +20,29 @@ import pytest
 import torch
 
 from service.kernels.activation import ACTIVATIONS, ActivationSpec
-from service.kernels.interface import LayerSpec
-from service.kernels.triton_wna16 import GemmTile, KernelConfig, TritonWNA16Experts
-from service.kernels.triton_wna16_decode import (
+from service.kernels.interface import KernelOptions, LayerSpec
+from service.kernels.triton.config import (
+    DECODE,
     DECODE_MAX_ROUTES,
-    _span,
+    GemmTile,
+    KernelConfig,
     choose_config_decode,
     use_decode,
 )
-from tests.kernels._ttgir import compiled_asm
+from service.kernels.triton.decode import _span
+from service.kernels.triton.experts import TritonWNA16Experts
 from tests.kernels.helpers import KERNEL_DEVICE, pack_triton, random_layer, random_routing
-from tests.kernels.test_triton_wna16 import SHAPES, _check
+from tests.kernels.triton._ttgir import compiled_asm
+from tests.kernels.triton.test_config import SHAPES
+from tests.kernels.triton.test_prefill import _check
 
-# On a GPU these tests run compiled: `pytest -m gpu tests/kernels/test_triton_decode.py`
+# On a GPU these tests run compiled: `pytest -m gpu tests/kernels/triton/test_decode.py`
 # there; on CPU they are unmarked and interpreted.
 pytestmark = [pytest.mark.gpu] if torch.cuda.is_available() else []
 
 
 def _decode(w13: GemmTile, w2: GemmTile) -> KernelConfig:
-    return KernelConfig(1, w13, w2, version="decode")
+    return KernelConfig(1, w13, w2, kernel=DECODE)
 
 
 #: w13 split 4 (last-arriver epilogue), w2 split 2; K tiles of 32 inside 32-groups.
@@ -136,7 +140,7 @@ def test_default_decode_config_fits_every_shape(shape: str) -> None:
         spec = LayerSpec(e, h, i, bits, group)
         for m in (1, 4, 8):
             config = choose_config_decode(m, k, spec, 132)
-            assert config.version == "decode"
+            assert config.kernel == DECODE
             for tile, kdim in ((config.w13, h), (config.w2, i)):
                 g = kdim if group == -1 else group
                 assert kdim % tile.block_k == 0 and tile.block_k >= 32
@@ -155,24 +159,24 @@ def test_qwen3_decode_programs() -> None:
     assert (config.w2.block_n, config.w2.block_k, config.w2.split_k) == (64, 256, 3)
 
 
-def test_dispatcher_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Off with MOE_CONTROL_TRITON_DECODE=0; by default taken for few routes per expert and
-    up to DECODE_MAX_ROUTES routes (before the tuned table), and the forward then runs the
-    decode kernels."""
-    monkeypatch.setenv("MOE_CONTROL_TRITON_DECODE", "0")
-    assert not use_decode(1, 8, 128)
+def test_dispatcher_switch() -> None:
+    """Off when the backend is made with decode off (the worker's MOE_CONTROL_TRITON_DECODE=0);
+    by default taken for few routes per expert and up to DECODE_MAX_ROUTES routes (before
+    the tuned table), and the forward then runs the decode kernels."""
     layer = random_layer(31, 4, 64, 64, bits=4, group_size=32)
     tensors = {name: t.to(KERNEL_DEVICE) for name, t in pack_triton(layer).items()}
-    backend = TritonWNA16Experts()
-    backend.prepare(tensors, LayerSpec(4, 64, 64, 4, 32))
-    assert backend.config_for(1, 2, KERNEL_DEVICE).version != "decode"
-    monkeypatch.delenv("MOE_CONTROL_TRITON_DECODE", raising=False)
+    spec = LayerSpec(4, 64, 64, 4, 32)
+    off = TritonWNA16Experts.configured(KernelOptions(triton_decode=False))
+    off.prepare(tensors, spec)
+    assert off.config_for(1, 2, KERNEL_DEVICE).kernel != DECODE
     assert use_decode(1, 8, 128) and use_decode(4, 8, 128)  # Qwen3: 1.0, 1.09 per expert
     assert use_decode(4, 2, 8) and not use_decode(8, 2, 8)  # Mixtral: 1.46, 2.2
     assert not use_decode(16, 4, 60)  # Qwen1.5-MoE M=16: 1.6 per expert
     assert not use_decode(DECODE_MAX_ROUTES // 8 + 1, 8, 4096)  # past the route bound
-    assert backend.config_for(1, 2, KERNEL_DEVICE).version == "decode"
-    assert backend.config_for(16, 2, KERNEL_DEVICE).version != "decode"
+    backend = TritonWNA16Experts.configured(KernelOptions())
+    backend.prepare(tensors, spec)
+    assert backend.config_for(1, 2, KERNEL_DEVICE).kernel == DECODE
+    assert backend.config_for(16, 2, KERNEL_DEVICE).kernel != DECODE
     _check(layer, 1, 2, torch.bfloat16, seed=17)  # the default-constructed backend: decode
 
 
@@ -197,7 +201,7 @@ def test_kernels_compile_for_sm90a() -> None:
     """The Qwen3 M=1 launches (and an int8 asymmetric, bias, unsplit one) compile for
     sm_90a; no tensor-core instruction (the MMAv2 K-16 wrap cannot apply), 16-byte weight
     loads, and the split reductions' acquire-release counter and atomic exchanges."""
-    module = "service.kernels.triton_wna16_decode"
+    module = "service.kernels.triton.decode"
     int8 = {"BITS": 8, "BLOCK_K": 128, "K_SPAN": 2048, "SUB": 128, "HAS_ZP": True,
             "HAS_BIAS": True, "SPLIT_K": 1}  # fmt: skip
     w13 = compiled_asm(module, "_decode_w13_kernel", [_W13], types=_TYPES, aligned=_ALIGNED)

@@ -1,37 +1,32 @@
-"""TRITON decode variant (v5 in bench/KERNEL_NOTES.md): one program per route, no alignment.
+"""The decode kernels of our Triton WNA16 MoE forward: one program per route, no alignment.
 
-Why a separate design for few routes (M·k up to `DECODE_MAX_ROUTES`): at Qwen3-30B-A3B M=1
-v3 and v4 spend 36-39 µs on 19.5 MB (a 4.6 µs floor). Decode there is a serial chain, not a
-byte stream: v3's w13 has 192 programs (1.5 per SM) each walking H=2048 in 16 dependent K
-steps, behind an alignment pass (6.6 µs) and a memset, with a cast after w2; v4 removed the
-nodes but put a histogram/scan/compaction preamble in front of every program's first weight
-load. This variant shortens the chain at every link:
+For few routes (M·k up to `config.DECODE_MAX_ROUTES`, few routes per expert) the forward is a
+serial chain of dependent latencies rather than a byte stream, and the prefill kernels'
+alignment pass, tensor-core tiles padded to 16 rows and one-column-tile-per-program grids
+leave the GPU idle (bench/KERNEL_NOTES.md, "Version 5", has the measurements). This design
+shortens the chain at every link:
 
-* **No alignment, no preamble.** Program (route, column tile, K split) loads `topk_ids[route]`
-  (one dependent load) and then every weight address is known. Routes that share an expert
-  re-read its tile, but the route is the fastest grid axis, so such programs run side by side
-  and the second read hits L2 (at M·k <= 64 few routes share an expert anyway).
+* **No alignment.** Program (route, column tile, K split) loads `topk_ids[route]` (one
+  dependent load) and then every weight address is known. Routes that share an expert
+  re-read its tile; the route is the fastest grid axis, so such programs run side by side
+  and the second read hits L2.
 * **No tensor cores: a GEMV.** One route is one activation row; `tl.dot` would pad it to 16
-  rows and stage the dequantized tile through shared memory every K step (the compiled v3/v4
-  decode tiles: 8-12 `bar.sync` and ~40 shared accesses per step). Here the packed bytes are
-  used as they load: low nibbles meet the even inputs and high nibbles the odd ones (two
-  strided activation vectors), so there is no join/reshape and no layout conversion; the
-  zero point leaves the inner loop (sum (q - z)·x = sum q·x - z·sum x) and the group scale
-  multiplies each [rows, groups] partial once. Arithmetic is float32 (weights never rounded
-  to 16 bits, unlike the MMA paths). The Triton 3.6 MMAv2 K-16 wrap cannot occur (no dot).
-* **Split-K in both GEMMs** so each program makes 1-2 K steps and ~8 programs per SM are in
-  flight: Qwen3 M=1 w13 runs 8 routes x 24 column tiles x 8 splits of one 256-wide K step
-  instead of 192 programs of 16 steps. w13's partials (gate and up) go into a float32
-  workspace; the last-arriving split of a (route, column tile), found with one
-  acquire-release counter (the w2 machinery of v4), reads the sums back (atomic exchange
-  with zero: read and reset in one operation), applies bias and activation and writes
-  `inter`. w2 adds router-weighted partials into a float32 [M, H] workspace; the last
-  arriver of a column tile writes the 16-bit output. Every workspace and counter is left
-  zeroed, so a forward is exactly two launches (graph nodes): no memset, no cast.
+  rows and stage the dequantized tile through shared memory every K step. Here the packed
+  words are used as they load (no join/reshape, no layout conversion); the zero point leaves
+  the inner loop (sum (q - z)·x = sum q·x - z·sum x) and the group scale multiplies each
+  [rows, groups] partial once. Arithmetic is float32 (weights never rounded to 16 bits). The
+  Triton 3.6 MMAv2 K-16 wrap cannot occur (no dot).
+* **Split-K in both GEMMs**, so each program makes one or two K steps and several programs
+  per SM are in flight. w13's partials (gate and up) go into a float32 workspace; the
+  last-arriving split of a (route, column tile), found with one acquire-release counter,
+  reads the sums back (atomic exchange with zero: read and reset in one operation), applies
+  bias and activation and writes `inter`. w2 adds router-weighted partials into a float32
+  [M, H] workspace; the last arriver of a column tile writes the 16-bit output. Every
+  workspace and counter is left zeroed, so a forward is exactly two launches (graph nodes):
+  no memset, no cast.
 
-Selected by `KernelConfig.version == "decode"` (a tuned-table row or a caller's config) and,
-by default, by the dispatcher for few routes per expert (`use_decode`; measured faster on the
-H200 there by bench/profile_forward.py; MOE_CONTROL_TRITON_DECODE=0 turns it off).
+Taken where `KernelConfig.kernel == "decode"` (a caller's config, or the dispatcher's choice
+by `config.use_decode`).
 """
 
 # Triton idiom: compile-time parameters are UPPER_CASE, kernels take many arguments and
@@ -42,7 +37,6 @@ H200 there by bench/profile_forward.py; MOE_CONTROL_TRITON_DECODE=0 turns it off
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import torch
@@ -51,87 +45,12 @@ import triton.language as tl
 
 from service.kernels.activation import ResolvedActivation
 from service.kernels.interface import LayerSpec
-from service.kernels.triton_wna16 import (
-    GemmTile,
-    KernelConfig,
-    _gated_activation,
-    _plain_activation,
-    _round16,
-    fit_block_k,
-)
-from service.kernels.triton_wna16_v4 import _zero_point
+from service.kernels.triton.config import KernelConfig, fit_block_k
+from service.kernels.triton.jit import gated_activation, plain_activation, round16, zero_point
 from service.triton_runtime import interpreting
 
-#: Most routes (M·k) the decode variant is chosen for by `use_decode`: past it experts are
-#: shared by many routes and re-reading their tiles per route (even from L2) costs more
-#: than the aligned paths' alignment.
-DECODE_MAX_ROUTES = 64
-#: Programs per SM the split-K choice aims each GEMM at. 8 (~8 programs x 8 KB in flight
-#: per SM) was the prediction; the H200 sweep (bench/KERNEL_NOTES.md, "Version 5",
-#: measured) found 4 faster at Qwen3 / Qwen1.5 M=1 (23.2 / 22.6 µs against 25.9 / 24.7):
-#: fewer splits means fewer partial read-backs in the last arriver.
-DECODE_PROGRAMS_PER_SM = 4
-#: The K tile the heuristic starts from (fitted to K and the group); >= 32 like every
-#: compiled K tile of this package, though no tensor-core dot is involved here.
-DECODE_BLOCK_K = 256
 #: Rows of the final [M, BLOCK_N] read-back of w2's last arriver per step.
 _FLUSH_M = 16
-
-
-#: Most routes per distinct expert (expected, uniform routing) the dispatcher accepts: each
-#: route dequantizes its expert's tiles again (the bytes may come from L2, the ALU work
-#: does not), so where many tokens share experts the aligned paths, which dequantize once
-#: per block of routes, win. Measured on the H200 (bench/KERNEL_NOTES.md, "Version 5"):
-#: Mixtral M=4 (1.46 per expert) decode 295 µs against 433, Qwen1.5 M=16 (1.6) 131 against
-#: 127, Mixtral M=16 (4.0) 1046 against 534; the bound sits between 1.46 and 1.6.
-DECODE_MAX_SHARING = 1.5
-
-
-def use_decode(num_tokens: int, top_k: int, num_experts: int) -> bool:
-    """Whether the dispatcher takes this variant (over the tuned table and the heuristics):
-    M·k <= DECODE_MAX_ROUTES and at most DECODE_MAX_SHARING routes per expected distinct
-    expert. On by default since the H200 measured it faster there (bench/profile_forward.py:
-    Qwen3 M=1 34.8 -> 23.2 µs, Mixtral M=1 153 -> ~95, Mixtral M=4 433 -> 295);
-    MOE_CONTROL_TRITON_DECODE=0 turns it off (the tuned table and v3/v4 heuristics then)."""
-    if os.environ.get("MOE_CONTROL_TRITON_DECODE", "1") == "0":
-        return False
-    routes = num_tokens * top_k
-    distinct = num_experts * (1 - (1 - min(top_k, num_experts) / num_experts) ** num_tokens)
-    return routes <= DECODE_MAX_ROUTES and routes <= DECODE_MAX_SHARING * max(distinct, 1.0)
-
-
-def _splits(k: int, block_k: int, programs: int, target: int) -> int:
-    """K splits raising `programs` towards `target`, each split a whole number of K tiles."""
-    steps = k // block_k
-    want = max(1, min(steps, -(-target // max(programs, 1))))
-    span = max(1, steps // want)  # round towards more programs
-    return -(-steps // span)
-
-
-def choose_config_decode(
-    num_tokens: int, top_k: int, spec: LayerSpec, num_sms: int
-) -> KernelConfig:
-    """The untuned decode tiles: 32 intermediate columns (gate + up: 64 weight rows) and 64
-    hidden columns per program, 256-wide K tiles (128 for int8: the same bytes per row),
-    and K splits up to `DECODE_PROGRAMS_PER_SM` programs per SM in each GEMM."""
-    routes = num_tokens * top_k
-    h, i = spec.hidden_size, spec.intermediate_size
-    g13 = h if spec.group_size == -1 else spec.group_size
-    g2 = i if spec.group_size == -1 else spec.group_size
-    base_k = DECODE_BLOCK_K // (2 if spec.bits == 8 else 1)
-    target = DECODE_PROGRAMS_PER_SM * num_sms
-    bn1 = min(32, triton.next_power_of_2(i))
-    bk1 = fit_block_k(base_k, h, g13)
-    s1 = _splits(h, bk1, routes * triton.cdiv(i, bn1), target)
-    bn2 = min(64, triton.next_power_of_2(h))
-    bk2 = fit_block_k(base_k, i, g2)
-    s2 = _splits(i, bk2, routes * triton.cdiv(h, bn2), target)
-    return KernelConfig(
-        1,
-        GemmTile(bn1, bk1, 4, 2, split_k=s1),
-        GemmTile(bn2, bk2, 4, 2, split_k=s2),
-        version="decode",
-    )
 
 
 class DecodeWorkspace:
@@ -352,7 +271,7 @@ def _gemv_tile(x0, x1, x2, x3, x4, x5, x6, x7, c_a, c_b, q_e, s_e, z_e, rows, ro
     rows2 = rows[:, None] + tl.zeros([BLOCK_N, NG], dtype=tl.int32)
     mask2 = row_mask[:, None] & (grp2 >= 0)
     s = tl.load(s_e + rows2 * stride_sn + grp2, mask=mask2, other=0).to(tl.float32)
-    z = _zero_point(z_e, rows2, mask2, grp2, stride_zn, BITS, HAS_ZP).to(tl.float32)
+    z = zero_point(z_e, rows2, mask2, grp2, stride_zn, BITS, HAS_ZP).to(tl.float32)
     return tl.sum((dot - z * xs[None, :]) * s, axis=1)
 
 
@@ -374,11 +293,11 @@ def _w13_epilogue(acc_u, acc_g, bias_e, up_rows, gate_rows, cols, n_mask, out_ro
         if GATED:
             acc_g += tl.load(bias_e + gate_rows, mask=n_mask, other=0.0).to(tl.float32)
     if GATED:
-        hidden = _gated_activation(acc_g, acc_u, limit, alpha, beta, ACT)
+        hidden = gated_activation(acc_g, acc_u, limit, alpha, beta, ACT)
     else:
-        hidden = _plain_activation(acc_u, ACT)
+        hidden = plain_activation(acc_u, ACT)
     out_dtype = out_row.dtype.element_ty
-    tl.store(out_row + cols, _round16(hidden, out_dtype, INTERP).to(out_dtype), mask=n_mask)
+    tl.store(out_row + cols, round16(hidden, out_dtype, INTERP).to(out_dtype), mask=n_mask)
 
 
 @triton.jit
@@ -521,8 +440,8 @@ def _decode_w2_kernel(
                 mask = (rows[:, None] < num_tokens) & n_mask[None, :]
                 total = _take(ws_ptr + rows[:, None] * hidden + cols[None, :], mask)
                 o_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :]
-                tl.store(o_ptrs, _round16(total, out_dtype, INTERP).to(out_dtype), mask=mask)
+                tl.store(o_ptrs, round16(total, out_dtype, INTERP).to(out_dtype), mask=mask)
             tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")
     else:
         o_ptrs = out_ptr + token * stride_om + cols
-        tl.store(o_ptrs, _round16(acc, out_dtype, INTERP).to(out_dtype), mask=n_mask)
+        tl.store(o_ptrs, round16(acc, out_dtype, INTERP).to(out_dtype), mask=n_mask)
