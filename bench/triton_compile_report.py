@@ -2,15 +2,13 @@
 """Compiler report of our Triton WNA16 GEMMs for Hopper, on a machine without a GPU.
 
 `triton.compile` targets sm_90a from the kernel source alone (no driver needed), and the
-ptxas that Triton ships reports registers, stack frame and spills. For v3 and v4 at the
+ptxas that Triton ships reports registers, stack frame and spills. For the prefill kernel at
 tiles the configuration tables use, this prints: registers, spill stores, shared memory,
 whether the MMA is wgmma or mma.sync, whether weight loads are software-pipelined
 (cp.async) and the widest cp.async. bench/KERNEL_NOTES.md quotes it.
 
     PYTHONPATH=. python bench/triton_compile_report.py
 """
-
-# ruff: noqa: PLR0917
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ from typing import Any
 import triton
 from triton.backends.compiler import GPUTarget
 
-from service.kernels import triton_wna16_v4 as v4
-from service.kernels.triton import prefill as v3
+from service.kernels.triton import prefill
 
 PTXAS = Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"
 POINTERS = {
@@ -44,7 +41,7 @@ def compile_report(fn: Any, consts: dict[str, Any], warps: int, stages: int) -> 
         if param.name in consts:
             signature[param.name] = "constexpr"
         elif param.name == "q_ptr":
-            signature[param.name] = "*i64" if fn.__name__.startswith("_v4") else "*u8"
+            signature[param.name] = "*u8"
         elif param.name in POINTERS:
             signature[param.name] = POINTERS[param.name]
         elif param.name in ("limit", "alpha", "beta"):
@@ -81,39 +78,29 @@ def compile_report(fn: Any, consts: dict[str, Any], warps: int, stages: int) -> 
     }
 
 
-def v3_w13(bm: int, bn: int, bk: int, swap: bool = False) -> tuple[Any, dict[str, Any]]:
+def w13(bm: int, bn: int, bk: int, swap: bool = False) -> tuple[Any, dict[str, Any]]:
     tiles = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SWAP_AB": swap, "DOT_F32": False}
-    return v3._moe_w13_kernel, {**LAYER, **W13, **tiles}
-
-
-def v4_w13(bm: int, bn: int, bk: int, swap: bool = False, scale_after: bool = True,
-           fused: bool = False) -> tuple[Any, dict[str, Any]]:  # fmt: skip
-    tiles = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SWAP_AB": swap, "DOT_F32": False,
-             "SCALE_AFTER": scale_after, "FUSED": fused, "BLOCK_E": 128, "R_PAD": 16}  # fmt: skip
-    return v4._v4_w13_kernel, {**LAYER, **W13, **tiles}
+    return prefill._moe_w13_kernel, {**LAYER, **W13, **tiles}
 
 
 CASES = [
-    ("decode bm16 bn32 bk128", 4, 4, v3_w13(16, 32, 128), v4_w13(16, 32, 128, fused=True)),
-    ("swap bm16 bn64 bk128", 4, 4, v3_w13(16, 64, 128, True), v4_w13(16, 64, 128, True)),
-    ("bm64 bn64 bk64", 4, 3, v3_w13(64, 64, 64), v4_w13(64, 64, 64, scale_after=False)),
-    ("bm128 bn64 bk64 w8", 8, 4, v3_w13(128, 64, 64), v4_w13(128, 64, 64, scale_after=False)),
+    ("decode bm16 bn32 bk128", 4, 4, w13(16, 32, 128)),
+    ("swap bm16 bn64 bk128", 4, 4, w13(16, 64, 128, True)),
+    ("bm64 bn64 bk64", 4, 3, w13(64, 64, 64)),
+    ("bm128 bn64 bk64 w8", 8, 4, w13(128, 64, 64)),
 ]
 
 
 def main() -> int:
-    print(
-        "| w13 tile (Qwen3 int4 g128) | version | regs | spill B | smem B | MMA | cp.async max B |"
-    )
-    print("|---|---|---:|---:|---:|---|---:|")
-    for label, warps, stages, *versions in CASES:
-        for name, (fn, consts) in zip(("v3", "v4"), versions, strict=True):
-            r = compile_report(fn, consts, warps, stages)
-            print(
-                f"| {label} | {name} | {r['regs']} | {r['spill_bytes']} | {r['smem']} | "
-                f"{r['mma']} | {r['cp_async_max_bytes']} |",
-                flush=True,
-            )
+    print("| w13 tile (Qwen3 int4 g128) | regs | spill B | smem B | MMA | cp.async max B |")
+    print("|---|---:|---:|---:|---|---:|")
+    for label, warps, stages, (fn, consts) in CASES:
+        r = compile_report(fn, consts, warps, stages)
+        print(
+            f"| {label} | {r['regs']} | {r['spill_bytes']} | {r['smem']} | "
+            f"{r['mma']} | {r['cp_async_max_bytes']} |",
+            flush=True,
+        )
     return 0
 
 
