@@ -24,7 +24,7 @@
 | NotImplementedError            | UNIMPLEMENTED       | its message says what is missing         |
 | UnauthenticatedError           | UNAUTHENTICATED     | none                                     |
 | ConcurrencyLimitError          | RESOURCE_EXHAUSTED  | QuotaFailure (subject=method,            |
-|   (per-method limit, limits.py)|                     | description=the limit), ErrorInfo        |
+|   (per-method limit)           |                     | description=the limit), ErrorInfo        |
 |                                |                     | CONCURRENCY_LIMIT (method, limit, value),|
 |                                |                     | RetryInfo (0.1 s)                        |
 | anything else                  | INTERNAL            | none; a fixed message (logged in full)   |
@@ -41,7 +41,7 @@ from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from service.api import codec
-from service.api.limits import ConcurrencyLimitError
+from service.api.interceptors.errors import ConcurrencyLimitError, UnauthenticatedError
 from service.formats.input_errors import (
     ConvertInputError,
     ConvertLimitError,
@@ -57,11 +57,6 @@ from service.worker.errors import (
     WorkerNotFoundError,
     WorkerUnavailableError,
 )
-
-
-class UnauthenticatedError(Exception):
-    """The call lacks the bearer token the server requires."""
-
 
 #: `ErrorInfo.domain` of every error this service raises.
 ERROR_DOMAIN = "moe-control"

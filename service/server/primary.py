@@ -1,9 +1,9 @@
-"""Wiring and life cycle of `moe-control serve`.
+"""Wiring and life cycle of `moe-control serve`: the primary server process.
 
 Processes: this one, the primary, owns the workers (one per device), /metrics and the life
 cycle; `--server-processes` N adds N-1 replicas (replica.py). Every process listens on the
-public port (api/front.py); the replicas forward what needs a worker to the primary's
-private server on a Unix socket.
+public port (front.py); the replicas forward what needs a worker to the primary's
+private server on a Unix socket (forward.py).
 Start: /metrics, workers, the public server, the private one and the replicas (with more
 than one process), then one line on stdout saying where it listens.
 Health: liveness ("") is SERVING while the process runs; readiness (the service's name) is
@@ -17,15 +17,12 @@ servers (this one and the replicas', in parallel) stop accepting and give in-fli
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import shutil
 import signal
 import sys
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -34,13 +31,13 @@ from prometheus_client import start_http_server
 
 from service import __version__
 from service.api.front import REFLECTED, SERVICE_NAME, Front, start_front
-from service.api.interceptors import ServerInterceptor
-from service.api.limits import Limits
+from service.api.interceptors.chain import InterceptorChain
+from service.api.interceptors.limits import Limits
 from service.api.servicer import MoeControlServicer, add_to_server
 from service.logs import configure_logging
 from service.metrics import Metrics, enable_multiprocess
-from service.process import tune_malloc
-from service.replica import ReplicaSet, settings_to_json
+from service.process import make_runtime_dir, settle_heap, tune_malloc
+from service.server.replica import ReplicaSet, settings_to_json
 from service.settings import Settings
 from service.worker.supervisor import SupervisorConfig, WorkerHandle, WorkerPool, discover_devices
 
@@ -173,7 +170,7 @@ class MoeControlServer:
             # again).
             target = f"unix:{os.path.join(self._runtime_dir, 'primary.sock')}"
             self.internal = grpc.aio.server(options=s.grpc_options())
-            registrar = ServerInterceptor(None, token=token, limits=limits).registrar(self.internal)
+            registrar = InterceptorChain(None, token=token, limits=limits).registrar(self.internal)
             add_to_server(servicer, registrar)
             registrar.install()
             if self.internal.add_insecure_port(target) == 0:
@@ -234,53 +231,6 @@ class MoeControlServer:
         log.info("stopped", extra={"event": "stopped"})
 
 
-#: The private runtime directories (Unix socket, multiprocess metrics) are named
-#: moe-control-run-<pid of the primary>-<random>.
-RUNTIME_PREFIX = "moe-control-run-"
-
-
-def make_runtime_dir(base: str | None = None) -> str:
-    """A private (0700) directory for this server's socket and metrics files. A server that
-    was killed (SIGKILL, OOM) could not remove its own, so those of dead servers are swept
-    first."""
-    sweep_runtime_dirs(base)
-    return tempfile.mkdtemp(prefix=f"{RUNTIME_PREFIX}{os.getpid()}-", dir=base)
-
-
-def sweep_runtime_dirs(base: str | None = None) -> list[str]:
-    """Remove the runtime directories whose server process is gone; returns them."""
-    removed = []
-    for path in Path(base or tempfile.gettempdir()).glob(RUNTIME_PREFIX + "*"):
-        pid = path.name[len(RUNTIME_PREFIX) :].split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)) or path.stat().st_uid != os.getuid():
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(str(path))
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def settle_heap() -> None:
-    """Move everything allocated during start-up (modules, descriptors, oracle tables: tens
-    of thousands of objects that live as long as the process) out of the collector's way.
-
-    Without this, each full collection walks them all: a 20-50 ms pause of the event loop
-    every few thousand requests, which is what the p99 of an open-loop load showed
-    (bench/RESULTS.md). Frozen objects are never collected, so this runs once, after
-    start-up's garbage is gone."""
-    gc.collect()
-    gc.freeze()
-
-
 def _host_for_url(host: str) -> str:
     if host in ("", "0.0.0.0", "[::]", "::"):
         return "localhost"
@@ -320,7 +270,7 @@ async def _serve(server: MoeControlServer) -> None:
 def run(settings: Settings) -> int:
     # Before any thread starts. Every RunMoE at large M moves tens of MiB through fresh
     # buffers here; under glibc's default thresholds each was mapped or grown, faulted in,
-    # zeroed and given back per call (bench/RESULTS.md, memory.py's "server" row;
+    # zeroed and given back per call (bench/RESULTS.md, process.py's "server" row;
     # --no-malloc-tuning leaves glibc's defaults).
     if settings.malloc_tuning:
         tune_malloc("server")
