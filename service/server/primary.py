@@ -2,13 +2,12 @@
 
 Processes: this one, the primary, owns the workers (one per device), /metrics and the life
 cycle; `--server-processes` N adds N-1 replicas (replica.py). Every process listens on the
-public port (front.py); the replicas forward what needs a worker to the primary's
-private server on a Unix socket (forward.py).
+public port (front.py); the replicas forward what needs a worker to the primary's private
+server on a Unix socket (forward.py).
 Start: /metrics, workers, the public server, the private one and the replicas (with more
 than one process), then one line on stdout saying where it listens.
-Health: liveness ("") is SERVING while the process runs; readiness (the service's name) is
-SERVING while at least one worker is ready (a node keeps serving on its healthy GPUs while
-one worker restarts: WorkerPool.ready), in every process.
+Health: liveness ("") is SERVING while the process runs; readiness (the service's name) as
+readiness.py says, in every process.
 Stop (SIGTERM, SIGINT): health goes NOT_SERVING first so balancers drain, then the public
 servers (this one and the replicas', in parallel) stop accepting and give in-flight RPCs
 `grace_s`, then the private server, the workers and /metrics stop.
@@ -26,24 +25,24 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2
+from grpc_health.v1 import health
 from prometheus_client import start_http_server
 
 from service import __version__
-from service.api.front import REFLECTED, SERVICE_NAME, Front, start_front
-from service.api.interceptors.chain import InterceptorChain
+from service.api.front import Front, start_front
 from service.api.interceptors.limits import Limits
 from service.api.servicer import MoeControlServicer, add_to_server
 from service.logs import configure_logging
 from service.metrics import Metrics, enable_multiprocess
 from service.process import make_runtime_dir, settle_heap, tune_malloc
-from service.server.replica import ReplicaSet, settings_to_json
+from service.server.readiness import Readiness
+from service.server.replica import ReplicaSet, settings_to_json, start_private_server
 from service.settings import Settings
-from service.worker.supervisor import SupervisorConfig, WorkerHandle, WorkerPool, discover_devices
+from service.worker.supervisor import SupervisorConfig, WorkerPool, discover_devices
 
 log = logging.getLogger("moe_control.server")
 
-__all__ = ["REFLECTED", "SERVICE_NAME", "Endpoints", "MoeControlServer", "run", "serve"]
+__all__ = ["Endpoints", "MoeControlServer", "run", "serve"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,89 +66,26 @@ class MoeControlServer:
         self.settings = settings
         self.metrics = metrics if metrics is not None else Metrics()
         self.health = health.aio.HealthServicer()
+        self.readiness = Readiness(self.health, self.metrics)
         self.pool: WorkerPool | None = None
-        self.internal: grpc.aio.Server | None = None
-        self.front: Front | None = None
         self.servicer: MoeControlServicer | None = None
+        self.front: Front | None = None
+        self.internal: grpc.aio.Server | None = None
         self.replicas: ReplicaSet | None = None
         self._own_dir = None if runtime_dir is not None else make_runtime_dir()
         self._runtime_dir: str = runtime_dir or self._own_dir or ""
         self._metrics_http: Any = None
-        self._stopping = False
-        self._restarts_counted: dict[int, int] = {}
-        self._health_tasks: set[asyncio.Task[None]] = set()
-
-    # -- readiness
-
-    def _worker_changed(self, worker: WorkerHandle) -> None:
-        self.metrics.set_worker_ready(worker.index, worker.device, worker.ready)
-        counted = self._restarts_counted.get(worker.index, 0)
-        for _ in range(worker.restarts - counted):
-            self.metrics.count_worker_restart(worker.index, worker.device)
-        self._restarts_counted[worker.index] = worker.restarts
-        if self.replicas is not None:
-            self.replicas.publish(self._state())
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if self._ready()
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        task = asyncio.create_task(self.health.set(SERVICE_NAME, status))
-        self._health_tasks.add(task)
-        task.add_done_callback(self._health_tasks.discard)
-
-    def _ready(self) -> bool:
-        return self.pool is not None and self.pool.ready and not self._stopping
-
-    def _state(self) -> dict[str, Any]:
-        """The workers as replicas need them: readiness and each worker's profile."""
-        workers = [] if self.pool is None else self.pool.workers
-        return {
-            "ready": self._ready(),
-            "workers": [
-                {
-                    "device": w.device,
-                    "state": str(w.state),
-                    "ready": w.ready,
-                    "profile": w.profile.to_json() if w.profile is not None else None,
-                }
-                for w in workers
-            ],
-        }
-
-    # -- life cycle
 
     async def start(self) -> Endpoints:
         s = self.settings
-        metrics_url = None
-        if s.metrics_enabled:
-            self._metrics_http, _ = start_http_server(
-                s.metrics_port, addr=s.metrics_host, registry=self.metrics.registry
-            )
-            port = self._metrics_http.server_port
-            metrics_url = f"http://{_host_for_url(s.metrics_host)}:{port}/metrics"
-
+        metrics_url = self._start_metrics() if s.metrics_enabled else None
         devices = await discover_devices(s.devices, cpu_workers=s.cpu_workers)
-        self.pool = WorkerPool(
-            devices,
-            SupervisorConfig(
-                start_timeout_s=s.worker_start_timeout_s,
-                ping_interval_s=s.worker_ping_interval_s,
-                ping_timeout_s=s.worker_ping_timeout_s,
-                restart_backoff_s=s.worker_restart_backoff_s,
-                log_level=s.log_level,
-                log_format=s.log_format,
-            ),
-            on_change=self._worker_changed,
+        pool = self.pool = WorkerPool(
+            devices, _supervisor_config(s), on_change=self.readiness.worker_changed
         )
-        for worker in self.pool.workers:
-            self.metrics.set_worker_ready(worker.index, worker.device, False)
-        await self.health.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)
-        await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
-
-        token = s.token()
+        await self.readiness.start(pool)
+        servicer = self.servicer = MoeControlServicer(pool, self.metrics, s)
         processes = s.process_count()
-        servicer = self.servicer = MoeControlServicer(self.pool, self.metrics, s)
         # One set of per-method limits for the public server and the private endpoint of
         # the replicas' forwarded calls: conversions and forwards are bounded server-wide.
         limits = Limits.from_settings(s, self.metrics)
@@ -160,30 +96,13 @@ class MoeControlServer:
             selection=servicer.selection,
             health_servicer=self.health,
             worker_methods=lambda registrar: add_to_server(servicer, registrar),
+            # The replicas listen on the same port: the kernel spreads connections.
             reuseport=processes > 1,
             limits=limits,
         )
-        self.pool.start()
+        pool.start()
         if processes > 1:
-            # The private server for the replicas' forwarded calls, which the replica that
-            # took a call counted already (so this one counts nothing; the token is checked
-            # again).
-            target = f"unix:{os.path.join(self._runtime_dir, 'primary.sock')}"
-            self.internal = grpc.aio.server(options=s.grpc_options())
-            registrar = InterceptorChain(None, token=token, limits=limits).registrar(self.internal)
-            add_to_server(servicer, registrar)
-            registrar.install()
-            if self.internal.add_insecure_port(target) == 0:
-                raise OSError(f"cannot listen on {target}")
-            await self.internal.start()
-            self.replicas = ReplicaSet(
-                processes - 1,
-                {"settings": settings_to_json(s), "port": self.front.port, "internal": target},
-                env=os.environ,
-                restart_backoff_s=s.worker_restart_backoff_s,
-            )
-            self.replicas.publish(self._state())
-            await self.replicas.start()
+            await self._start_replicas(processes - 1, limits)
         grpc_address = f"{_host_for_url(s.host)}:{self.front.port}"
         log.info(
             "serving",
@@ -192,7 +111,7 @@ class MoeControlServer:
                 "grpc": grpc_address,
                 "tls": self.front.tls,
                 "mtls": s.tls_client_ca is not None,
-                "auth": token is not None,
+                "auth": s.token() is not None,
                 "metrics": metrics_url,
                 "devices": devices,
                 "processes": processes,
@@ -201,12 +120,34 @@ class MoeControlServer:
         )
         return Endpoints(grpc_address, metrics_url)
 
+    def _start_metrics(self) -> str:
+        s = self.settings
+        self._metrics_http, _ = start_http_server(
+            s.metrics_port, addr=s.metrics_host, registry=self.metrics.registry
+        )
+        port = self._metrics_http.server_port
+        return f"http://{_host_for_url(s.metrics_host)}:{port}/metrics"
+
+    async def _start_replicas(self, count: int, limits: Limits) -> None:
+        assert self.servicer is not None and self.front is not None
+        s = self.settings
+        target = f"unix:{os.path.join(self._runtime_dir, 'primary.sock')}"
+        self.internal = await start_private_server(s, self.servicer, limits, target)
+        self.replicas = self.readiness.replicas = ReplicaSet(
+            count,
+            {"settings": settings_to_json(s), "port": self.front.port, "internal": target},
+            env=os.environ,
+            restart_backoff_s=s.worker_restart_backoff_s,
+        )
+        self.readiness.publish()
+        await self.replicas.start()
+
     async def stop(self) -> None:
         """Drain and stop, in order: health, the public servers (with grace; the replicas
         drain at the same time), the private server, workers, /metrics."""
-        if self._stopping:
+        if self.readiness.stopping:
             return
-        self._stopping = True
+        self.readiness.stopping = True
         grace = self.settings.grace_s
         log.info("shutting down", extra={"event": "shutdown", "grace_s": grace})
         await self.health.enter_graceful_shutdown()
@@ -231,6 +172,17 @@ class MoeControlServer:
         log.info("stopped", extra={"event": "stopped"})
 
 
+def _supervisor_config(s: Settings) -> SupervisorConfig:
+    return SupervisorConfig(
+        start_timeout_s=s.worker_start_timeout_s,
+        ping_interval_s=s.worker_ping_interval_s,
+        ping_timeout_s=s.worker_ping_timeout_s,
+        restart_backoff_s=s.worker_restart_backoff_s,
+        log_level=s.log_level,
+        log_format=s.log_format,
+    )
+
+
 def _host_for_url(host: str) -> str:
     if host in ("", "0.0.0.0", "[::]", "::"):
         return "localhost"
@@ -243,6 +195,7 @@ async def serve(settings: Settings) -> None:
     try:
         metrics = None
         if settings.process_count() > 1:
+            # Every process writes its counts here; /metrics sums them.
             metrics_dir = os.path.join(runtime_dir, "metrics")
             os.mkdir(metrics_dir)
             enable_multiprocess(metrics_dir)
@@ -268,10 +221,8 @@ async def _serve(server: MoeControlServer) -> None:
 
 
 def run(settings: Settings) -> int:
-    # Before any thread starts. Every RunMoE at large M moves tens of MiB through fresh
-    # buffers here; under glibc's default thresholds each was mapped or grown, faulted in,
-    # zeroed and given back per call (bench/RESULTS.md, process.py's "server" row;
-    # --no-malloc-tuning leaves glibc's defaults).
+    # Before any thread starts: the big messages' buffers are kept for the next call
+    # (process.py's "server" row; --no-malloc-tuning leaves glibc's defaults).
     if settings.malloc_tuning:
         tune_malloc("server")
     configure_logging(settings.log_level, settings.log_format)

@@ -32,7 +32,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +40,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 
 from service.api.front import LOCAL_METHODS, SERVICE_NAME, start_front
+from service.api.interceptors.chain import InterceptorChain
+from service.api.interceptors.limits import Limits
 from service.api.measured import ForwardedMeasure
 from service.api.selection import MIB, Selection
+from service.api.servicer import MoeControlServicer, add_to_server
 from service.logs import configure_logging
 from service.metrics import MULTIPROC_ENV, Metrics
 from service.oracle import PlatformProfile
@@ -49,6 +52,7 @@ from service.process import settle_heap, tune_malloc
 from service.server.forward import Forwarder, service_methods
 from service.settings import Settings
 from service.worker.errors import WorkerNotFoundError, WorkerUnavailableError
+from service.worker.supervisor import WorkerHandle
 
 log = logging.getLogger("moe_control.replica")
 
@@ -69,6 +73,39 @@ def settings_to_json(settings: Settings) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------
 # The primary's side
+
+
+def workers_state(workers: Sequence[WorkerHandle], *, ready: bool) -> dict[str, Any]:
+    """The workers as replicas need them (`WorkerView.update` reads it): readiness and
+    each worker's profile."""
+    return {
+        "ready": ready,
+        "workers": [
+            {
+                "device": w.device,
+                "state": str(w.state),
+                "ready": w.ready,
+                "profile": w.profile.to_json() if w.profile is not None else None,
+            }
+            for w in workers
+        ],
+    }
+
+
+async def start_private_server(
+    settings: Settings, servicer: MoeControlServicer, limits: Limits, target: str
+) -> grpc.aio.Server:
+    """The primary's server for the replicas' forwarded calls, on the Unix socket `target`."""
+    server = grpc.aio.server(options=settings.grpc_options())
+    # No metrics: the replica that took a call counted it already. The token is checked
+    # again, and the limits are the public server's, so they hold server-wide.
+    registrar = InterceptorChain(None, token=settings.token(), limits=limits).registrar(server)
+    add_to_server(servicer, registrar)
+    registrar.install()
+    if server.add_insecure_port(target) == 0:
+        raise OSError(f"cannot listen on {target}")
+    await server.start()
+    return server
 
 
 class ReplicaSet:
