@@ -69,8 +69,8 @@ class _FirstStatus:
 
     A client-streaming call that the target ends early (a bad chunk: INVALID_ARGUMENT) can
     still have a write of ours in flight; grpc.aio fails that write and then overwrites the
-    call's status with INTERNAL "Internal error from Core" (a third of such calls, measured;
-    tests/api/test_forward.py). Which comes first varies: when the target's status came
+    call's status with INTERNAL "Internal error from Core" (for many such calls: bench/RESULTS.md,
+    tests/server/test_forward.py). Which comes first varies: when the target's status came
     first, a done callback (run once, at the first status) has kept it; when the failed
     write came first, the target's status replaces it on arrival, and `abort_like` waits
     for that. The status accessors are coroutines that finish at once when the status is

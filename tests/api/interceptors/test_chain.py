@@ -179,3 +179,68 @@ def test_only_selectbackend_is_pre_registered_by_default_and_the_rest_still_answ
         "ListWorkers": b"replaced:x",
         "health": health_pb2.HealthCheckResponse.SERVING,
     }
+
+
+async def chunks(requests: Any, context: Any) -> Any:
+    async for item in requests:
+        yield item
+        yield item
+
+
+async def serve_stream_and_undecodable(
+    token: str | None, metadata: tuple[tuple[str, str], ...]
+) -> tuple[dict[str, Any], Metrics]:
+    from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+
+    metrics = Metrics()
+    server = grpc.aio.server()
+    registrar = InterceptorChain(metrics, token=token).registrar(server)
+    registrar.add_registered_method_handlers(
+        SERVICE,
+        {
+            "Chunks": grpc.stream_stream_rpc_method_handler(chunks),
+            "Parsed": grpc.unary_unary_rpc_method_handler(
+                echo,
+                request_deserializer=pb.ListWorkersRequest.FromString,
+                response_serializer=lambda response: response,
+            ),
+        },
+    )
+    registrar.install(lambda method: False)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    results: dict[str, Any] = {}
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            try:
+                call = channel.stream_stream(f"/{SERVICE}/Chunks")
+                results["Chunks"] = [
+                    item async for item in call(iter([b"a", b"b"]), metadata=metadata, timeout=5)
+                ]
+            except grpc.aio.AioRpcError as error:
+                results["Chunks"] = error.code()
+            try:
+                parsed = channel.unary_unary(f"/{SERVICE}/Parsed")
+                results["Parsed"] = await parsed(b"\xff\xff", metadata=metadata, timeout=5)
+            except grpc.aio.AioRpcError as error:
+                results["Parsed"] = (error.code(), error.details())
+    finally:
+        await server.stop(None)
+    return results, metrics
+
+
+def test_streams_count_their_messages_and_auth_comes_before_parsing() -> None:
+    stream_labels = {"grpc_type": "bidi_stream", "grpc_service": SERVICE, "grpc_method": "Chunks"}
+    results, metrics = asyncio.run(serve_stream_and_undecodable(None, ()))
+    assert results["Chunks"] == [b"a", b"a", b"b", b"b"]
+    assert sample(metrics, "grpc_server_msg_received_total", **stream_labels) == 2
+    assert sample(metrics, "grpc_server_msg_sent_total", **stream_labels) == 4
+    code, details = results["Parsed"]
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "cannot be parsed" in details
+
+    refused, metrics = asyncio.run(serve_stream_and_undecodable("s3", ()))
+    assert refused["Chunks"] is grpc.StatusCode.UNAUTHENTICATED
+    assert refused["Parsed"][0] is grpc.StatusCode.UNAUTHENTICATED  # not a parse error
+    assert sample(metrics, "grpc_server_msg_received_total", **stream_labels) == 0
+    handled = {**stream_labels, "grpc_code": "UNAUTHENTICATED"}
+    assert sample(metrics, "grpc_server_handled_total", **handled) == 1
