@@ -24,7 +24,7 @@
 | NotImplementedError            | UNIMPLEMENTED       | its message says what is missing         |
 | UnauthenticatedError           | UNAUTHENTICATED     | none                                     |
 | ConcurrencyLimitError          | RESOURCE_EXHAUSTED  | QuotaFailure (subject=method,            |
-|   (per-method limit)           |                     | description=the limit), ErrorInfo        |
+|   (per-method limit, limits.py)|                     | description=the limit), ErrorInfo        |
 |                                |                     | CONCURRENCY_LIMIT (method, limit, value),|
 |                                |                     | RetryInfo (0.1 s)                        |
 | anything else                  | INTERNAL            | none; a fixed message (logged in full)   |
