@@ -10,7 +10,7 @@ free loopback ports, servers that differ by one layer of our stack each:
   presets reply (the same 906 bytes);
 * ``options``: + our server's channel arguments (``Settings.grpc_options``: message sizes,
   keepalive, ``so_reuseport``) and ``maximum_concurrent_rpcs``;
-* ``wrapped``: + the interceptor (``ServerInterceptor``: metrics, limits, error mapping),
+* ``wrapped``: + the interceptor (``InterceptorChain``: metrics, limits, error mapping),
   registered the way front.py does (generic handler path);
 * ``auth``: ``wrapped`` + a bearer token (the client sends it);
 * ``registered``: ``wrapped`` + SelectBackend pre-registered with grpc's core, as front.py
@@ -177,11 +177,11 @@ async def _serve_layer(layer: str) -> None:
                 )
             )
         else:
-            from service.api.interceptors import ServerInterceptor
-            from service.api.limits import Limits
+            from service.api.interceptors.chain import InterceptorChain
+            from service.api.interceptors.limits import Limits
 
             metrics = _metrics()
-            registrar = ServerInterceptor(
+            registrar = InterceptorChain(
                 metrics, token=settings.token(), limits=Limits.from_settings(settings, metrics)
             ).registrar(server)
             handlers = {"ListPlatformPresets": handler}

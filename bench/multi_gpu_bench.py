@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from _serve import listening, serve_command  # bench/_serve.py (bench/ is on sys.path)
 
-from service.api.convert_client import Connection, convert_checkpoint_remote, header_for
+from service.client.convert import Connection, convert_checkpoint_remote, header_for
 from service.formats.checkpoint import MANIFEST_NAME
 from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
 

@@ -84,10 +84,10 @@ from _serve import listening, serve_command  # bench/_serve.py (bench/ is on sys
 from grpc_health.v1 import health_pb2
 
 from service.api import codec, convert_codec
-from service.api.convert_client import header_for, tensor_requests
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import platform_pb2, tensor_pb2
-from service.api.run_client import deployment_pb, run_request
+from service.client.convert import header_for, tensor_requests
+from service.client.run import deployment_pb, run_request
 from service.formats.quantize import random_layer
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
 from service.formats.safetensors_io import tensor_bytes
@@ -158,7 +158,7 @@ PROBES = {
     "limit: ConvertWeights burst > max_concurrent_convert": "max_concurrent_convert",
 }
 CONCURRENCY_MESSAGE = "Concurrent RPC limit"
-#: What a refusal by the per-method convert limit says (service/api/limits.py).
+#: What a refusal by the per-method convert limit says (service/api/interceptors/limits.py).
 CONVERT_LIMIT_MESSAGE = "concurrent calls (setting max_concurrent_convert)"
 
 
@@ -281,7 +281,7 @@ async def stream_call(
     When the server ends a client stream early (a refusal at a limit, a bad chunk) while a
     write of ours is in flight, grpc.aio's client fails that write and may report INTERNAL
     "Internal error from Core" instead of the server's status (the forwarder in
-    service/api/forward.py works around the same thing). The server's status is the first
+    service/server/forward.py works around the same thing). The server's status is the first
     one the call got (kept by a done callback) or arrives just after; `lost` counts how
     often the library's report had to be replaced."""
     call = multi(iter(messages), timeout=timeout)
@@ -367,7 +367,7 @@ def process_tree(root: int) -> dict[int, str]:
             roles[pid] = "server"
         elif "service.worker" in cmdline:
             roles[pid] = "worker"
-        elif "service.replica" in cmdline:
+        elif "service.server.replica" in cmdline:
             roles[pid] = "replica"
         else:
             roles[pid] = "other"

@@ -1,46 +1,45 @@
-"""glibc malloc settings per process role: the worker's heap kept from growing under mixed
-load, the server's big message buffers kept for the next call.
+"""Process set-up that every moe-control process shares: glibc malloc tuned per role, the
+start-up heap moved out of the collector's way, and the server's private runtime
+directories.
 
-The worker ("worker" row), as bench/soak.py measured it (every RPC at once for 300 s on a
-2-core box):
+malloc, per role (`tune_malloc`; the measurements are in bench/RESULTS.md):
 
-- Arenas. Every background call (a conversion, a forward) runs on a thread of its own
-  (`jobs.py`), and glibc gives threads their own malloc arenas, up to 8 per core, each
-  keeping the memory its thread freed, fragmented. The worker's RSS climbed in steps for as
-  long as the load lasted (241 -> 473 MiB, still rising); with two arenas it stayed flat at
-  the same throughput. A GPU host has more cores, so more arenas.
-- The mmap threshold. glibc serves a large block with mmap and returns it on free, but
-  after each such free it raises the threshold to that block's size (up to 32 MiB), so
-  later tensors of that size come from the heap, where they fragment and stay. Fixing the
-  threshold turns the raising off. At glibc's initial 128 KiB the worker's anonymous RSS
-  stayed within 2 % over the soak instead of wandering between 157 and 216 MiB with a
-  rising floor, but every intermediate tensor of a CPU forward became an mmap + page faults
-  + munmap: EMULATION at M = 1 went from 1.4 to 7.3 ms, at M = 256 from 27 to 63 ms
-  (bench/runmoe_overhead.py --shape small, OMP_NUM_THREADS=1). At 4 MiB the forward is back
-  at 1.6 / 27 ms, and the blocks that fragment worst (layer-sized tensors, segments) are
-  still mapped and returned whole.
-
-The server process (`service/server.py` applies the "server" row at start) has the opposite
-problem. A RunMoE at M = 4096 moves 8 MiB each way through fresh buffers there (the
-request's bytes, the output read from its segment, the message, the serialized reply,
-grpc's slices); under glibc's dynamic thresholds each was mapped or taken from a grown
-heap, faulted in, zeroed, and unmapped or trimmed away again, on every call. A fixed 64 MiB
-mmap threshold keeps a message's buffers on the heap (a bigger block is still mapped and
-returned whole), and a 256 MiB trim threshold keeps one call's freed buffers for the next:
-server - device 19.8 -> 9.6 ms, client wall - device 51 -> 34 ms at M = 4096 (8.5 MB each
-way, bench/runmoe_overhead.py --shape small; bench/RESULTS.md). A 64 MiB trim threshold
-kept only part of that, 32 MiB none. The cost is memory kept: the server's anonymous RSS
-after big calls is 35-50 MiB higher (92 -> 144 MiB after 50 calls here) and stays there
-when idle; a free top of heap beyond the trim threshold still goes back.
+- The worker ("worker" row). Every background call runs on a thread of its own, and glibc
+  gives threads their own arenas (up to 8 per core), each keeping what its thread freed,
+  fragmented: the worker's RSS climbed for as long as mixed load lasted. Two arenas keep it
+  flat at the same throughput. glibc also raises its mmap threshold after each large free,
+  so later tensors of that size come from the heap, where they fragment and stay; a fixed
+  threshold turns that off. At glibc's initial 128 KiB every intermediate tensor of a CPU
+  forward became an mmap, page faults and a munmap; 4 MiB keeps the forward's speed while
+  the blocks that fragment worst (layer-sized tensors, segments) are still mapped and
+  returned whole.
+- The server processes ("server" row) have the opposite problem: a big RunMoE moves
+  megabytes each way through fresh buffers (the request, the output, the message, the
+  serialized reply), and under glibc's dynamic thresholds each was mapped or grown, faulted
+  in, zeroed and given back on every call. A fixed 64 MiB mmap threshold keeps a message's
+  buffers on the heap, and a 256 MiB trim threshold keeps one call's freed buffers for the
+  next. The cost is memory kept after big calls, also when idle.
 
 An operator's own `MALLOC_*` variable wins (glibc has applied it already); on a C library
 without `mallopt` (musl, macOS) nothing is done.
+
+`settle_heap` runs once a server process has started: what start-up allocated lives as long
+as the process, and without it every full collection walks it all, a pause of the event loop
+every few thousand requests.
+
+The runtime directories (`make_runtime_dir`) hold a server's private Unix socket and
+multiprocess metrics files; a server that was killed could not remove its own, so those of
+dead servers are swept when the next one starts.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Literal
 
 Role = Literal["worker", "server"]
@@ -81,3 +80,47 @@ def tune_malloc(role: Role = "worker") -> list[str]:
         for parameter, value in SETTINGS[role].items()
         if ENVIRONMENT[parameter] not in os.environ and mallopt(parameter, value)
     ]
+
+
+def settle_heap() -> None:
+    """Move everything allocated during start-up (modules, descriptors, oracle tables: tens
+    of thousands of objects that live as long as the process) out of the collector's way.
+    Frozen objects are never collected, so this runs once, after start-up's garbage is
+    gone."""
+    gc.collect()
+    gc.freeze()
+
+
+#: The private runtime directories (Unix socket, multiprocess metrics) are named
+#: moe-control-run-<pid of the primary>-<random>.
+RUNTIME_PREFIX = "moe-control-run-"
+
+
+def make_runtime_dir(base: str | None = None) -> str:
+    """A private (0700) directory for this server's socket and metrics files. A server that
+    was killed (SIGKILL, OOM) could not remove its own, so those of dead servers are swept
+    first."""
+    sweep_runtime_dirs(base)
+    return tempfile.mkdtemp(prefix=f"{RUNTIME_PREFIX}{os.getpid()}-", dir=base)
+
+
+def sweep_runtime_dirs(base: str | None = None) -> list[str]:
+    """Remove the runtime directories whose server process is gone; returns them."""
+    removed = []
+    for path in Path(base or tempfile.gettempdir()).glob(RUNTIME_PREFIX + "*"):
+        pid = path.name[len(RUNTIME_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)) or path.stat().st_uid != os.getuid():
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(str(path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -98,7 +98,7 @@ def test_runtime_dirs_of_dead_servers_are_swept(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from service.server import RUNTIME_PREFIX, make_runtime_dir, sweep_runtime_dirs
+    from service.process import RUNTIME_PREFIX, make_runtime_dir, sweep_runtime_dirs
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
                           capture_output=True, check=True)  # fmt: skip

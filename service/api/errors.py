@@ -41,7 +41,7 @@ from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from service.api import codec
-from service.api.limits import ConcurrencyLimitError
+from service.api.interceptors.errors import ConcurrencyLimitError, UnauthenticatedError
 from service.formats.input_errors import (
     ConvertInputError,
     ConvertLimitError,
@@ -57,11 +57,6 @@ from service.pool.errors import (
     WorkerNotFoundError,
     WorkerUnavailableError,
 )
-
-
-class UnauthenticatedError(Exception):
-    """The call lacks the bearer token the server requires."""
-
 
 #: `ErrorInfo.domain` of every error this service raises.
 ERROR_DOMAIN = "moe-control"

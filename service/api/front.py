@@ -23,8 +23,9 @@ from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-from service.api.interceptors import HandlerRegistrar, ServerInterceptor
-from service.api.limits import Limits
+from service.api.interceptors.chain import InterceptorChain
+from service.api.interceptors.limits import Limits
+from service.api.interceptors.registrar import HandlerRegistrar
 from service.api.selection import Selection
 from service.metrics import Metrics
 from service.settings import Settings
@@ -80,7 +81,7 @@ async def start_front(
         options=settings.grpc_options(reuseport=reuseport),
         maximum_concurrent_rpcs=settings.max_concurrent_rpcs or None,
     )
-    registrar: HandlerRegistrar = ServerInterceptor(
+    registrar: HandlerRegistrar = InterceptorChain(
         metrics, token=settings.token(), limits=limits
     ).registrar(server)
     worker_methods(registrar)

@@ -417,14 +417,14 @@ class ForwardedMeasure:
     ) -> bytes:
         import grpc
 
-        from service.api.forward import _abort_like, caller_metadata, remaining
+        from service.server.forward import abort_like, caller_metadata, remaining
 
         try:
             payload: bytes = await self._call(
                 data, metadata=caller_metadata(context), timeout=remaining(context)
             )
         except grpc.aio.AioRpcError as error:
-            await _abort_like(error, context)
+            await abort_like(error, context)
             raise
         return payload
 

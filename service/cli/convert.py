@@ -427,7 +427,7 @@ def _remote(args: argparse.Namespace, bar: ProgressBar) -> int:
     import grpc
 
     from service.api import convert_codec
-    from service.api.convert_client import (
+    from service.client.convert import (
         Connection,
         convert_checkpoint_remote,
         convert_layer_remote,

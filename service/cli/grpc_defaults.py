@@ -3,10 +3,9 @@
 gRPC reads `GRPC_EXPERIMENTS` once, when the `grpc` module loads. grpcio 1.84 routes every
 socket through EventEngine's own threads, so a unary call is handed between ~16 threads'
 wake-ups in the server and ~8 in the client; turning the three EventEngine endpoint
-experiments off puts the sockets back on the thread that polls the completion queue. On the
-H200 host (bench/RESULTS.md, "RunMoE at M = 1: the gRPC floor and the worker's stages") an
-empty unary call on our server went 0.75 -> 0.60 ms back to back and RunMoE at M = 1 gained
-about 1 ms of wall time; every API, integration and TLS test passes either way.
+experiments off puts the sockets back on the thread that polls the completion queue, which
+makes a small unary call measurably faster (bench/RESULTS.md, "RunMoE at M = 1: the gRPC
+floor and the worker's stages"); every API, integration and TLS test passes either way.
 
 An operator's own `GRPC_EXPERIMENTS` (even an empty one) wins, and nothing is changed once
 grpc has been imported (it would no longer be read). A later grpcio that drops these

@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     import grpc
 
-    from service.api.client import check_health
+    from service.client.health import check_health
 
     service = args.service if args.service is not None else (SERVICE if args.ready else "")
     try:

@@ -268,8 +268,8 @@ def run(args: argparse.Namespace) -> int:
 def _run_remote(args: argparse.Namespace, backend: str) -> int:
     import grpc
 
-    from service.api.convert_client import Connection
-    from service.api.run_client import deployment_pb, run_remote, run_request, tensor_from_pb
+    from service.client.convert import Connection
+    from service.client.run import deployment_pb, run_remote, run_request, tensor_from_pb
 
     example = make_example(args)
     inline = None

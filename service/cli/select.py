@@ -297,7 +297,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _remote(args: argparse.Namespace, spec: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    from service.api.client import RemoteSelectionError, remote_select
+    from service.client.errors import RemoteSelectionError
+    from service.client.select import remote_select
 
     if (args.tls_cert is None) != (args.tls_key is None):
         problem = "give --tls-cert and --tls-key together (the client certificate for mTLS)"

@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from service.server import run as serve
+    from service.server.primary import run as serve
 
     fields = {k: v for k, v in vars(args).items() if k not in ("handler", "command")}
     try:

@@ -40,9 +40,9 @@ import grpc
 import pytest
 from integration.serverproc import SERVICE, ServerProcess, health_status, launch, wait_ready
 
-from service.api.convert_client import Connection, convert_checkpoint_remote, header_for
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
+from service.client.convert import Connection, convert_checkpoint_remote, header_for
 from tests.deploy.checks import (
     ALERTS,
     alert_rules,

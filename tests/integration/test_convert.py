@@ -26,16 +26,16 @@ from grpc_status import rpc_status
 
 from integration.serverproc import ServerProcess
 from service.api import convert_codec
-from service.api.convert_client import (
+from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
+from service.api.generated.moe_control.v1 import tensor_pb2
+from service.client.convert import (
     Connection,
     convert_checkpoint_remote,
     convert_layer_remote,
     header_for,
     tensor_requests,
 )
-from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
-from service.api.generated.moe_control.v1 import tensor_pb2
 from service.formats import registry
 from service.formats.checkpoint import MANIFEST_NAME
 from service.formats.safetensors_io import SafetensorsFile

@@ -21,10 +21,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
 from integration.serverproc import SERVICE, ServerProcess, health_status, wait_for
-from service.api.client import RemoteSelectionError, remote_select
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.cli import main as cli_main
+from service.client.errors import RemoteSelectionError
+from service.client.select import remote_select
 
 SPEC = {
     "hf_quantization_config": {

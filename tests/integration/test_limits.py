@@ -28,9 +28,9 @@ from grpc_status import rpc_status
 from prometheus_client.parser import text_string_to_metric_families
 
 from integration.serverproc import ServerProcess, health_status, launch, wait_ready
-from service.api.convert_client import header_for, tensor_requests
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
+from service.client.convert import header_for, tensor_requests
 from service.formats.safetensors_io import SafetensorsFile
 from service.formats.streaming import FROM_SAFETENSORS, TensorSpec
 from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint

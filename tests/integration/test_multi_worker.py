@@ -25,16 +25,16 @@ import torch
 
 from integration.serverproc import SERVICE, ServerProcess, health_status, launch, wait_for
 from integration.serverproc import wait_ready as wait_serving
-from service.api.convert_client import (
+from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
+from service.api.generated.moe_control.v1 import platform_pb2
+from service.client.convert import (
     Connection,
     convert_checkpoint_remote,
     convert_layer_remote,
     header_for,
 )
-from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
-from service.api.generated.moe_control.v1 import platform_pb2
-from service.api.run_client import run_request, tensor_from_pb
+from service.client.run import run_request, tensor_from_pb
 from service.formats.checkpoint import MANIFEST_NAME
 from service.formats.quantize import random_layer
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint

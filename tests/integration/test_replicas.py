@@ -39,7 +39,7 @@ CONNECTIONS = 16
 
 
 def replica_pids(server: ServerProcess) -> list[int]:
-    """The server's replica processes (its children running service.replica)."""
+    """The server's replica processes (its children running service.server.replica)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -50,7 +50,7 @@ def replica_pids(server: ServerProcess) -> list[int]:
         except OSError:
             continue
         parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == server.process.pid and b"service.replica" in cmdline:
+        if parent == server.process.pid and b"service.server.replica" in cmdline:
             pids.append(int(entry.name))
     return sorted(pids)
 

@@ -22,10 +22,10 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from integration.serverproc import ServerProcess, launch, wait_ready
-from service.api.convert_client import Connection, convert_layer_remote, header_for
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
-from service.api.run_client import deployment_pb, run_request, tensor_from_pb, tensor_to_pb
+from service.client.convert import Connection, convert_layer_remote, header_for
+from service.client.run import deployment_pb, run_request, tensor_from_pb, tensor_to_pb
 from service.formats.quantize import random_layer
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
 from service.formats.safetensors_io import tensor_bytes

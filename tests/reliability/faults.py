@@ -30,9 +30,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 from integration.serverproc import SERVICE, ServerProcess
 
-from service.api.convert_client import Connection, convert_layer_remote, header_for
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-from service.api.run_client import run_request
+from service.client.convert import Connection, convert_layer_remote, header_for
+from service.client.run import run_request
 from service.formats.quantize import random_layer
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
 from service.formats.safetensors_io import SafetensorsFile, hash_tensors, tensor_bytes

@@ -29,17 +29,17 @@ import torch
 from integration.serverproc import ServerProcess, launch, wait_for, wait_ready
 
 from reliability import faults
-from service.api.convert_client import (
+from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
+from service.client.convert import (
     Connection,
     convert_checkpoint_remote,
     header_for,
     tensor_requests,
 )
-from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
-from service.api.run_client import run_request
+from service.client.run import run_request
 from service.formats.checkpoint import MANIFEST_NAME
-from service.server import RUNTIME_PREFIX
+from service.process import RUNTIME_PREFIX
 
 MODEL = faults.MODEL
 #: The worker's layer budget here, and the size of one kept EMULATION layer (dense bf16

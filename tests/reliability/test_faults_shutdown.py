@@ -24,19 +24,19 @@ import grpc
 from integration.serverproc import launch, wait_for, wait_ready
 
 from reliability import faults
-from service.api.convert_client import (
+from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
+from service.client.convert import (
     Connection,
     convert_checkpoint_remote,
     convert_layer_remote,
     header_for,
     tensor_requests,
 )
-from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.formats.checkpoint import MANIFEST_NAME, convert_checkpoint, plan_job
 from service.formats.paths import DataRoot
 from service.formats.synthetic import write_synthetic_checkpoint
 from service.oracle import preset
-from service.server import RUNTIME_PREFIX
+from service.process import RUNTIME_PREFIX
 
 #: What a client of a call the server ended may see.
 ENDED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}

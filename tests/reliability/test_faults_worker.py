@@ -25,9 +25,9 @@ import pytest
 from integration.serverproc import ServerProcess, health_status, launch, wait_ready
 
 from reliability import faults
-from service.api.convert_client import Connection, convert_checkpoint_remote, header_for
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
+from service.client.convert import Connection, convert_checkpoint_remote, header_for
 from service.formats.checkpoint import MANIFEST_NAME
 from service.formats.synthetic import write_synthetic_checkpoint
 

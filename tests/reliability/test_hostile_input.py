@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 from integration.serverproc import ServerProcess
 
 from reliability import wire
-from service.api.convert_client import header_for, tensor_requests
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import platform_pb2, selection_pb2, tensor_pb2
+from service.client.convert import header_for, tensor_requests
 from service.formats.safetensors_io import SafetensorsFile
 from service.formats.streaming import FROM_SAFETENSORS, TensorSpec
 from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint

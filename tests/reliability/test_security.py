@@ -31,8 +31,8 @@ import pytest
 from integration.serverproc import ServerProcess, launch, wait_ready
 
 from reliability import wire
-from service.api.convert_client import Connection, header_for
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+from service.client.convert import Connection, header_for
 from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
 
 PACKAGE = Path(__file__).resolve().parents[2] / "service"
@@ -73,7 +73,7 @@ def _connection(server: ServerProcess, token: str | None = TOKEN) -> Connection:
 
 
 def test_token_compared_in_constant_time() -> None:
-    source = (PACKAGE / "api" / "interceptors.py").read_text()
+    source = (PACKAGE / "api" / "interceptors" / "auth.py").read_text()
     assert "hmac.compare_digest(" in source
     # No ordinary comparison of a token (auth_token, token, token_digest...) anywhere in
     # the package; an emptiness check against "" compares no secret.

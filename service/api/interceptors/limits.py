@@ -4,9 +4,10 @@ grpc's own `maximum_concurrent_rpcs` (`--max-concurrent-rpcs`) counts every call
 burst of cheap SelectBackend calls used to take every slot and refuse conversions and forwards
 too (bench/soak.py found it). Each expensive or bursty method class therefore gets its own
 limit (`--max-concurrent-select`, `--max-concurrent-convert`, `--max-concurrent-run`; 0: no
-limit), checked by the interceptor before the handler runs. A call over its limit waits at
-most `--concurrency-wait-s` (default 0: refused at once, never queued) and is then refused
-with RESOURCE_EXHAUSTED (`ConcurrencyLimitError`, mapped in errors.py). Health and reflection
+limit), checked by `ConcurrencyLimits` (innermost of the interceptors: after auth, before
+the handler). A call over its limit waits at most `--concurrency-wait-s` (default 0:
+refused at once, never queued) and is then refused with RESOURCE_EXHAUSTED
+(`ConcurrencyLimitError`, mapped in `service.api.errors`). Health and reflection
 are in no class, so they are never limited. A streaming call holds its slot until the
 stream ends, however it ends (completion, error, cancellation, deadline): the release runs
 once, from the handler's `finally` or from the call's done callback, whichever is first.
@@ -18,10 +19,12 @@ calls shares the primary's `Limits`, so conversions and forwards are bounded ser
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from service.api.interceptors.errors import ConcurrencyLimitError
+from service.api.interceptors.handlers import Context, Method, Stream, Unary
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -34,20 +37,6 @@ METHOD_LIMITS: Mapping[str, str] = {
     f"/{SERVICE}/ConvertWeights": "max_concurrent_convert",
     f"/{SERVICE}/RunMoE": "max_concurrent_run",
 }
-
-
-class ConcurrencyLimitError(Exception):
-    """A call found its method class's slots all taken: RESOURCE_EXHAUSTED, with details
-    naming the method and the limit (the setting) so a client knows what to back off."""
-
-    def __init__(self, method: str, limit: str, value: int) -> None:
-        self.method = method
-        self.limit = limit
-        self.value = value
-        super().__init__(
-            f"{method} is at this server's limit of {value} concurrent calls "
-            f"(setting {limit}); retry with backoff"
-        )
 
 
 class Limit:
@@ -152,3 +141,49 @@ class SlotHolder:
         limit, self._limit = self._limit, None
         if limit is not None:
             limit.release()
+
+
+class ConcurrencyLimits:
+    """Holds a slot of its method class for each call of a limited method; the other
+    methods are left as they are."""
+
+    def __init__(self, limits: Limits) -> None:
+        self._limits = limits
+
+    def unary(self, method: Method, inner: Unary) -> Unary:
+        limit = self._limits.for_method(method.full_name)
+        if limit is None:
+            return inner
+        semaphore, name = limit.semaphore, method.full_name
+
+        async def limited(request: Any, context: Context) -> Any:
+            if semaphore.locked():
+                await limit.wait_or_refuse(name)
+            else:
+                await semaphore.acquire()  # free: returns without suspending
+            try:
+                return await inner(request, context)
+            finally:
+                semaphore.release()
+
+        return limited
+
+    def stream(self, method: Method, inner: Stream) -> Stream:
+        limit = self._limits.for_method(method.full_name)
+        if limit is None:
+            return inner
+        name = method.full_name
+
+        async def limited(request: Any, context: Context) -> AsyncIterator[Any]:
+            await limit.acquire(name)
+            # The slot is held until the stream ends, however it ends: the finally below,
+            # or the call's end where the generator is not closed yet.
+            holder = SlotHolder(limit)
+            context.add_done_callback(holder.release)  # type: ignore[arg-type]  # stubs: a class, not a callable
+            try:
+                async for item in inner(request, context):
+                    yield item
+            finally:
+                holder.release()
+
+        return limited

@@ -1,4 +1,4 @@
-"""A small synchronous client of the moe_control.v1 service, for the CLI.
+"""SelectBackend from the client side, for `moe-control select --server`.
 
 `remote_select` sends a deployment spec to a server and returns exactly the JSON object the
 local `moe-control select --json` prints, plus "server_platform" (the serving worker's
@@ -10,7 +10,6 @@ would fail the deployment, `{"error": {"stage": "server", ...}}` for transport e
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,53 +21,13 @@ from service.api import codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.api.generated.moe_control.v1 import selection_pb2
+from service.client.channel import call_metadata, open_channel
+from service.client.errors import RemoteSelectionError
 from service.oracle import PlatformProfile
 
-#: Read when no token is passed (the same variable the server reads).
-TOKEN_ENV = "MOE_CONTROL_AUTH_TOKEN"
 EXIT_SELECTION_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_SERVER_ERROR = 3
-
-
-class RemoteSelectionError(Exception):
-    """A SelectBackend call failed; `result` is what the CLI prints, `exit_code` its status."""
-
-    def __init__(self, code: grpc.StatusCode, result: dict[str, Any], exit_code: int) -> None:
-        self.code = code
-        self.result = result
-        self.exit_code = exit_code
-        super().__init__(f"{code.name}: {json.dumps(result)}")
-
-
-def _read(path: str | Path | None) -> bytes | None:
-    return None if path is None else Path(path).read_bytes()
-
-
-def open_channel(
-    target: str,
-    *,
-    tls_ca: str | Path | None = None,
-    tls_cert: str | Path | None = None,
-    tls_key: str | Path | None = None,
-    tls: bool | None = None,
-) -> grpc.Channel:
-    """A channel to `target` (HOST:PORT): TLS when a CA or client cert is given (or tls=True),
-    with the client cert for mTLS."""
-    use_tls = tls if tls is not None else any(p is not None for p in (tls_ca, tls_cert, tls_key))
-    if not use_tls:
-        return grpc.insecure_channel(target)
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=_read(tls_ca),
-        private_key=_read(tls_key),
-        certificate_chain=_read(tls_cert),
-    )
-    return grpc.secure_channel(target, credentials)
-
-
-def call_metadata(token: str | None) -> Sequence[tuple[str, str]]:
-    token = token if token is not None else os.environ.get(TOKEN_ENV)
-    return (("authorization", f"Bearer {token}"),) if token else ()
 
 
 def _profile_json(message: Any) -> dict[str, Any]:
@@ -182,21 +141,3 @@ def measured_to_json(message: Any) -> dict[str, Any]:
             for bucket in message.buckets
         ],
     }
-
-
-def check_health(
-    target: str,
-    service: str = "",
-    *,
-    tls_ca: str | Path | None = None,
-    tls_cert: str | Path | None = None,
-    tls_key: str | Path | None = None,
-    timeout: float = 5.0,
-) -> str:
-    """The `grpc.health.v1` status name of `service` ("" = the whole server)."""
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with open_channel(target, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key) as channel:
-        stub: Any = health_pb2_grpc.HealthStub(channel)
-        response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
-    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))

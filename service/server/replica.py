@@ -6,9 +6,9 @@ runs the primary (the process started by hand, which owns the workers, /metrics 
 cycle) and N-1 replicas. All N listen on the same port with SO_REUSEPORT, and the kernel
 spreads connections among them.
 
-A replica runs the same public server as the primary (api/front.py): it answers
+A replica runs the same public server as the primary (front.py): it answers
 SelectBackend, ListPlatformPresets, health and reflection itself and forwards every other
-MoeControlService call, as bytes (api/forward.py), to the primary's private server on a
+MoeControlService call, as bytes (forward.py), to the primary's private server on a
 Unix socket, which serves it without counting it again. Its view of the workers
 (readiness, profiles) is what the primary writes to its stdin, one JSON object a line, on
 every worker change; readiness is the primary's. Metrics use prometheus_client's
@@ -32,22 +32,26 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2
 
-from service.api.forward import Forwarder, service_methods
 from service.api.front import LOCAL_METHODS, SERVICE_NAME, start_front
+from service.api.interceptors.chain import InterceptorChain
+from service.api.interceptors.limits import Limits
 from service.api.measured import ForwardedMeasure
 from service.api.selection import MIB, Selection
+from service.api.servicer import MoeControlServicer, add_to_server
 from service.logs import configure_logging
 from service.metrics import MULTIPROC_ENV, Metrics
 from service.oracle import PlatformProfile
 from service.pool.errors import WorkerNotFoundError, WorkerUnavailableError
-from service.process import tune_malloc
+from service.pool.handle import WorkerHandle
+from service.process import settle_heap, tune_malloc
+from service.server.forward import Forwarder, service_methods
 from service.settings import Settings
 
 log = logging.getLogger("moe_control.replica")
@@ -69,6 +73,39 @@ def settings_to_json(settings: Settings) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------
 # The primary's side
+
+
+def workers_state(workers: Sequence[WorkerHandle], *, ready: bool) -> dict[str, Any]:
+    """The workers as replicas need them (`WorkerView.update` reads it): readiness and
+    each worker's profile."""
+    return {
+        "ready": ready,
+        "workers": [
+            {
+                "device": w.device,
+                "state": str(w.state),
+                "ready": w.ready,
+                "profile": w.profile.to_json() if w.profile is not None else None,
+            }
+            for w in workers
+        ],
+    }
+
+
+async def start_private_server(
+    settings: Settings, servicer: MoeControlServicer, limits: Limits, target: str
+) -> grpc.aio.Server:
+    """The primary's server for the replicas' forwarded calls, on the Unix socket `target`."""
+    server = grpc.aio.server(options=settings.grpc_options())
+    # No metrics: the replica that took a call counted it already. The token is checked
+    # again, and the limits are the public server's, so they hold server-wide.
+    registrar = InterceptorChain(None, token=settings.token(), limits=limits).registrar(server)
+    add_to_server(servicer, registrar)
+    registrar.install()
+    if server.add_insecure_port(target) == 0:
+        raise OSError(f"cannot listen on {target}")
+    await server.start()
+    return server
 
 
 class ReplicaSet:
@@ -139,7 +176,7 @@ class ReplicaSet:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "service.replica",
+            "service.server.replica",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=self._env,
@@ -246,12 +283,9 @@ class WorkerView:
 
 
 async def _serve(config: Mapping[str, Any], reader: asyncio.StreamReader) -> int:
-    # Here, not at the top: service.server imports this module for ReplicaSet.
-    from service.server import settle_heap
-
     settings = Settings.load(config["settings"], environ={})
     if settings.malloc_tuning:
-        # A replica forwards the same big RunMoE messages as the primary (memory.py's
+        # A replica forwards the same big RunMoE messages as the primary (process.py's
         # "server" row and bench/RESULTS.md say why); before its threads start.
         tune_malloc("server")
     metrics = Metrics(multiprocess_dir=os.environ[MULTIPROC_ENV])
@@ -326,7 +360,7 @@ async def _main() -> int:
 
 
 def main() -> int:
-    """`python -m service.replica`: started by the primary, configured on stdin."""
+    """`python -m service.server.replica`: started by the primary, configured on stdin."""
     return asyncio.run(_main())
 
 

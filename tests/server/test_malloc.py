@@ -1,9 +1,9 @@
-"""The server process applies memory.py's "server" row of malloc settings at start.
+"""The server process applies process.py's "server" row of malloc settings at start.
 
 Why: at M = 4096 a RunMoE moves 8+ MiB each way through fresh buffers in this process;
 under glibc's default thresholds each was mapped (or the heap grown), faulted in, zeroed and
 given back per call (bench/RESULTS.md). Checked by the effect, in a fresh process that goes
-through `service.server.run` (stopped at once by a busy metrics port): a block between the
+through `service.server.primary.run` (stopped at once by a busy metrics port): a block between the
 default and our mmap threshold comes from the heap, not a mapping of its own, and once
 freed the heap keeps it rather than trimming it. An operator's MALLOC_* variable wins, and
 `--no-malloc-tuning` leaves glibc's defaults.
@@ -26,7 +26,7 @@ from service.process import ENVIRONMENT, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, SET
 BLOCK = 48 << 20
 CODE = f"""
 import ctypes, json, socket, sys
-from service.server import run
+from service.server.primary import run
 from service.settings import Settings
 
 busy = socket.socket()
@@ -51,13 +51,13 @@ print(json.dumps({{"code": code, "mapped": mapped, "kept": mallinfo2().keepcost}
 HAS_MALLINFO2 = hasattr(ctypes.CDLL(None), "mallinfo2")
 
 
-# A replica (`--server-processes` > 1) through its own start, `service.replica._serve`,
+# A replica (`--server-processes` > 1) through its own start, `service.server.replica._serve`,
 # stopped at once by a busy port: the same measurement after it.
 REPLICA_CODE = CODE.replace(
     """code = run(Settings(port=0, metrics_port=busy.getsockname()[1], devices="cpu",
                     log_level="ERROR", malloc_tuning=sys.argv[1] == "on"))""",
     """import asyncio, os, tempfile
-from service.replica import _serve
+from service.server.replica import _serve
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp()
 config = {"settings": {"malloc_tuning": sys.argv[1] == "on", "devices": "cpu"},
           "port": busy.getsockname()[1], "internal": "127.0.0.1:1"}

@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from service.api.forward import Forwarder, caller_metadata, service_methods
+from service.server.forward import Forwarder, caller_metadata, service_methods
 
 SERVICE = "t.Target"
 DETAILS_KEY = "grpc-status-details-bin"
@@ -153,7 +153,7 @@ def test_the_contract_methods_and_their_shapes() -> None:
 
 
 def test_no_deadline_stays_no_deadline() -> None:
-    from service.api.forward import remaining
+    from service.server.forward import remaining
 
     class Context:
         def __init__(self, left: float | None) -> None:

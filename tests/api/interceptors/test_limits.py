@@ -16,8 +16,8 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from service.api.interceptors import ServerInterceptor
-from service.api.limits import SERVICE, Limits
+from service.api.interceptors.chain import InterceptorChain
+from service.api.interceptors.limits import SERVICE, Limits
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -67,7 +67,7 @@ class Harness:
 
     async def __aenter__(self) -> Harness:
         self.server = grpc.aio.server()
-        registrar = ServerInterceptor(self.metrics, limits=self.limits).registrar(self.server)
+        registrar = InterceptorChain(self.metrics, limits=self.limits).registrar(self.server)
         h = self.handlers
         registrar.add_registered_method_handlers(
             SERVICE,

@@ -1,5 +1,5 @@
-"""The interceptor applied at registration: merge of registrations, both dispatch routes,
-auth, error mapping and metrics, on a real in-process grpc.aio server."""
+"""The interceptor chain applied at registration: merge of registrations, both dispatch
+routes, auth, error mapping and metrics, on a real in-process grpc.aio server."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from service.api.interceptors import ServerInterceptor
+from service.api.interceptors.chain import InterceptorChain
 from service.metrics import Metrics
 from service.oracle import InvalidSpecError
 
@@ -47,7 +47,7 @@ async def serve_and_call(
 ) -> tuple[dict[str, Any], Metrics]:
     metrics = Metrics()
     server = grpc.aio.server()
-    registrar = ServerInterceptor(metrics, token=token).registrar(server)
+    registrar = InterceptorChain(metrics, token=token).registrar(server)
     first = {"Echo": unary(echo), "Bad": unary(bad)}
     registrar.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, first),))
     registrar.add_registered_method_handlers(SERVICE, first)
@@ -121,91 +121,12 @@ def test_a_token_guards_everything_but_health() -> None:
 
 
 def test_wrappers_are_built_once_per_handler_and_may_count_nothing() -> None:
-    interceptor = ServerInterceptor(None)  # the replicas' forwarding target counts nothing
+    interceptor = InterceptorChain(None)  # the replicas' forwarding target counts nothing
     handler = unary(echo)
     wrapped = interceptor.wrap(f"/{SERVICE}/Echo", handler)
     assert interceptor.wrap(f"/{SERVICE}/Echo", handler) is wrapped
     assert interceptor.wrap(f"/{SERVICE}/Echo", unary(echo)) is not wrapped  # a new handler
     assert asyncio.run(wrapped.unary_unary(b"y", None)) == b"echo:y"
-
-
-def sync_echo(request: bytes, context: Any) -> bytes:
-    return b"echo:" + request
-
-
-def sync_bad(request: bytes, context: Any) -> bytes:
-    raise InvalidSpecError.single("layer.top_k", "required")
-
-
-def sync_aborts(request: bytes, context: Any) -> bytes:
-    context.abort(grpc.StatusCode.NOT_FOUND, "nothing here")
-    raise AssertionError("abort returned")
-
-
-def sync_chunks(request: bytes, context: Any) -> Any:
-    yield request
-    yield request
-    raise InvalidSpecError.single("chunk", "too short")
-
-
-def test_sync_handlers_are_wrapped_the_same_way() -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
-    metrics = Metrics()
-    server = grpc.server(ThreadPoolExecutor(max_workers=4))
-    registrar = ServerInterceptor(metrics, token="s3").registrar(server)
-    registrar.add_registered_method_handlers(
-        SERVICE,
-        {
-            "Echo": unary(sync_echo),
-            "Bad": unary(sync_bad),
-            "Aborts": unary(sync_aborts),
-            "Chunks": grpc.unary_stream_rpc_method_handler(sync_chunks),
-        },
-    )
-    registrar.install()
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    auth = (("authorization", "Bearer s3"),)
-    codes: dict[str, Any] = {}
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            codes["echo"] = channel.unary_unary(f"/{SERVICE}/Echo")(b"x", metadata=auth)
-            for method in ("Bad", "Aborts", "Echo"):
-                try:
-                    metadata = () if method == "Echo" else auth
-                    channel.unary_unary(f"/{SERVICE}/{method}")(b"x", metadata=metadata)
-                except grpc.RpcError as error:
-                    codes[method] = error.code()  # type: ignore[attr-defined]
-            stream = channel.unary_stream(f"/{SERVICE}/Chunks")(b"c", metadata=auth)
-            try:
-                codes["chunks"] = list(stream)
-            except grpc.RpcError as error:
-                codes["chunks"] = error.code()  # type: ignore[attr-defined]
-    finally:
-        server.stop(None)
-    assert codes == {
-        "echo": b"echo:x",
-        "Bad": grpc.StatusCode.INVALID_ARGUMENT,
-        "Aborts": grpc.StatusCode.NOT_FOUND,
-        "Echo": grpc.StatusCode.UNAUTHENTICATED,
-        "chunks": grpc.StatusCode.INVALID_ARGUMENT,
-    }
-    unary_labels = {"grpc_type": "unary", "grpc_service": SERVICE}
-    for method, code in (
-        ("Echo", "OK"),
-        ("Echo", "UNAUTHENTICATED"),
-        ("Bad", "INVALID_ARGUMENT"),
-        ("Aborts", "NOT_FOUND"),
-    ):
-        labels = {**unary_labels, "grpc_method": method, "grpc_code": code}
-        assert sample(metrics, "grpc_server_handled_total", **labels) == 1, (method, code)
-    stream_labels = {"grpc_type": "server_stream", "grpc_service": SERVICE, "grpc_method": "Chunks"}
-    assert sample(metrics, "grpc_server_msg_sent_total", **stream_labels) == 2
-    assert (
-        sample(metrics, "grpc_server_handled_total", **stream_labels, grpc_code="INVALID_ARGUMENT")
-        == 1
-    )
 
 
 class RecordingServer:
@@ -229,7 +150,7 @@ class RecordingServer:
 async def serve_by_default_routes() -> tuple[list[str], dict[str, Any]]:
     service = "moe_control.v1.MoeControlService"
     recording = RecordingServer(grpc.aio.server())
-    registrar = ServerInterceptor(Metrics()).registrar(recording)  # type: ignore[arg-type]
+    registrar = InterceptorChain(Metrics()).registrar(recording)  # type: ignore[arg-type]
     handlers = {"SelectBackend": unary(echo), "ListWorkers": unary(replaced)}
     registrar.add_registered_method_handlers(service, handlers)
     health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), registrar)  # type: ignore[arg-type]
@@ -258,3 +179,68 @@ def test_only_selectbackend_is_pre_registered_by_default_and_the_rest_still_answ
         "ListWorkers": b"replaced:x",
         "health": health_pb2.HealthCheckResponse.SERVING,
     }
+
+
+async def chunks(requests: Any, context: Any) -> Any:
+    async for item in requests:
+        yield item
+        yield item
+
+
+async def serve_stream_and_undecodable(
+    token: str | None, metadata: tuple[tuple[str, str], ...]
+) -> tuple[dict[str, Any], Metrics]:
+    from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+
+    metrics = Metrics()
+    server = grpc.aio.server()
+    registrar = InterceptorChain(metrics, token=token).registrar(server)
+    registrar.add_registered_method_handlers(
+        SERVICE,
+        {
+            "Chunks": grpc.stream_stream_rpc_method_handler(chunks),
+            "Parsed": grpc.unary_unary_rpc_method_handler(
+                echo,
+                request_deserializer=pb.ListWorkersRequest.FromString,
+                response_serializer=lambda response: response,
+            ),
+        },
+    )
+    registrar.install(lambda method: False)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    results: dict[str, Any] = {}
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            try:
+                call = channel.stream_stream(f"/{SERVICE}/Chunks")
+                results["Chunks"] = [
+                    item async for item in call(iter([b"a", b"b"]), metadata=metadata, timeout=5)
+                ]
+            except grpc.aio.AioRpcError as error:
+                results["Chunks"] = error.code()
+            try:
+                parsed = channel.unary_unary(f"/{SERVICE}/Parsed")
+                results["Parsed"] = await parsed(b"\xff\xff", metadata=metadata, timeout=5)
+            except grpc.aio.AioRpcError as error:
+                results["Parsed"] = (error.code(), error.details())
+    finally:
+        await server.stop(None)
+    return results, metrics
+
+
+def test_streams_count_their_messages_and_auth_comes_before_parsing() -> None:
+    stream_labels = {"grpc_type": "bidi_stream", "grpc_service": SERVICE, "grpc_method": "Chunks"}
+    results, metrics = asyncio.run(serve_stream_and_undecodable(None, ()))
+    assert results["Chunks"] == [b"a", b"a", b"b", b"b"]
+    assert sample(metrics, "grpc_server_msg_received_total", **stream_labels) == 2
+    assert sample(metrics, "grpc_server_msg_sent_total", **stream_labels) == 4
+    code, details = results["Parsed"]
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "cannot be parsed" in details
+
+    refused, metrics = asyncio.run(serve_stream_and_undecodable("s3", ()))
+    assert refused["Chunks"] is grpc.StatusCode.UNAUTHENTICATED
+    assert refused["Parsed"][0] is grpc.StatusCode.UNAUTHENTICATED  # not a parse error
+    assert sample(metrics, "grpc_server_msg_received_total", **stream_labels) == 0
+    handled = {**stream_labels, "grpc_code": "UNAUTHENTICATED"}
+    assert sample(metrics, "grpc_server_handled_total", **handled) == 1

@@ -69,10 +69,10 @@ class _FirstStatus:
 
     A client-streaming call that the target ends early (a bad chunk: INVALID_ARGUMENT) can
     still have a write of ours in flight; grpc.aio fails that write and then overwrites the
-    call's status with INTERNAL "Internal error from Core" (a third of such calls, measured;
-    tests/api/test_forward.py). Which comes first varies: when the target's status came
+    call's status with INTERNAL "Internal error from Core" (for many such calls: bench/RESULTS.md,
+    tests/server/test_forward.py). Which comes first varies: when the target's status came
     first, a done callback (run once, at the first status) has kept it; when the failed
-    write came first, the target's status replaces it on arrival, and `_abort_like` waits
+    write came first, the target's status replaces it on arrival, and `abort_like` waits
     for that. The status accessors are coroutines that finish at once when the status is
     there; the callback runs them to completion on the spot."""
 
@@ -103,7 +103,7 @@ def _finish(coroutine: Any) -> Any:
     raise _NotReadyError
 
 
-async def _abort_like(
+async def abort_like(
     error: grpc.aio.AioRpcError, context: Context, first: _FirstStatus | None = None
 ) -> None:
     """End the call with the target's status, message and trailing metadata."""
@@ -159,7 +159,7 @@ class Forwarder(grpc.GenericRpcHandler):
                         timeout=remaining(context),
                     )
                 except grpc.aio.AioRpcError as error:
-                    await _abort_like(error, context)
+                    await abort_like(error, context)
                     raise  # abort raised already; this keeps the type checker informed
                 return response
 
@@ -176,7 +176,7 @@ class Forwarder(grpc.GenericRpcHandler):
                     async for item in call:
                         yield item
                 except grpc.aio.AioRpcError as error:
-                    await _abort_like(error, context)
+                    await abort_like(error, context)
                 finally:
                     call.cancel()
 
@@ -193,7 +193,7 @@ class Forwarder(grpc.GenericRpcHandler):
                 try:
                     response: bytes = await call
                 except grpc.aio.AioRpcError as error:
-                    await _abort_like(error, context, first)
+                    await abort_like(error, context, first)
                     raise
                 finally:
                     call.cancel()
@@ -212,7 +212,7 @@ class Forwarder(grpc.GenericRpcHandler):
                 async for item in call:
                     yield item
             except grpc.aio.AioRpcError as error:
-                await _abort_like(error, context, first)
+                await abort_like(error, context, first)
             finally:
                 call.cancel()
 

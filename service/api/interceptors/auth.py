@@ -1,0 +1,72 @@
+"""Bearer-token auth: a call must carry `authorization: Bearer <token>` with the server's
+token, compared in constant time; otherwise it ends UNAUTHENTICATED before anything else
+of the server runs for it.
+
+Installed only when a token is configured. Health is exempt, so Kubernetes probes and load
+balancers need no credentials. The refusal is the status the error table
+(`service.api.errors`) gives `UnauthenticatedError`, built once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import AsyncIterator
+from typing import Any
+
+from grpc_status import rpc_status
+
+from service.api.errors import status_for
+from service.api.interceptors.errors import UnauthenticatedError
+from service.api.interceptors.handlers import Context, Method, Stream, Unary
+
+HEALTH_SERVICE = "grpc.health.v1.Health"
+#: Services callable without a token.
+AUTH_EXEMPT_SERVICES = frozenset({HEALTH_SERVICE})
+
+DENY = "missing or wrong bearer token (metadata 'authorization: Bearer <token>')"
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+class BearerAuth:
+    """Refuses calls that lack the token (every service but the exempt ones)."""
+
+    def __init__(self, token: str) -> None:
+        self._digest = _digest(token)
+        self._denied = rpc_status.to_status(status_for(UnauthenticatedError(DENY)))
+
+    def authorized(self, context: Context) -> bool:
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization" and isinstance(value, str):
+                scheme, _, token = value.partition(" ")
+                if scheme.lower() == "bearer" and token:
+                    return hmac.compare_digest(_digest(token.strip()), self._digest)
+        return False
+
+    def unary(self, method: Method, inner: Unary) -> Unary:
+        if method.service in AUTH_EXEMPT_SERVICES:
+            return inner
+        authorized, denied = self.authorized, self._denied
+
+        async def checked(request: Any, context: Context) -> Any:
+            if not authorized(context):
+                await context.abort_with_status(denied)
+            return await inner(request, context)
+
+        return checked
+
+    def stream(self, method: Method, inner: Stream) -> Stream:
+        if method.service in AUTH_EXEMPT_SERVICES:
+            return inner
+        authorized, denied = self.authorized, self._denied
+
+        async def checked(request: Any, context: Context) -> AsyncIterator[Any]:
+            if not authorized(context):
+                await context.abort_with_status(denied)
+            async for item in inner(request, context):
+                yield item
+
+        return checked

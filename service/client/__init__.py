@@ -1,0 +1,6 @@
+"""The clients the CLI (and the tests and benchmarks) use to call a moe-control server:
+synchronous, one module per RPC family (`select`, `convert`, `run`, `health`), on the
+channels and call metadata of `channel`. They sit above the API and use its generated
+messages and codecs; the server's failures come back as `grpc.RpcError`, or as
+`errors.RemoteSelectionError` where the CLI prints a decision's failure.
+"""

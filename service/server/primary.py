@@ -1,0 +1,237 @@
+"""Wiring and life cycle of `moe-control serve`: the primary server process.
+
+Processes: this one, the primary, owns the workers (one per device), /metrics and the life
+cycle; `--server-processes` N adds N-1 replicas (replica.py). Every process listens on the
+public port (front.py); the replicas forward what needs a worker to the primary's private
+server on a Unix socket (forward.py).
+Start: /metrics, workers, the public server, the private one and the replicas (with more
+than one process), then one line on stdout saying where it listens.
+Health: liveness ("") is SERVING while the process runs; readiness (the service's name) as
+readiness.py says, in every process.
+Stop (SIGTERM, SIGINT): health goes NOT_SERVING first so balancers drain, then the public
+servers (this one and the replicas', in parallel) stop accepting and give in-flight RPCs
+`grace_s`, then the private server, the workers and /metrics stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health
+from prometheus_client import start_http_server
+
+from service import __version__
+from service.api.front import Front, start_front
+from service.api.interceptors.limits import Limits
+from service.api.servicer import MoeControlServicer, add_to_server
+from service.logs import configure_logging
+from service.metrics import Metrics, enable_multiprocess
+from service.pool.config import SupervisorConfig
+from service.pool.devices import discover_devices
+from service.pool.pool import WorkerPool
+from service.process import make_runtime_dir, settle_heap, tune_malloc
+from service.server.readiness import Readiness
+from service.server.replica import ReplicaSet, settings_to_json, start_private_server
+from service.settings import Settings
+
+log = logging.getLogger("moe_control.server")
+
+__all__ = ["Endpoints", "MoeControlServer", "run", "serve"]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoints:
+    """Where a started server listens (ports resolved when 0 was asked for)."""
+
+    grpc_address: str
+    metrics_url: str | None
+
+
+class MoeControlServer:
+    """The primary server process: workers, /metrics, the public server, and with replicas
+    the private server they forward to.
+
+    `runtime_dir` holds the private socket (a fresh temporary directory when not given);
+    with more than one process, `metrics` must be in multiprocess mode (see `serve`)."""
+
+    def __init__(
+        self, settings: Settings, metrics: Metrics | None = None, *, runtime_dir: str | None = None
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.health = health.aio.HealthServicer()
+        self.readiness = Readiness(self.health, self.metrics)
+        self.pool: WorkerPool | None = None
+        self.servicer: MoeControlServicer | None = None
+        self.front: Front | None = None
+        self.internal: grpc.aio.Server | None = None
+        self.replicas: ReplicaSet | None = None
+        self._own_dir = None if runtime_dir is not None else make_runtime_dir()
+        self._runtime_dir: str = runtime_dir or self._own_dir or ""
+        self._metrics_http: Any = None
+
+    async def start(self) -> Endpoints:
+        s = self.settings
+        metrics_url = self._start_metrics() if s.metrics_enabled else None
+        devices = await discover_devices(s.devices, cpu_workers=s.cpu_workers)
+        pool = self.pool = WorkerPool(
+            devices, _supervisor_config(s), on_change=self.readiness.worker_changed
+        )
+        await self.readiness.start(pool)
+        servicer = self.servicer = MoeControlServicer(pool, self.metrics, s)
+        processes = s.process_count()
+        # One set of per-method limits for the public server and the private endpoint of
+        # the replicas' forwarded calls: conversions and forwards are bounded server-wide.
+        limits = Limits.from_settings(s, self.metrics)
+        self.front = await start_front(
+            s,
+            port=s.port,
+            metrics=self.metrics,
+            selection=servicer.selection,
+            health_servicer=self.health,
+            worker_methods=lambda registrar: add_to_server(servicer, registrar),
+            # The replicas listen on the same port: the kernel spreads connections.
+            reuseport=processes > 1,
+            limits=limits,
+        )
+        pool.start()
+        if processes > 1:
+            await self._start_replicas(processes - 1, limits)
+        grpc_address = f"{_host_for_url(s.host)}:{self.front.port}"
+        log.info(
+            "serving",
+            extra={
+                "event": "serving",
+                "grpc": grpc_address,
+                "tls": self.front.tls,
+                "mtls": s.tls_client_ca is not None,
+                "auth": s.token() is not None,
+                "metrics": metrics_url,
+                "devices": devices,
+                "processes": processes,
+                "version": __version__,
+            },
+        )
+        return Endpoints(grpc_address, metrics_url)
+
+    def _start_metrics(self) -> str:
+        s = self.settings
+        self._metrics_http, _ = start_http_server(
+            s.metrics_port, addr=s.metrics_host, registry=self.metrics.registry
+        )
+        port = self._metrics_http.server_port
+        return f"http://{_host_for_url(s.metrics_host)}:{port}/metrics"
+
+    async def _start_replicas(self, count: int, limits: Limits) -> None:
+        assert self.servicer is not None and self.front is not None
+        s = self.settings
+        target = f"unix:{os.path.join(self._runtime_dir, 'primary.sock')}"
+        self.internal = await start_private_server(s, self.servicer, limits, target)
+        self.replicas = self.readiness.replicas = ReplicaSet(
+            count,
+            {"settings": settings_to_json(s), "port": self.front.port, "internal": target},
+            env=os.environ,
+            restart_backoff_s=s.worker_restart_backoff_s,
+        )
+        self.readiness.publish()
+        await self.replicas.start()
+
+    async def stop(self) -> None:
+        """Drain and stop, in order: health, the public servers (with grace; the replicas
+        drain at the same time), the private server, workers, /metrics."""
+        if self.readiness.stopping:
+            return
+        self.readiness.stopping = True
+        grace = self.settings.grace_s
+        log.info("shutting down", extra={"event": "shutdown", "grace_s": grace})
+        await self.health.enter_graceful_shutdown()
+        replicas = None
+        if self.replicas is not None:
+            replicas = asyncio.create_task(self.replicas.stop(grace))
+        if self.front is not None:
+            await self.front.server.stop(grace)
+        if replicas is not None:
+            await replicas
+        if self.internal is not None:
+            await self.internal.stop(grace)
+        if self.pool is not None:
+            await self.pool.stop()
+        if self.servicer is not None:
+            self.servicer.convert.close()
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
+        if self._own_dir is not None:
+            shutil.rmtree(self._own_dir, ignore_errors=True)
+        log.info("stopped", extra={"event": "stopped"})
+
+
+def _supervisor_config(s: Settings) -> SupervisorConfig:
+    return SupervisorConfig(
+        start_timeout_s=s.worker_start_timeout_s,
+        ping_interval_s=s.worker_ping_interval_s,
+        ping_timeout_s=s.worker_ping_timeout_s,
+        restart_backoff_s=s.worker_restart_backoff_s,
+        log_level=s.log_level,
+        log_format=s.log_format,
+    )
+
+
+def _host_for_url(host: str) -> str:
+    if host in ("", "0.0.0.0", "[::]", "::"):
+        return "localhost"
+    return host
+
+
+async def serve(settings: Settings) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    runtime_dir = make_runtime_dir()
+    try:
+        metrics = None
+        if settings.process_count() > 1:
+            # Every process writes its counts here; /metrics sums them.
+            metrics_dir = os.path.join(runtime_dir, "metrics")
+            os.mkdir(metrics_dir)
+            enable_multiprocess(metrics_dir)
+            metrics = Metrics(multiprocess_dir=metrics_dir)
+        await _serve(MoeControlServer(settings, metrics, runtime_dir=runtime_dir))
+    finally:
+        shutil.rmtree(runtime_dir, ignore_errors=True)
+
+
+async def _serve(server: MoeControlServer) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        endpoints = await server.start()
+        settle_heap()
+        metrics = f"; metrics at {endpoints.metrics_url}" if endpoints.metrics_url else ""
+        print(f"moe-control serving gRPC on {endpoints.grpc_address}{metrics}", flush=True)
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def run(settings: Settings) -> int:
+    # Before any thread starts: the big messages' buffers are kept for the next call
+    # (process.py's "server" row; --no-malloc-tuning leaves glibc's defaults).
+    if settings.malloc_tuning:
+        tune_malloc("server")
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        asyncio.run(serve(settings))
+    except OSError as exc:
+        log.error("cannot serve: %s", exc, extra={"event": "startup_failed"})
+        print(f"moe-control: cannot serve: {exc}", file=sys.stderr)
+        return 1
+    return 0

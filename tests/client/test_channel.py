@@ -1,0 +1,19 @@
+"""The clients' call metadata: the bearer token from the caller, else the environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.client.channel import TOKEN_ENV, call_metadata
+
+
+def test_a_given_token_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOKEN_ENV, "from-env")
+    assert call_metadata("given") == (("authorization", "Bearer given"),)
+    assert call_metadata(None) == (("authorization", "Bearer from-env"),)
+
+
+def test_no_token_sends_no_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    assert call_metadata(None) == ()
+    assert call_metadata("") == ()
