@@ -43,7 +43,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
-from service.formats.writers import ConversionOptions, ConversionUnsupported
+from service.formats.errors import ConversionUnsupported
+from service.formats.writers import ConversionOptions
 from service.kernels.activation import apply as apply_activation
 from service.kernels.activation import resolve
 from service.kernels.errors import KernelError

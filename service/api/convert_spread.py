@@ -1,7 +1,7 @@
 """A whole-checkpoint conversion spread over every ready worker (one per GPU).
 
 The checkpoint job already works in layer ranges (a Kubernetes Indexed Job runs one range
-per pod over a shared journal; formats/checkpoint.py), so spreading it over the workers of
+per pod over a shared journal; formats/checkpoint/), so spreading it over the workers of
 one server is cutting the job into ranges and handing them out as a work queue: each worker
 pulls the next range when it finishes one, two ranges at a time (`RANGES_PER_WORKER`: one
 converting while the other writes). Each worker reads its own layers straight from
@@ -48,13 +48,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from service.formats.checkpoint import (
+from service.formats.checkpoint.plan import (
     MANIFEST_NAME,
     CheckpointJob,
     find_moe_layers,
     shard_names,
 )
-from service.formats.safetensors_io import SafetensorsFile
+from service.formats.io.safetensors import SafetensorsFile
 from service.worker.errors import WorkerUnavailableError
 from service.worker.supervisor import WorkerHandle, WorkerPool
 

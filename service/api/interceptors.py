@@ -27,7 +27,7 @@ from grpc_status import rpc_status
 
 from service.api.errors import UnauthenticatedError, status_for
 from service.api.limits import Limit, Limits, SlotHolder
-from service.formats.input_errors import ConvertInputError
+from service.formats.errors import ConvertInputError
 from service.metrics import Metrics
 
 log = logging.getLogger("moe_control.api")

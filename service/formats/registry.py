@@ -30,7 +30,8 @@ from collections.abc import Mapping
 
 import torch
 
-from service.formats.canonical import FormatError, QuantizedMoELayer
+from service.formats.canonical import QuantizedMoELayer
+from service.formats.errors import ConversionUnsupported, FormatError
 from service.formats.readers import (
     LAYOUTS,
     SourceLayout,
@@ -38,13 +39,7 @@ from service.formats.readers import (
     read_checkpoint,
     read_stacked,
 )
-from service.formats.writers import (
-    DEFAULT_OPTIONS,
-    ConversionOptions,
-    ConversionUnsupported,
-    ConvertedLayer,
-    Writer,
-)
+from service.formats.writers import DEFAULT_OPTIONS, ConversionOptions, ConvertedLayer, Writer
 from service.formats.writers.emulation import write_emulation
 from service.formats.writers.humming import write_humming
 from service.formats.writers.marlin import write_batched_marlin, write_marlin

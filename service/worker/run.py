@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from service.formats import inline
-from service.formats.plan import SourceSpec
-from service.formats.streaming import DTYPES, FROM_TORCH, TensorSpec
+from service.formats.io.streaming import DTYPES, FROM_TORCH, TensorSpec
+from service.formats.routes import inline
+from service.formats.routes.spec import SourceSpec
 from service.kernels import registry
 from service.kernels.activation import resolve
 from service.kernels.errors import KernelInputError, KernelUnavailableError

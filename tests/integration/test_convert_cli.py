@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from integration.serverproc import ServerProcess, launch, wait_ready
 from service.formats import registry
-from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
+from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
 
 SPEC = SyntheticSpec(num_layers=2, num_experts=4, hidden_size=128, intermediate_size=128)
 

@@ -38,7 +38,7 @@ from service.api.convert_client import (
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.api.run_client import run_request
-from service.formats.checkpoint import MANIFEST_NAME
+from service.formats.checkpoint.plan import MANIFEST_NAME
 from service.server import RUNTIME_PREFIX
 
 MODEL = faults.MODEL

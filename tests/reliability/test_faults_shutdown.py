@@ -32,9 +32,10 @@ from service.api.convert_client import (
     tensor_requests,
 )
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
-from service.formats.checkpoint import MANIFEST_NAME, convert_checkpoint, plan_job
-from service.formats.paths import DataRoot
-from service.formats.synthetic import write_synthetic_checkpoint
+from service.formats.checkpoint.job import convert_checkpoint
+from service.formats.checkpoint.plan import MANIFEST_NAME, plan_job
+from service.formats.io.paths import DataRoot
+from service.formats.synthetic.checkpoints import write_synthetic_checkpoint
 from service.oracle import preset
 from service.server import RUNTIME_PREFIX
 

@@ -13,13 +13,12 @@ import pytest
 import torch
 
 from service.formats import registry
-from service.formats.input_errors import ConvertCancelledError, ConvertInputError
-from service.formats.paths import PermissionDeniedError
-from service.formats.plan import SourceSpec
-from service.formats.quantize import random_layer
+from service.formats.errors import ConvertCancelledError, ConvertInputError, PermissionDeniedError
+from service.formats.io.safetensors import tensor_bytes
+from service.formats.io.streaming import FROM_TORCH, TensorSpec
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
-from service.formats.safetensors_io import tensor_bytes
-from service.formats.streaming import FROM_TORCH, TensorSpec
+from service.formats.routes.spec import SourceSpec
+from service.formats.synthetic.quantize import random_layer
 from service.oracle import InvalidSpecError
 from service.worker import jobs, protocol
 from service.worker.main import Worker

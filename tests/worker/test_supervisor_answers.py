@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from service.formats.quantize import random_layer
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
+from service.formats.synthetic.quantize import random_layer
 from service.worker import protocol
 from service.worker.segments import SegmentDir
 from service.worker.supervisor import SupervisorConfig, WorkerPool, _AnswerReader

@@ -17,7 +17,8 @@ from typing import Literal
 
 import torch
 
-from service.formats.canonical import SUPPORTED_BITS, FormatError, QuantizedExperts
+from service.formats.canonical import SUPPORTED_BITS, QuantizedExperts
+from service.formats.errors import FormatError
 from service.formats.readers import bits as packing
 
 Role = Literal["weight", "scales", "zeros", "g_idx", "bias", "shape"]
