@@ -399,10 +399,9 @@ def hash_tensors(path: Path, names: Iterable[str] | None = None) -> dict[str, st
 
 def hash_file(path: Path) -> str:
     """SHA-256 of a file's bytes, hashed straight from a read-only mapping of it, the
-    kernel asked to read HASH_AHEAD bytes ahead of the hash. No copy into a buffer: on the
-    shared 2-core box a read() into a buffer cost 0.4-1.2 s of system time per GB where
-    the mapping costs 0.3 (cold) or 0.13 (cached), and the writes running beside it got
-    faster too (bench/RESULTS.md, issue 4). Source shards are mapped by the conversion as
+    kernel asked to read HASH_AHEAD bytes ahead of the hash. No copy into a buffer: a
+    read() into a buffer costs several times the system time of the mapping, and slows
+    the writes running beside it (the figures are in bench/RESULTS.md). Source shards are mapped by the conversion as
     well, so a file cut short while it is read fails the same way either way. A file that
     cannot be mapped, or whose size says 0 (procfs), is read in blocks instead."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

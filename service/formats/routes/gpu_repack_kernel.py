@@ -14,7 +14,7 @@ field axis went through shared memory in the first version):
 - `awq_triton_kernel`: AWQ int4 -> TRITON, an 8 x 8 nibble transpose inside each block of
   8 rows x 1 word: 8 coalesced 2-D loads (one per input row t of a block), every output
   word assembled in registers with constant shifts, one store along the output's rows.
-- `table_kernel`: any tile-periodic permutation (the Marlin routes): per output word,
+- `table_kernel`: any tile-periodic permutation (the int8 Marlin routes): per output word,
   S fields of F bits, field s from the input word the table names (row, column, bit
   offset inside the input tile); a static loop over the fields ORs them into the word (the
   bits are disjoint), and whole words are stored along the output row. The input tile is

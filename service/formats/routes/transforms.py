@@ -120,8 +120,8 @@ def _move_blocks(
     to `order`; `source` and `out` are uint8 [X, Y, prod(block)] (`out` may be a slice).
 
     On a GPU one strided copy (a single kernel). On the CPU torch's copy of a 7-D byte
-    permutation runs at 0.1-0.2 GB/s, while numpy's `take` over one fixed table of the
-    block's bytes runs at ~1 GB/s per core, so the CPU takes that path."""
+    permutation is several times slower than numpy's `take` over one fixed table of the
+    block's bytes, so the CPU takes that path."""
     x, y, _ = (int(d) for d in source.shape)
     if _table_moves(source):
         table = _block_table(block, order)
