@@ -1,7 +1,7 @@
 """Synthetic quantized MoE checkpoints on disk, for tests, benchmarks and demos.
 
 Nothing is ever downloaded: expert weights come from our own quantizer
-(`service.formats.quantize`) and are packed by our own GPTQ/AWQ/compressed-tensors packers
+(`service.formats.synthetic.quantize`) and are packed by our own GPTQ/AWQ/compressed-tensors packers
 (`readers.write_checkpoint`), then laid out like a Hugging Face model directory (config.json,
 sharded safetensors and their index, a tokenizer file) with Mixtral's
 (`block_sparse_moe.experts.N.w1/w2/w3`) or Qwen/DeepSeek's (`mlp.experts.N.gate_proj/...`)

@@ -73,7 +73,7 @@ class ConvertedLayer:
 
 class ProjectionFacts(Protocol):
     """What a descriptor needs of one projection: a canonical `QuantizedExperts`, or the
-    packed projection a direct route (`service.formats.direct`) carries without codes."""
+    packed projection a direct route (`service.formats.routes.packed`) carries without codes."""
 
     @property
     def bits(self) -> int: ...
