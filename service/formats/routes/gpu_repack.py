@@ -1,28 +1,28 @@
 """Fused Triton repack kernels for the direct packed -> packed routes on a GPU.
 
-The torch direct routes (`routes.direct`, `routes.transforms`) move a weight in several passes (a
-nibble exchange over int32 words, then a strided byte copy), expert by expert, far below
-the memory bandwidth. Every one of those routes is a fixed
-permutation of the weight's nibbles (bytes for 8-bit codes, whole words for a transpose)
-that repeats tile by tile, so a kernel assembles each output int32 word in registers from
-the input words its fields come from and stores whole words: every input byte read from
-memory once, every output byte written once. `Repack.run` converts all of a
-projection's stored tensors (every expert, gate and up) in one launch, the kernel reading
-each slab's two pointers from a small device table: at Mixtral's size one tensor is a few
-microseconds of bandwidth, less than a launch costs the host.
+The torch direct routes (`routes.direct`, `routes.transforms`) move a weight in several
+passes (a nibble exchange over int32 words, then a strided byte copy), expert by expert, far
+below the memory bandwidth. Every one of those routes is a fixed permutation of the weight's
+nibbles (bytes for 8-bit codes, whole words for a transpose) that repeats tile by tile, so a
+kernel assembles each output int32 word in registers from the input words its fields come
+from and stores whole words: every input byte read from memory once, every output byte
+written once. `Repack.run` converts all of a projection's stored tensors (every expert, gate
+and up) in one launch, the kernel reading each slab's two pointers from a small device
+table: at Mixtral's size one tensor is a few microseconds of bandwidth, less than a launch
+costs the host.
 
-The kernels (`gpu_repack_kernel`): a 2-D word transpose (GPTQ -> TRITON), a dedicated
-AWQ int4 -> TRITON kernel (an 8 x 8 nibble transpose per block, constant shifts), dedicated
-GPTQ / AWQ int4 -> Marlin kernels (a block of 16 x 64 tiles from int32 x 4 loads, constant
-shifts, one turn through shared memory to the store order), and a table kernel for the
-other Marlin routes (int8; bench/repack_variants.py keeps the int4 ones for comparison),
-which gathers one input word per nibble field. The table is not written down a second time: `Repack`
-derives it by running the route's own torch transform (the exactness reference) on the
-CPU over a probe of 2 x 2 tiles whose nibbles hold their own positions (one pass per
+The kernels (`gpu_repack_kernel`): a 2-D word transpose (GPTQ -> TRITON), a dedicated AWQ
+int4 -> TRITON kernel (an 8 x 8 nibble transpose per block, constant shifts), dedicated GPTQ
+/ AWQ int4 -> Marlin kernels (a block of 16 x 64 tiles from int32 x 4 loads, constant
+shifts, one turn through shared memory to the store order), and a table kernel for the other
+Marlin routes (int8; bench/repack_variants.py keeps the int4 ones for comparison), which
+gathers one input word per nibble field. The table is not written down a second time:
+`Repack` derives it by running the route's own torch transform (the exactness reference) on
+the CPU over a probe of 2 x 2 tiles whose nibbles hold their own positions (one pass per
 4-bit digit), checks that the four tiles agree (the route is tile-periodic), and keeps the
-table of one tile: for each output word and field, the input word (row and column inside
-the input tile) and the field's bit offset there. Fields are as wide as the permutation
-allows (32 bits for a word transpose, 8 for int8, 4 for int4).
+table of one tile: for each output word and field, the input word (row and column inside the
+input tile) and the field's bit offset there. Fields are as wide as the permutation allows
+(32 bits for a word transpose, 8 for int8, 4 for int4).
 
 Triton is imported only when a kernel first runs, so the CPU-only path never needs it.
 `KERNEL_DEVICES` names the device types that take the kernels (the tests add "cpu" under
