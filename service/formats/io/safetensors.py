@@ -402,8 +402,8 @@ def hash_file(path: Path) -> str:
     kernel asked to read HASH_AHEAD bytes ahead of the hash. No copy into a buffer: a
     read() into a buffer costs several times the system time of the mapping, and slows
     the writes running beside it (the figures are in bench/RESULTS.md). Source shards are
-    mapped by the conversion as well, so a file cut short while it is read fails the same way either way. A file that
-    cannot be mapped, or whose size says 0 (procfs), is read in blocks instead."""
+    mapped by the conversion as well, so a file cut short while it is read fails the same
+    way either way. A file that cannot be mapped, or whose size says 0 (procfs), is read in blocks instead."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
