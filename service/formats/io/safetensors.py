@@ -403,7 +403,8 @@ def hash_file(path: Path) -> str:
     read() into a buffer costs several times the system time of the mapping, and slows
     the writes running beside it (the figures are in bench/RESULTS.md). Source shards are
     mapped by the conversion as well, so a file cut short while it is read fails the same
-    way either way. A file that cannot be mapped, or whose size says 0 (procfs), is read in blocks instead."""
+    way either way. A file that cannot be mapped, or whose size says 0 (procfs), is read in
+    blocks instead."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
