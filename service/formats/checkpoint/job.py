@@ -23,7 +23,6 @@ run's totals.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,15 +38,13 @@ from service.formats.checkpoint.plan import (
     meta_files,
     shard_names,
 )
-from service.formats.checkpoint.progress import Progress, ProgressFn, RunTotals
+from service.formats.checkpoint.progress import CheckFn, Progress, ProgressFn, RunTotals
 from service.formats.checkpoint.records import UnitRecords
 from service.formats.checkpoint.rest import RestCopy
 from service.formats.checkpoint.shards import Shards
 from service.formats.errors import ConvertInputError
 
-__all__ = ["CheckFn", "CheckpointResult", "convert_checkpoint"]
-
-CheckFn = Callable[[], None]
+__all__ = ["CheckpointResult", "convert_checkpoint"]
 
 
 @dataclass

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from service.formats.checkpoint.converter import Converter, registry_converter
 from service.formats.checkpoint.plan import CheckpointJob, MoELayerPlan
-from service.formats.checkpoint.progress import Progress, RunTotals
+from service.formats.checkpoint.progress import CheckFn, Progress, RunTotals
 from service.formats.checkpoint.records import UnitRecords
 from service.formats.checkpoint.shards import Shards
 from service.formats.io.safetensors import SafetensorsWriter, plan_of, tensor_bytes
@@ -29,8 +29,6 @@ __all__ = ["WRITES_IN_FLIGHT", "LayerConversion"]
 #: falls behind a GPU that converts a layer in milliseconds; each waiting layer holds its
 #: converted tensors in host memory.
 WRITES_IN_FLIGHT = 2
-
-CheckFn = Callable[[], None]
 
 
 class LayerConversion:

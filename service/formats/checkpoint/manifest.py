@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from service.formats.checkpoint.plan import (
     MoELayerPlan,
     read_json,
 )
-from service.formats.checkpoint.progress import Progress
+from service.formats.checkpoint.progress import CheckFn, Progress
 from service.formats.checkpoint.records import UnitRecords
 from service.formats.errors import ConvertInputError
 from service.formats.io.safetensors import atomic_write_bytes, hash_file
@@ -42,8 +42,6 @@ __all__ = ["SOURCE_HASH_THREADS", "SourceHashes", "finalize", "source_files", "t
 
 #: Source files hashed at once by one run (each hash is one thread, reading at its speed).
 SOURCE_HASH_THREADS = 4
-
-CheckFn = Callable[[], None]
 
 
 def source_files(shards: list[str], meta: list[str]) -> list[str]:

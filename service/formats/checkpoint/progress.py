@@ -13,9 +13,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Progress", "ProgressFn", "RunTotals"]
+__all__ = ["CheckFn", "Progress", "ProgressFn", "RunTotals"]
 
 ProgressFn = Callable[[dict[str, Any]], None]
+"""Receives each progress event (a JSON object)."""
+
+CheckFn = Callable[[], None]
+"""Raises when the run must stop (the caller cancelled); called between units and writes."""
 
 
 class Progress:

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
 
-from service.formats.checkpoint.progress import Progress, RunTotals
+from service.formats.checkpoint.progress import CheckFn, Progress, RunTotals
 from service.formats.checkpoint.records import UnitRecords
 from service.formats.checkpoint.shards import Shards
 from service.formats.io.safetensors import (
@@ -23,8 +22,6 @@ from service.formats.io.safetensors import (
 )
 
 __all__ = ["RestCopy"]
-
-CheckFn = Callable[[], None]
 
 
 class RestCopy:
