@@ -20,10 +20,10 @@ from service.formats.readers.layouts import (
     Role,
     SourceLayout,
     SourceQuantization,
-    _check_groups,
-    _decode_g_idx,
-    _to_canonical,
-    _unpack_as,
+    check_groups,
+    decode_g_idx,
+    to_canonical,
+    unpack_as,
 )
 from service.formats.routes.packed import PackedLayer, PackedProjection
 from service.formats.routes.uniform_read import midpoint_word, read_uniform
@@ -144,15 +144,15 @@ def _projection(
         if role not in ("shape", "weight"):
             small[role] = torch.stack([experts[e] for e in range(num_experts)])
     fields = {role: f"{projection}.{layout.names[role]}" for role in layout.roles}
-    scales = _to_canonical(small["scales"], layout.scales, ("N", "G")).contiguous()
-    _check_groups(quant, k, int(scales.shape[2]), fields["scales"])
+    scales = to_canonical(small["scales"], layout.scales, ("N", "G")).contiguous()
+    check_groups(quant, k, int(scales.shape[2]), fields["scales"])
     zeros = None
     if "zeros" in small and not _midpoint_words(layout, small["zeros"], quant):
-        raw = _unpack_as(layout.zeros, small["zeros"], quant.bits, ("N", "G"))
-        zeros = layout._real_zeros(raw, quant, fields["zeros"])
+        raw = unpack_as(layout.zeros, small["zeros"], quant.bits, ("N", "G"))
+        zeros = layout.real_zeros(raw, quant, fields["zeros"])
     g_idx = None
     if "g_idx" in small and not _trivial_g_idx(small["g_idx"], quant, k):
-        g_idx = _decode_g_idx(small["g_idx"], quant, k, int(scales.shape[2]), fields["g_idx"])
+        g_idx = decode_g_idx(small["g_idx"], quant, k, int(scales.shape[2]), fields["g_idx"])
     bias = small.get("bias")
     if bias is not None and (not bias.dtype.is_floating_point or bias.dim() != 2):
         raise FormatError(fields["bias"], "bad bias")

@@ -21,8 +21,8 @@ from service.formats.readers.layouts import (
     Role,
     SourceLayout,
     SourceQuantization,
-    _check_groups,
-    _unpack_as,
+    check_groups,
+    unpack_as,
 )
 from service.formats.routes.packed import PackedLayer, PackedProjection
 
@@ -115,7 +115,7 @@ def _uniform_part(
     if scales0.dim() != 2:
         return None
     dims = {"N": n, "K": k, "G": int(scales0.shape[layout.scales.index("G")])}
-    _check_groups(quant, k, dims["G"], "scales")
+    check_groups(quant, k, dims["G"], "scales")
     device = scales0.device
     stacks: dict[Role, torch.Tensor] = {}
     for role in parts[0]:
@@ -137,7 +137,7 @@ def _uniform_part(
     shard_scales = stored if layout.scales == ("N", "G") else stored.transpose(2, 3)
     zeros = None
     if "zeros" in stacks:
-        raw = _unpack_as(layout.zeros, stacks["zeros"], quant.bits, ("N", "G"))
+        raw = unpack_as(layout.zeros, stacks["zeros"], quant.bits, ("N", "G"))
         if layout.minus_one(quant):
             checks.append(raw != (1 << quant.bits) - 1)  # v1 cannot store the top value
             raw = raw + 1
