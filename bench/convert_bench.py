@@ -3,9 +3,9 @@
 Part 1 (layer): a Mixtral-8x7B expert layer (8 experts, hidden 4096, intermediate 14336,
 4-bit, group 128, symmetric) as a GPTQ and as an AWQ checkpoint stores it (per-expert
 tensors, already on --device), converted into each target (TRITON, MARLIN) by each route:
-`canonical` (reader -> one byte per code -> writer), `direct` (`service.formats.direct`:
+`canonical` (reader -> one byte per code -> writer), `direct` (`service.formats.routes.direct`:
 packed words to packed words in torch ops) and `triton` (the same routes' fused Triton
-kernels, `service.formats.gpu_repack`), each checked byte for byte against the canonical
+kernels, `service.formats.routes.gpu_repack`), each checked byte for byte against the canonical
 result.
 Each figure is the median of --rounds timings after one warm-up, timed with CUDA events on a
 GPU. Throughput is checkpoint bytes read per second; the floor is the time the bytes read
@@ -15,7 +15,7 @@ the conversion reaches.
 
 Part 2 (checkpoint): a synthetic 8-layer checkpoint of Mixtral's shape (GPTQ, 3 shards,
 attention, norms, router and embeddings too), converted into each target by
-`checkpoint.convert_checkpoint` (what `moe-control convert` and path-mode ConvertWeights
+`checkpoint.job.convert_checkpoint` (what `moe-control convert` and path-mode ConvertWeights
 run); then converted again (the resume: every finished layer verified by SHA-256 and
 kept). Beside it, the disk's read speed (O_DIRECT, so the page cache does not flatter it,
 and buffered after evicting the files, as the conversion reads them), and what bounds the
@@ -53,12 +53,20 @@ from typing import Any, ClassVar
 
 import torch
 
-from service.formats import checkpoint, direct, registry, safetensors_io
+from bench import repack_variants
+from service.formats import registry
 from service.formats.canonical import QuantizedMoELayer
-from service.formats.checkpoint import convert_checkpoint, plan_job, registry_converter
-from service.formats.paths import DataRoot
+from service.formats.checkpoint import manifest
+from service.formats.checkpoint.converter import registry_converter
+from service.formats.checkpoint.job import convert_checkpoint
+from service.formats.checkpoint.plan import plan_job
+from service.formats.errors import ConversionUnsupported
+from service.formats.io import safetensors
+from service.formats.io.paths import DataRoot
 from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint
-from service.formats.synthetic import (
+from service.formats.routes import direct
+from service.formats.routes.canonical import canonical
+from service.formats.synthetic.checkpoints import (
     SyntheticSpec,
     synthetic_layer,
     to_device,
@@ -115,15 +123,15 @@ def nbytes(tensors: Mapping[str, torch.Tensor]) -> int:
 
 
 ROUTES: dict[str, Callable[..., registry.ConvertedLayer | None]] = {
-    "canonical": direct.canonical,
+    "canonical": canonical,
     "direct": functools.partial(direct.try_direct, kernels=False),
     "triton": functools.partial(direct.try_direct, kernels=True),
-    "table": functools.partial(direct.try_direct, kernels=True, table_kernels=True),
-    "compiled": functools.partial(direct.try_direct, compile_weights=True),
+    "table": repack_variants.try_table,
+    "compiled": repack_variants.try_compiled,
 }
 """Route name -> conversion of per-expert tensors (`direct.try_direct` answers None where it
 has no route for the pair): `direct` runs the routes' torch transforms, `triton` their
-fused Triton kernels (service/formats/gpu_repack.py; on a CUDA device, else the same as
+fused Triton kernels (service/formats/routes/gpu_repack.py; on a CUDA device, else the same as
 `direct`; the warm-up call compiles them), `table` the same with the generic table kernel
 where a dedicated one replaced it (the int4 Marlin routes), `compiled` the torch transforms through
 torch.compile (whose warm-up call compiles)."""
@@ -232,7 +240,7 @@ def layer_part(args: argparse.Namespace, device: torch.device) -> dict[str, Any]
                         rounds=args.rounds,
                         reference=reference,
                     )
-                except registry.ConversionUnsupported as exc:
+                except ConversionUnsupported as exc:
                     row, result = {"source": source, "target": target, "skipped": exc.reason}, None
                 except Exception as exc:  # one failing route keeps the other routes' rows
                     failed = f"failed: {exc!r}"[:300]
@@ -348,10 +356,10 @@ class CpuSplit:
 
     #: label -> (module or class, attribute)
     PARTS: ClassVar[dict[str, tuple[Any, str]]] = {
-        "sha256 outputs": (safetensors_io, "sha256_of"),
-        "source files read + sha256": (checkpoint, "hash_file"),
-        "page-cache writes": (safetensors_io.SafetensorsWriter, "_write"),
-        "fsync + rename": (safetensors_io.SafetensorsWriter, "commit"),
+        "sha256 outputs": (safetensors, "sha256_of"),
+        "source files read + sha256": (manifest, "hash_file"),
+        "page-cache writes": (safetensors.SafetensorsWriter, "_write"),
+        "fsync + rename": (safetensors.SafetensorsWriter, "commit"),
     }
 
     def __init__(self) -> None:
@@ -432,7 +440,11 @@ def checkpoint_part(args: argparse.Namespace, device: torch.device) -> dict[str,
             backend=target,
             device=str(device),
         )
-        converter = registry_converter(job, direct_routes=args.checkpoint_route == "direct")
+        converter = (
+            registry_converter(job)
+            if args.checkpoint_route == "direct"
+            else repack_variants.canonical_converter(job)
+        )
         firsts, resumes, cpus, splits = [], [], [], []
         for attempt in range(args.checkpoint_rounds):
             print(f"  checkpoint -> {target} ({attempt + 1}) ...", file=sys.stderr, flush=True)

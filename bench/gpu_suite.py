@@ -43,8 +43,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
+from service.formats.errors import ConversionUnsupported
 from service.formats.registry import writer_for
-from service.formats.writers import ConversionOptions, ConversionUnsupported
+from service.formats.writers import ConversionOptions
 from service.kernels import registry
 from service.kernels.activation import apply as apply_activation
 from service.kernels.activation import resolve

@@ -370,7 +370,7 @@ def run_case(
     from _common import TOLERANCE, rel_err, time_forward
     from gpu_suite import KernelUnavailable, build_backend, poison, random_layer
 
-    from service.formats.writers import ConversionUnsupported
+    from service.formats.errors import ConversionUnsupported
     from service.kernels.activation import resolve
     from service.kernels.emulation import reference_forward
     from service.kernels.errors import KernelError

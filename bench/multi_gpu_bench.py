@@ -44,8 +44,8 @@ import torch
 from _serve import listening, serve_command  # bench/_serve.py (bench/ is on sys.path)
 
 from service.client.convert import Connection, convert_checkpoint_remote, header_for
-from service.formats.checkpoint import MANIFEST_NAME
-from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
+from service.formats.checkpoint.plan import MANIFEST_NAME
+from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
 
 GB = 1e9
 MIXTRAL = {"num_experts": 8, "hidden_size": 4096, "intermediate_size": 14336, "group_size": 128}

@@ -41,9 +41,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import repack_variants
 from bench.convert_bench import GB, Timer, bench_layer, copy_bandwidth, identical, markdown
-from service.formats import direct, gpu_repack, registry
+from service.formats import registry
 from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint
+from service.formats.routes import direct, gpu_repack
+from service.formats.routes.canonical import canonical
+from service.formats.routes.read import read_packed
 from service.formats.writers import DEFAULT_OPTIONS, finish, weight_type
 
 STAGES = ("read_packed", "w13 weight", "w2 weight", "other tensors", "finish")
@@ -85,7 +89,7 @@ ROUTE_FLAGS = {
     "triton": {"kernels": True, "table_kernels": False},
     "table": {"kernels": True, "table_kernels": True},
 }
-"""Profiled route -> `direct.try_direct`'s flags: the torch transforms, the route's kernels,
+"""Profiled route -> its weight path: the torch transforms, the route's kernels,
 the generic table kernel where a dedicated one replaced it (only for those pairs)."""
 
 
@@ -96,7 +100,7 @@ def _weight_fn(
     assert found is not None, (layout, backend, bits)
     route, fn = found
     if kernels:
-        table = direct.TABLE_KERNELS.get((layout, backend), {}) if table_kernels else {}
+        table = repack_variants.TABLE_KERNELS.get((layout, backend), {}) if table_kernels else {}
         fn = table.get(bits) or route.kernels.get(bits, fn)
     return route, fn
 
@@ -118,15 +122,15 @@ def staged(
     route, fn = _weight_fn(layout, backend, quant.bits, kernels, table_kernels)
     marks.mark()
     deferred: list[Callable[[], bool]] = []
-    packed = direct.read_packed(
+    packed = read_packed(
         LAYOUTS[layout], tensors, quant, num_experts=num_experts, deferred=deferred
     )
     assert route.target.applies(packed, DEFAULT_OPTIONS)
     marks.mark()
     device = packed.w13.device
-    w13 = direct._write_weight(route, fn, packed.w13, device)
+    w13 = direct.write_weight(route, fn, packed.w13, device)
     marks.mark()
-    w2 = direct._write_weight(route, fn, packed.w2, device)
+    w2 = direct.write_weight(route, fn, packed.w2, device)
     marks.mark()
     named = route.target.tensors(packed, w13, w2)
     assert all(holds() for holds in deferred)  # the content checks' sync, as try_direct
@@ -158,7 +162,7 @@ def weight_only(
     """Median device ms of both weight writes with everything prepared (read, output
     allocated, views cut), and the bytes they read + write."""
     route, fn = _weight_fn(layout, backend, quant.bits, kernels, table_kernels)
-    packed = direct.read_packed(LAYOUTS[layout], tensors, quant, num_experts=num_experts)
+    packed = read_packed(LAYOUTS[layout], tensors, quant, num_experts=num_experts)
     jobs = []
     moved = 0
     for projection in (packed.w13, packed.w2):
@@ -271,14 +275,10 @@ def _profile_route(
         )
 
     def whole() -> object:
+        if table_kernels:
+            return repack_variants.try_table(source, tensors, quant, target, num_experts=experts)
         return direct.try_direct(
-            source,
-            tensors,
-            quant,
-            target,
-            num_experts=experts,
-            kernels=kernels,
-            table_kernels=table_kernels,
+            source, tensors, quant, target, num_experts=experts, kernels=kernels
         )
 
     first = call(_Marks(device))
@@ -349,14 +349,14 @@ def profile_pair(
 ) -> dict[str, Any]:
     quant = SourceQuantization(bits=4, group_size=shape["group_size"])
     experts = shape["num_experts"]
-    reference = direct.canonical(source, tensors, quant, target, num_experts=experts)
+    reference = canonical(source, tensors, quant, target, num_experts=experts)
     out: dict[str, Any] = {"source": source, "target": target, "routes": {}}
     for route in routes:
         flags = ROUTE_FLAGS[route]
         kernels, table_kernels = flags["kernels"], flags["table_kernels"]
         if kernels and not gpu_repack.usable(device):
             continue
-        if table_kernels and (source, target) not in direct.TABLE_KERNELS:
+        if table_kernels and (source, target) not in repack_variants.TABLE_KERNELS:
             continue
         try:
             out["routes"][route] = _profile_route(

@@ -52,10 +52,10 @@ from _serve import listening, serve_command  # bench/ is on sys.path (above)
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.client.convert import Connection, convert_layer_remote, header_for
 from service.client.run import run_request
+from service.formats.io.safetensors import tensor_bytes
+from service.formats.io.streaming import FROM_TORCH, TensorSpec
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
-from service.formats.safetensors_io import tensor_bytes
-from service.formats.streaming import FROM_TORCH, TensorSpec
-from service.formats.synthetic import SyntheticSpec, synthetic_layer
+from service.formats.synthetic.checkpoints import SyntheticSpec, synthetic_layer
 
 #: (experts, top_k, hidden, intermediate)
 SHAPES = {

@@ -88,11 +88,11 @@ from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import platform_pb2, tensor_pb2
 from service.client.convert import header_for, tensor_requests
 from service.client.run import deployment_pb, run_request
-from service.formats.quantize import random_layer
+from service.formats.io.safetensors import tensor_bytes
+from service.formats.io.streaming import FROM_TORCH, TensorSpec
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
-from service.formats.safetensors_io import tensor_bytes
-from service.formats.streaming import FROM_TORCH, TensorSpec
-from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
+from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
+from service.formats.synthetic.quantize import random_layer
 from service.kernels.routing import topk_route
 from service.oracle import InvalidSpecError, OracleError, select
 

@@ -37,10 +37,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 import torch  # noqa: E402
 from worker.test_convert_job import params, put_inputs  # noqa: E402
 
-from service.formats.plan import SourceSpec  # noqa: E402
-from service.formats.quantize import random_layer  # noqa: E402
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint  # noqa: E402
-from service.formats.synthetic import SyntheticSpec, synthetic_layer  # noqa: E402
+from service.formats.routes.spec import SourceSpec  # noqa: E402
+from service.formats.synthetic.checkpoints import SyntheticSpec, synthetic_layer  # noqa: E402
+from service.formats.synthetic.quantize import random_layer  # noqa: E402
 from service.ipc.segments import SegmentDir  # noqa: E402
 from service.pool.config import SupervisorConfig  # noqa: E402
 from service.pool.pool import WorkerPool  # noqa: E402

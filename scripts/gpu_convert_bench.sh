@@ -4,8 +4,8 @@
 # Runs bench/convert_bench.py's layer part on cuda:0: a Mixtral-8x7B MoE layer (8 experts,
 # hidden 4096, intermediate 14336, int4 g128 symmetric) as GPTQ and AWQ checkpoints store it,
 # into TRITON and MARLIN by the canonical route, by the direct routes in torch ops
-# (service/formats/direct.py, route `direct`) and by their fused Triton kernels
-# (service/formats/gpu_repack.py, route `triton`); CUDA-event timings, median of --rounds after a warm-up; the
+# (service/formats/routes/direct.py, route `direct`) and by their fused Triton kernels
+# (service/formats/routes/gpu_repack.py, route `triton`); CUDA-event timings, median of --rounds after a warm-up; the
 # floor is (bytes read + written) over the device-to-device copy bandwidth measured in the
 # same run; every direct result is compared byte for byte with the canonical one.
 #

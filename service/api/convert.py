@@ -36,18 +36,17 @@ from google.protobuf.message import DecodeError
 from service.api import codec, convert_codec, convert_spread
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import tensor_pb2
-from service.formats.checkpoint import plan_job, read_model_config
-from service.formats.input_errors import ConvertInputError, ConvertResourceError
-from service.formats.naming import classify, normalize_names
-from service.formats.paths import DataRoot, PermissionDeniedError
-from service.formats.plan import Target, resolve_target, source_spec
-from service.formats.streaming import (
-    StreamBudget,
+from service.formats.checkpoint.plan import plan_job, read_model_config
+from service.formats.errors import (
+    ConvertInputError,
+    ConvertResourceError,
+    PermissionDeniedError,
     StreamError,
-    TensorAssembler,
-    TensorSpec,
-    chunks,
 )
+from service.formats.io.naming import classify, normalize_names
+from service.formats.io.paths import DataRoot
+from service.formats.io.streaming import StreamBudget, TensorAssembler, TensorSpec, chunks
+from service.formats.routes.spec import Target, resolve_target, source_spec
 from service.ipc.errors import SegmentError
 from service.ipc.segments import Segment, SegmentDir
 from service.metrics import Metrics

@@ -2,7 +2,7 @@
 
 Wire dtype names are the `Dtype` enum's own names without the prefix, lower case
 (`DTYPE_UINT4_PACKED_INT32` <-> "uint4_packed_int32"), so the table lives once, in
-`service.formats.streaming.DTYPES`, and a new enum value needs no code here.
+`service.formats.io.streaming.DTYPES`, and a new enum value needs no code here.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import tensor_pb2
-from service.formats.streaming import Packing, TensorSpec
+from service.formats.io.streaming import Packing, TensorSpec
 
 _DTYPE_PREFIX = "DTYPE_"
 _ORDER_PREFIX = "PACK_ORDER_"
@@ -71,7 +71,7 @@ def tensor_header(spec: TensorSpec) -> tensor_pb2.TensorHeader:
 
 def safetensors_header(entry: Mapping[str, Any]) -> tensor_pb2.TensorHeader:
     """A checkpoint manifest's tensor entry (safetensors dtype codes) as a TensorHeader."""
-    from service.formats.streaming import FROM_SAFETENSORS
+    from service.formats.io.streaming import FROM_SAFETENSORS
 
     dtype = FROM_SAFETENSORS.get(str(entry["dtype"]))
     return tensor_pb2.TensorHeader(

@@ -48,13 +48,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from service.formats.checkpoint import (
+from service.formats.checkpoint.plan import (
     MANIFEST_NAME,
     CheckpointJob,
     find_moe_layers,
     shard_names,
 )
-from service.formats.safetensors_io import SafetensorsFile
+from service.formats.io.safetensors import SafetensorsFile
 from service.pool.errors import WorkerUnavailableError
 from service.pool.handle import WorkerHandle
 from service.pool.pool import WorkerPool

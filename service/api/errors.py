@@ -42,12 +42,12 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from service.api import codec
 from service.api.interceptors.errors import ConcurrencyLimitError, UnauthenticatedError
-from service.formats.input_errors import (
+from service.formats.errors import (
     ConvertInputError,
     ConvertLimitError,
     ConvertResourceError,
+    PermissionDeniedError,
 )
-from service.formats.paths import PermissionDeniedError
 from service.oracle import InvalidSpecError, OracleError, SelectionError
 from service.pool.errors import (
     BackendUnavailableError,

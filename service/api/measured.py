@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from service import __version__
 from service.api.generated.moe_control.v1 import measured_pb2, selection_pb2
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-from service.formats.plan import source_spec
+from service.formats.routes.spec import source_spec
 from service.kernels.registry import RUNNABLE
 from service.oracle import DEFAULT_RULESET, InvalidSpecError, SelectionError, parse_deployment
 from service.pool.errors import WorkerCallError, WorkerUnavailableError

@@ -28,9 +28,9 @@ from typing import Any, TypeVar
 from service.api import codec, convert_codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import tensor_pb2
-from service.formats.input_errors import ConvertResourceError
-from service.formats.plan import resolve_target, source_spec
-from service.formats.streaming import DTYPES, TensorSpec
+from service.formats.errors import ConvertResourceError
+from service.formats.io.streaming import DTYPES, TensorSpec
+from service.formats.routes.spec import resolve_target, source_spec
 from service.ipc.errors import SegmentError
 from service.ipc.segments import SegmentDir
 from service.metrics import Metrics

@@ -189,13 +189,11 @@ def _is_model_dir(path: str) -> bool:
 
 
 def _local(args: argparse.Namespace, bar: ProgressBar) -> int:
-    from service.formats.input_errors import ConvertInputError
-    from service.formats.paths import PermissionDeniedError
+    from service.formats.errors import ConvertInputError, PermissionDeniedError
     from service.oracle import InvalidSpecError, SelectionError
 
     try:
-        from service.formats.canonical import FormatError
-        from service.formats.registry import ConversionUnsupported
+        from service.formats.errors import ConversionUnsupported, FormatError
 
         try:
             if _is_model_dir(args.input):
@@ -231,8 +229,9 @@ def _platform(args: argparse.Namespace) -> Any:
 
 
 def _local_checkpoint(args: argparse.Namespace, bar: ProgressBar) -> int:
-    from service.formats.checkpoint import convert_checkpoint, plan_job
-    from service.formats.paths import DataRoot
+    from service.formats.checkpoint.job import convert_checkpoint
+    from service.formats.checkpoint.plan import plan_job
+    from service.formats.io.paths import DataRoot
 
     job = plan_job(
         os.path.abspath(args.input),
@@ -307,7 +306,7 @@ def _read_json(path: Path, field: str) -> Any:
 
 def _layer_tensor_names(names: list[str], layer: int | None) -> list[str]:
     """The expert tensors of one layer in a file (all of them, or decoder layer `layer`)."""
-    from service.formats.naming import match_expert_tensor, normalize_names
+    from service.formats.io.naming import match_expert_tensor, normalize_names
 
     hits = {name: match_expert_tensor(name) for name in names}
     if any(hits.values()):
@@ -323,14 +322,14 @@ def _layer_tensor_names(names: list[str], layer: int | None) -> list[str]:
 
 
 def _local_layer(args: argparse.Namespace) -> int:
-    from service.formats.inline import LayerShape, convert_layer
-    from service.formats.plan import resolve_target, source_spec
-    from service.formats.safetensors_io import (
+    from service.formats.io.safetensors import (
         SafetensorsFile,
         SafetensorsWriter,
         plan_of,
         tensor_bytes,
     )
+    from service.formats.routes.inline import LayerShape, convert_layer
+    from service.formats.routes.spec import resolve_target, source_spec
     from service.oracle import parse_deployment
 
     input_file = Path(args.input)
@@ -473,8 +472,8 @@ def _remote_layer(
     header_for: Any,
     convert_layer_remote: Any,
 ) -> int:
-    from service.formats.safetensors_io import SafetensorsFile, SafetensorsWriter, TensorPlan
-    from service.formats.streaming import DTYPES, FROM_SAFETENSORS, TensorSpec
+    from service.formats.io.safetensors import SafetensorsFile, SafetensorsWriter, TensorPlan
+    from service.formats.io.streaming import DTYPES, FROM_SAFETENSORS, TensorSpec
 
     input_file = Path(args.input)
     deployment = _deployment(args, input_file)

@@ -93,8 +93,8 @@ class Example:
 def make_example(args: argparse.Namespace) -> Example:
     import torch
 
-    from service.formats.quantize import random_layer
     from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
+    from service.formats.synthetic.quantize import random_layer
     from service.kernels.activation import resolve
     from service.kernels.emulation import reference_forward
     from service.kernels.routing import topk_route
@@ -158,8 +158,8 @@ def run_local(example: Example, args: argparse.Namespace, backend: str, device: 
     """Convert and run in this process with the worker's own code (no server)."""
     import torch
 
-    from service.formats import inline
-    from service.formats.plan import SourceSpec
+    from service.formats.routes import inline
+    from service.formats.routes.spec import SourceSpec
     from service.kernels.routing import topk_route
     from service.worker.layers import LoadedLayer
     from service.worker.run import prepared

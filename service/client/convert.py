@@ -20,7 +20,7 @@ from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.api.generated.moe_control.v1 import selection_pb2, tensor_pb2
 from service.client.channel import call_metadata
-from service.formats.streaming import TensorSpec, chunks
+from service.formats.io.streaming import TensorSpec, chunks
 
 DEFAULT_CHUNK = 1024 * 1024
 #: Room for a response chunk plus its message.

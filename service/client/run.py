@@ -18,7 +18,7 @@ from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import selection_pb2, tensor_pb2
 from service.client.channel import call_metadata
 from service.client.convert import Connection
-from service.formats.streaming import FROM_TORCH
+from service.formats.io.streaming import FROM_TORCH
 
 
 def tensor_to_pb(name: str, tensor: torch.Tensor) -> tensor_pb2.Tensor:

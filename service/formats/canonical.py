@@ -13,18 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from service.formats.errors import FormatError
+
 SUPPORTED_BITS = (4, 8)
-
-
-class FormatError(ValueError):
-    """A tensor does not have the dtype, shape or values its declared layout requires.
-
-    `field` names the offending tensor (or parameter) so the API can report it.
-    """
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        super().__init__(f"{field}: {message}")
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ from collections.abc import Mapping
 
 import torch
 
-from service.formats.canonical import FormatError, QuantizedMoELayer
+from service.formats.canonical import QuantizedMoELayer
+from service.formats.errors import ConversionUnsupported, FormatError
 from service.formats.readers import (
     LAYOUTS,
     SourceLayout,
@@ -38,27 +39,23 @@ from service.formats.readers import (
     read_checkpoint,
     read_stacked,
 )
-from service.formats.writers import (
-    DEFAULT_OPTIONS,
-    ConversionOptions,
-    ConversionUnsupported,
-    ConvertedLayer,
-    Writer,
-)
+from service.formats.writers import DEFAULT_OPTIONS, ConversionOptions, ConvertedLayer, Writer
+from service.formats.writers import marlin as marlin_writers
 from service.formats.writers.emulation import write_emulation
 from service.formats.writers.humming import write_humming
 from service.formats.writers.marlin import write_batched_marlin, write_marlin
 from service.formats.writers.triton import write_triton
+from service.oracle import DEFAULT_RULESET
+from service.oracle.rulesets import get_ruleset
 
 __all__ = [
     "ALL_BACKENDS",
+    "MARLIN_LAYOUTS",
     "SOURCE_LAYOUTS",
     "TARGET_BACKENDS",
     "UNSUPPORTED_BACKENDS",
     "ConversionOptions",
-    "ConversionUnsupported",
     "ConvertedLayer",
-    "FormatError",
     "SourceQuantization",
     "convert",
     "read_layer",
@@ -89,19 +86,16 @@ UNSUPPORTED_BACKENDS: dict[str, str] = {
     "RDNA3": "the RDNA3 HIP kernel layout has no writer here",
 }
 
-ALL_BACKENDS = (
-    "MARLIN",
-    "BATCHED_MARLIN",
-    "HUMMING",
-    "CPU",
-    "ZEN_CPU",
-    "FLASHINFER_TRTLLM",
-    "TRITON",
-    "XPU",
-    "EMULATION",
-    "RDNA3",
+ALL_BACKENDS: tuple[str, ...] = get_ruleset(DEFAULT_RULESET).backends
+"""vLLM's `WNA16MoEBackend` values, in its enum order, as the default ruleset declares them."""
+
+MARLIN_LAYOUTS: tuple[str, ...] = tuple(
+    name
+    for name, writer in TARGET_BACKENDS.items()
+    if getattr(writer, "__module__", "") == marlin_writers.__name__
 )
-"""vLLM 0.33's `WNA16MoEBackend` values, in its enum order."""
+"""The layouts whose writer writes Marlin's tensors (MARLIN, BATCHED_MARLIN): what the
+reference Marlin reader (`readers.marlin`) reads back."""
 
 
 def _layout(name: str) -> SourceLayout:

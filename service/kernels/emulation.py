@@ -20,7 +20,8 @@ from typing import ClassVar
 
 import torch
 
-from service.formats.canonical import FormatError, QuantizedExperts, QuantizedMoELayer
+from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
+from service.formats.errors import FormatError
 from service.formats.readers.marlin import read_marlin
 from service.kernels.activation import ActivationSpec, ResolvedActivation, apply, resolve
 from service.kernels.errors import KernelInputError

@@ -23,7 +23,8 @@ from collections.abc import Mapping
 
 import torch
 
-from service.formats.canonical import FormatError, QuantizedExperts, QuantizedMoELayer
+from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
+from service.formats.errors import FormatError
 from service.kernels.errors import KernelInputError
 
 PROJECTIONS = ("w13", "w2")

@@ -18,11 +18,13 @@ from typing import Any
 
 import torch
 
-from service.formats import checkpoint, inline
-from service.formats.input_errors import ConvertCancelledError
-from service.formats.plan import SourceSpec
-from service.formats.safetensors_io import tensor_bytes
-from service.formats.streaming import DTYPES, FROM_TORCH, TensorSpec
+from service.formats.checkpoint import job as checkpoint_job
+from service.formats.checkpoint import plan as checkpoint_plan
+from service.formats.errors import ConvertCancelledError
+from service.formats.io.safetensors import tensor_bytes
+from service.formats.io.streaming import DTYPES, FROM_TORCH, TensorSpec
+from service.formats.routes import inline
+from service.formats.routes.spec import SourceSpec
 from service.ipc.segments import Segment, SegmentDir
 from service.worker.context import WorkerContext
 from service.worker.jobs import JobContext
@@ -161,9 +163,9 @@ def format_attributes(descriptor: dict[str, Any]) -> dict[str, str]:
 def convert_checkpoint(
     worker: WorkerContext, params: dict[str, Any], context: JobContext
 ) -> dict[str, Any]:
-    job = checkpoint.CheckpointJob.from_json({**params["job"], "device": worker.device})
+    job = checkpoint_plan.CheckpointJob.from_json({**params["job"], "device": worker.device})
     began = time.perf_counter()
-    result = checkpoint.convert_checkpoint(
+    result = checkpoint_job.convert_checkpoint(
         job, progress=lambda event: context.emit("progress", event), check=context.check
     )
     tensors = result.tensors

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.formats.input_errors import ConvertCancelledError
+from service.formats.errors import ConvertCancelledError
 from service.ipc import protocol
 
 log = logging.getLogger("moe_control.worker")

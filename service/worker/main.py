@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from service.formats.errors import ConversionUnsupported
 from service.ipc import protocol
 from service.ipc.errors import ProtocolError
 from service.worker import jobs, probe
@@ -112,7 +113,7 @@ class Worker:
 
         try:
             registry.writer_for(str(params.get("backend", "")))
-        except registry.ConversionUnsupported as exc:
+        except ConversionUnsupported as exc:
             return {"supported": False, "reason": exc.reason}
         return {"supported": True}
 

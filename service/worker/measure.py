@@ -27,9 +27,10 @@ import torch
 
 from service import __version__
 from service.formats import registry
-from service.formats.plan import SourceSpec
-from service.formats.synthetic import SyntheticSpec, synthetic_layer, to_device
-from service.formats.writers import ConversionOptions, ConversionUnsupported
+from service.formats.errors import ConversionUnsupported
+from service.formats.routes.spec import SourceSpec
+from service.formats.synthetic.checkpoints import SyntheticSpec, synthetic_layer, to_device
+from service.formats.writers import ConversionOptions
 from service.kernels.errors import KernelError, KernelInputError
 from service.kernels.interface import ExpertsBackend, LayerSpec
 from service.kernels.routing import topk_route

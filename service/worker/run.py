@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from service.formats import inline
-from service.formats.plan import SourceSpec
-from service.formats.streaming import DTYPES, FROM_TORCH, TensorSpec
+from service.formats.io.streaming import DTYPES, FROM_TORCH, TensorSpec
+from service.formats.routes import inline
+from service.formats.routes.spec import SourceSpec
 from service.ipc.segments import Segment, SegmentDir
 from service.kernels import registry
 from service.kernels.activation import resolve

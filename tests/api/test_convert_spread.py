@@ -11,15 +11,10 @@ import pytest
 
 from service.api import convert_spread
 from service.api.convert_spread import SpreadPlan, _Merged, chunk_size, plan_spread
-from service.formats.checkpoint import (
-    JOURNAL_DIR,
-    MANIFEST_NAME,
-    CheckpointJob,
-    convert_checkpoint,
-    plan_job,
-)
-from service.formats.paths import DataRoot
-from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
+from service.formats.checkpoint.job import convert_checkpoint
+from service.formats.checkpoint.plan import JOURNAL_DIR, MANIFEST_NAME, CheckpointJob, plan_job
+from service.formats.io.paths import DataRoot
+from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
 from service.oracle import preset
 
 SPEC = SyntheticSpec(num_layers=6, num_experts=2, hidden_size=64, intermediate_size=64)

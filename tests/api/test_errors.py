@@ -93,8 +93,8 @@ def test_anything_else_is_internal_without_leaking_its_text() -> None:
 
 
 def test_a_configured_size_limit_is_resource_exhausted_naming_field_and_limit() -> None:
-    from service.formats.input_errors import ConvertInputError
-    from service.formats.streaming import StreamBudget, StreamError, TensorSpec
+    from service.formats.errors import ConvertInputError, StreamError
+    from service.formats.io.streaming import StreamBudget, TensorSpec
     from service.pool.errors import RunResourceError
 
     budget = StreamBudget(10)

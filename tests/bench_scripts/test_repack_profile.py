@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import repack_profile
 
-from service.formats import gpu_repack
 from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint
-from service.formats.synthetic import SyntheticSpec, synthetic_layer
+from service.formats.routes import gpu_repack
+from service.formats.synthetic.checkpoints import SyntheticSpec, synthetic_layer
 
 SHAPE = {"num_experts": 2, "hidden_size": 128, "intermediate_size": 128, "group_size": 64}
 

@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 
 from service.cli import main
 from service.formats import registry
-from service.formats.checkpoint import MANIFEST_NAME
-from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
+from service.formats.checkpoint.plan import MANIFEST_NAME
+from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
 
 SPEC = SyntheticSpec(num_layers=2, num_experts=4, hidden_size=128, intermediate_size=128)
 

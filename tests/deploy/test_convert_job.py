@@ -154,8 +154,8 @@ def test_the_job_calls_flags_the_cli_accepts(
 
 def test_the_parts_and_the_merge_convert_a_real_checkpoint(tmp_path: Path) -> None:
     _convert_parser_or_skip()
-    from service.formats.checkpoint import MANIFEST_NAME
-    from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
+    from service.formats.checkpoint.plan import MANIFEST_NAME
+    from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
 
     layers = 3
     write_synthetic_checkpoint(tmp_path / "in", SyntheticSpec(num_layers=layers, fast=True))

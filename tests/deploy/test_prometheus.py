@@ -230,7 +230,7 @@ def _call(stub: Any, request: pb.SelectBackendRequest) -> grpc.StatusCode:
 def stack(tmp_path: Path) -> Iterator[tuple[ServerProcess, Prometheus]]:
     # Prometheus first: it applies new scrape targets only every 5 s, which overlaps with
     # the server's start-up this way. The server's /metrics port is chosen here for it.
-    from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
+    from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
 
     data = tmp_path / "data"
     write_synthetic_checkpoint(data / "in", SyntheticSpec(num_layers=2, fast=True))

@@ -37,9 +37,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
-from service.formats.quantize import random_layer
+from service.formats.errors import ConversionUnsupported
 from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint, write_stacked
-from service.formats.registry import ConversionUnsupported, convert, read_layer, read_stacked_layer
+from service.formats.registry import convert, read_layer, read_stacked_layer
+from service.formats.synthetic.quantize import random_layer
 from tests.formats.exactness_cases import (
     INTER,
     Case,

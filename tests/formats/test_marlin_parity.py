@@ -32,10 +32,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from service.formats.canonical import QuantizedMoELayer
-from service.formats.quantize import random_layer
+from service.formats.errors import ConversionUnsupported
 from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint
 from service.formats.registry import read_layer
-from service.formats.writers import ConversionUnsupported
+from service.formats.synthetic.quantize import random_layer
 from service.formats.writers import marlin_layout as layout
 from service.formats.writers.marlin import marlin_tensors, padded_intermediate
 

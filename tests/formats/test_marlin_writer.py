@@ -14,9 +14,10 @@ import itertools
 import pytest
 import torch
 
-from service.formats.canonical import FormatError, QuantizedMoELayer
-from service.formats.quantize import random_layer
-from service.formats.writers import ConversionOptions, ConversionUnsupported
+from service.formats.canonical import QuantizedMoELayer
+from service.formats.errors import ConversionUnsupported, FormatError
+from service.formats.synthetic.quantize import random_layer
+from service.formats.writers import ConversionOptions
 from service.formats.writers import marlin_layout as layout
 from service.formats.writers.marlin import (
     marlin_tensors,

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
-from service.formats.quantize import random_layer
+from service.formats.errors import ConversionUnsupported
 from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint, write_stacked
-from service.formats.registry import ConversionUnsupported, convert, read_layer
+from service.formats.registry import convert, read_layer
+from service.formats.synthetic.quantize import random_layer
 
 pytestmark = [
     pytest.mark.gpu,

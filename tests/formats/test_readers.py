@@ -13,8 +13,8 @@ from collections.abc import Mapping
 import pytest
 import torch
 
-from service.formats.canonical import FormatError, QuantizedExperts, QuantizedMoELayer
-from service.formats.quantize import random_layer
+from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
+from service.formats.errors import FormatError
 from service.formats.readers import (
     LAYOUTS,
     SourceQuantization,
@@ -26,6 +26,7 @@ from service.formats.readers import (
     write_stacked,
 )
 from service.formats.registry import read_layer, read_stacked_layer
+from service.formats.synthetic.quantize import random_layer
 
 E, H, INTER = 3, 256, 128
 

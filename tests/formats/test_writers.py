@@ -12,19 +12,19 @@ import itertools
 import pytest
 import torch
 
-from service.formats.canonical import FormatError, QuantizedExperts, QuantizedMoELayer
-from service.formats.quantize import random_layer
+from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
+from service.formats.errors import ConversionUnsupported, FormatError
 from service.formats.readers import SourceQuantization
 from service.formats.registry import (
     ALL_BACKENDS,
     TARGET_BACKENDS,
     UNSUPPORTED_BACKENDS,
     ConversionOptions,
-    ConversionUnsupported,
     convert,
     read_stacked_layer,
     writer_for,
 )
+from service.formats.synthetic.quantize import random_layer
 
 
 def _layer(

@@ -28,11 +28,11 @@ from service.client.convert import (
     header_for,
 )
 from service.client.run import run_request, tensor_from_pb
-from service.formats.quantize import random_layer
+from service.formats.io.safetensors import tensor_bytes
+from service.formats.io.streaming import FROM_TORCH, TensorSpec
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
-from service.formats.safetensors_io import tensor_bytes
-from service.formats.streaming import FROM_TORCH, TensorSpec
-from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
+from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
+from service.formats.synthetic.quantize import random_layer
 
 pytestmark = [
     pytest.mark.gpu,

@@ -82,7 +82,7 @@ def test_a_reused_buffer_waits_for_its_queued_copy(tmp_path: Path) -> None:
 def test_run_moe_on_a_cuda_worker_goes_through_pinned_staging(tmp_path: Path) -> None:
     from worker.test_run_job import Rig, inputs, reference
 
-    from service.formats.quantize import random_layer
+    from service.formats.synthetic.quantize import random_layer
     from service.worker.main import Worker
 
     layer: Any = random_layer(
@@ -202,7 +202,7 @@ def test_input_errors_on_a_cuda_worker(tmp_path: Path, case: str) -> None:
     errors, fields and healthy worker as on the CPU."""
     from worker.test_run_job import INPUT_ERRORS, Rig, check_input_error
 
-    from service.formats.quantize import random_layer
+    from service.formats.synthetic.quantize import random_layer
 
     layer: Any = random_layer(
         4, 64, 64, bits=4, group_size=32, symmetric=True, generator=torch.Generator().manual_seed(3)
@@ -217,7 +217,7 @@ def test_pooled_segments_refilled_on_a_cuda_worker(tmp_path: Path) -> None:
     inputs reach the device (packed copy) and its own output lands in the lent segment."""
     from worker.test_run_job import Rig, check_refilled_segments
 
-    from service.formats.quantize import random_layer
+    from service.formats.synthetic.quantize import random_layer
 
     layer: Any = random_layer(
         4, 64, 64, bits=4, group_size=32, symmetric=True, generator=torch.Generator().manual_seed(3)

@@ -37,10 +37,10 @@ from service.client.convert import (
     tensor_requests,
 )
 from service.formats import registry
-from service.formats.checkpoint import MANIFEST_NAME
-from service.formats.safetensors_io import SafetensorsFile
-from service.formats.streaming import FROM_SAFETENSORS, TensorSpec
-from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
+from service.formats.checkpoint.plan import MANIFEST_NAME
+from service.formats.io.safetensors import SafetensorsFile
+from service.formats.io.streaming import FROM_SAFETENSORS, TensorSpec
+from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
 
 SPEC = SyntheticSpec(num_layers=2, num_experts=4, hidden_size=128, intermediate_size=128)
 MODULE = "model.layers.0.block_sparse_moe.experts"

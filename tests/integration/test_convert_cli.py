@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from integration.serverproc import ServerProcess, launch, wait_ready
 from service.formats import registry
-from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
+from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
 
 SPEC = SyntheticSpec(num_layers=2, num_experts=4, hidden_size=128, intermediate_size=128)
 
@@ -92,7 +92,7 @@ def test_the_server_process_never_imports_torch() -> None:
     planning, checkpoint discovery) imports no torch; only workers do."""
     code = (
         "import sys, service.server.primary, service.api.convert, service.formats.checkpoint, "
-        "service.formats.naming; print('torch' in sys.modules)"
+        "service.formats.io.naming; print('torch' in sys.modules)"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True

@@ -31,9 +31,9 @@ from integration.serverproc import ServerProcess, health_status, launch, wait_re
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.client.convert import header_for, tensor_requests
-from service.formats.safetensors_io import SafetensorsFile
-from service.formats.streaming import FROM_SAFETENSORS, TensorSpec
-from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
+from service.formats.io.safetensors import SafetensorsFile
+from service.formats.io.streaming import FROM_SAFETENSORS, TensorSpec
+from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
 
 CONVERT_LIMIT = 2
 LAYER_BYTES = 4096

@@ -26,10 +26,10 @@ from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.client.convert import Connection, convert_layer_remote, header_for
 from service.client.run import deployment_pb, run_request, tensor_from_pb, tensor_to_pb
-from service.formats.quantize import random_layer
+from service.formats.io.safetensors import tensor_bytes
+from service.formats.io.streaming import FROM_TORCH, TensorSpec
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
-from service.formats.safetensors_io import tensor_bytes
-from service.formats.streaming import FROM_TORCH, TensorSpec
+from service.formats.synthetic.quantize import random_layer
 from service.kernels.activation import resolve
 from service.kernels.emulation import reference_forward
 from service.kernels.routing import topk_route

@@ -19,8 +19,8 @@ import pytest
 import torch
 from worker.test_convert_job import params, put_inputs
 
-from service.formats.quantize import random_layer
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
+from service.formats.synthetic.quantize import random_layer
 from service.ipc import protocol
 from service.ipc.segments import SegmentDir
 from service.pool.config import SupervisorConfig

@@ -33,11 +33,11 @@ from integration.serverproc import SERVICE, ServerProcess
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.client.convert import Connection, convert_layer_remote, header_for
 from service.client.run import run_request
-from service.formats.quantize import random_layer
+from service.formats.io.safetensors import SafetensorsFile, hash_tensors, tensor_bytes
+from service.formats.io.streaming import FROM_TORCH, TensorSpec
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
-from service.formats.safetensors_io import SafetensorsFile, hash_tensors, tensor_bytes
-from service.formats.streaming import FROM_TORCH, TensorSpec
-from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
+from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
+from service.formats.synthetic.quantize import random_layer
 
 QUANT = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False, "sym": True}
 E, H, I, TOP_K = 4, 64, 64, 2  # noqa: E741

@@ -38,7 +38,7 @@ from service.client.convert import (
     tensor_requests,
 )
 from service.client.run import run_request
-from service.formats.checkpoint import MANIFEST_NAME
+from service.formats.checkpoint.plan import MANIFEST_NAME
 from service.process import RUNTIME_PREFIX
 
 MODEL = faults.MODEL

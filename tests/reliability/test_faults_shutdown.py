@@ -32,9 +32,10 @@ from service.client.convert import (
     header_for,
     tensor_requests,
 )
-from service.formats.checkpoint import MANIFEST_NAME, convert_checkpoint, plan_job
-from service.formats.paths import DataRoot
-from service.formats.synthetic import write_synthetic_checkpoint
+from service.formats.checkpoint.job import convert_checkpoint
+from service.formats.checkpoint.plan import MANIFEST_NAME, plan_job
+from service.formats.io.paths import DataRoot
+from service.formats.synthetic.checkpoints import write_synthetic_checkpoint
 from service.oracle import preset
 from service.process import RUNTIME_PREFIX
 

@@ -28,8 +28,8 @@ from reliability import faults
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.client.convert import Connection, convert_checkpoint_remote, header_for
-from service.formats.checkpoint import MANIFEST_NAME
-from service.formats.synthetic import write_synthetic_checkpoint
+from service.formats.checkpoint.plan import MANIFEST_NAME
+from service.formats.synthetic.checkpoints import write_synthetic_checkpoint
 
 MODEL = faults.MODEL
 LONG_MODEL = faults.LONG_MODEL

@@ -29,9 +29,9 @@ from reliability import wire
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import platform_pb2, selection_pb2, tensor_pb2
 from service.client.convert import header_for, tensor_requests
-from service.formats.safetensors_io import SafetensorsFile
-from service.formats.streaming import FROM_SAFETENSORS, TensorSpec
-from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
+from service.formats.io.safetensors import SafetensorsFile
+from service.formats.io.streaming import FROM_SAFETENSORS, TensorSpec
+from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
 
 SYNTH = SyntheticSpec(num_layers=1, num_experts=2, hidden_size=64, intermediate_size=64)
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False, "sym": True}

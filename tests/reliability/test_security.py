@@ -33,7 +33,7 @@ from integration.serverproc import ServerProcess, launch, wait_ready
 from reliability import wire
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.client.convert import Connection, header_for
-from service.formats.synthetic import SyntheticSpec, write_synthetic_checkpoint
+from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
 
 PACKAGE = Path(__file__).resolve().parents[2] / "service"
 TOKEN = "s3cr3t-" + hashlib.sha256(b"moe-control reliability").hexdigest()[:24]

@@ -13,8 +13,8 @@ import queue
 from pathlib import Path
 from typing import Any
 
-from service.formats.plan import SourceSpec
-from service.formats.streaming import TensorSpec
+from service.formats.io.streaming import TensorSpec
+from service.formats.routes.spec import SourceSpec
 from service.ipc import protocol
 from service.ipc.segments import SegmentDir
 from service.worker.main import Worker

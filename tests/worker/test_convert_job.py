@@ -13,13 +13,17 @@ import pytest
 import torch
 
 from service.formats import registry
-from service.formats.input_errors import ConvertCancelledError, ConvertInputError
-from service.formats.paths import PermissionDeniedError
-from service.formats.plan import SourceSpec
-from service.formats.quantize import random_layer
+from service.formats.errors import (
+    ConversionUnsupported,
+    ConvertCancelledError,
+    ConvertInputError,
+    PermissionDeniedError,
+)
+from service.formats.io.safetensors import tensor_bytes
+from service.formats.io.streaming import FROM_TORCH, TensorSpec
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
-from service.formats.safetensors_io import tensor_bytes
-from service.formats.streaming import FROM_TORCH, TensorSpec
+from service.formats.routes.spec import SourceSpec
+from service.formats.synthetic.quantize import random_layer
 from service.ipc import protocol
 from service.ipc.errors import SegmentError
 from service.ipc.segments import SegmentDir
@@ -133,7 +137,7 @@ def test_errors_carry_their_category_and_field(layer: Any, tmp_path: Path) -> No
     [
         (ConvertInputError("tensors[x].sha256", "bad"), "invalid_argument"),
         (PermissionDeniedError("checkpoint.input_dir", "/etc", "outside"), "permission_denied"),
-        (registry.ConversionUnsupported("CPU", "opaque"), "unimplemented"),
+        (ConversionUnsupported("CPU", "opaque"), "unimplemented"),
         (InvalidSpecError.single("layer", "missing"), "invalid_spec"),
         (ConvertCancelledError("stop"), "cancelled"),
         (SegmentError("full"), "resource_exhausted"),

@@ -24,9 +24,9 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         if _name in sys.modules:
             importlib.reload(sys.modules[_name])
 
-from service.formats.quantize import random_layer
+from service.formats.io.streaming import TensorSpec
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
-from service.formats.streaming import TensorSpec
+from service.formats.synthetic.quantize import random_layer
 from service.ipc.segments import SegmentDir
 from service.kernels.activation import resolve
 from service.kernels.emulation import reference_forward

@@ -87,7 +87,7 @@ def test_a_target_of_the_wrong_size_is_refused() -> None:
 
 def _marlin_rig(tmp_path: Path, device: str) -> tuple[Any, str, Any]:
     """A worker on `device` keeping a MARLIN layer (hidden 128: Marlin's minimum)."""
-    from service.formats.quantize import random_layer
+    from service.formats.synthetic.quantize import random_layer
     from service.worker.main import Worker
     from worker.test_run_job import Rig
 

@@ -21,7 +21,7 @@ from grpc_status import rpc_status
 
 from service.api.errors import status_for
 from service.api.interceptors.handlers import Context, Method, Stream, Unary
-from service.formats.input_errors import ConvertInputError
+from service.formats.errors import ConvertInputError
 
 log = logging.getLogger("moe_control.api")
 

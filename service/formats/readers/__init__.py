@@ -2,7 +2,7 @@
 
 Each reader unpacks into the canonical form (`service.formats.canonical`) and nothing else;
 each has its inverse (`pack_*`, `write_checkpoint`, `write_stacked`) so tests and benches can
-build synthetic checkpoints from our own quantizer (`service.formats.quantize`).
+build synthetic checkpoints from our own quantizer (`service.formats.synthetic.quantize`).
 
 Conventions, checked against vLLM 0.33.0's own unpackers (`quant_utils.pack_rows/pack_cols/
 awq_pack`, the int4 emulation unpackers in `fused_moe/oracle/int_wna16.py`, MoeWNA16's loader,

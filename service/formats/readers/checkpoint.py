@@ -21,7 +21,8 @@ from collections.abc import Mapping
 
 import torch
 
-from service.formats.canonical import FormatError, QuantizedExperts, QuantizedMoELayer
+from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
+from service.formats.errors import FormatError
 from service.formats.readers.layouts import Role, SourceLayout, SourceQuantization
 
 NAMINGS: Mapping[str, Mapping[bool, tuple[str, ...]]] = {

@@ -17,7 +17,8 @@ from typing import Literal
 
 import torch
 
-from service.formats.canonical import SUPPORTED_BITS, FormatError, QuantizedExperts
+from service.formats.canonical import SUPPORTED_BITS, QuantizedExperts
+from service.formats.errors import FormatError
 from service.formats.readers import bits as packing
 
 Role = Literal["weight", "scales", "zeros", "g_idx", "bias", "shape"]
@@ -183,19 +184,19 @@ class SourceLayout:
     ) -> QuantizedExperts:
         """Stacked, already shape-checked tensors of one projection -> canonical form."""
         bits = quant.bits
-        codes = _unpack_as(self.weight, parts["weight"], bits, ("N", "K"))
-        scales = _to_canonical(parts["scales"], self.scales, ("N", "G")).contiguous()
+        codes = unpack_as(self.weight, parts["weight"], bits, ("N", "K"))
+        scales = to_canonical(parts["scales"], self.scales, ("N", "G")).contiguous()
         k = int(codes.shape[2])
         groups = int(scales.shape[2])
-        _check_groups(quant, k, groups, fields["scales"])
+        check_groups(quant, k, groups, fields["scales"])
         zeros = None
         stored = parts.get("zeros")
         if stored is not None:
-            raw = _unpack_as(self.zeros, stored, bits, ("N", "G"))
-            zeros = self._real_zeros(raw, quant, fields["zeros"])
+            raw = unpack_as(self.zeros, stored, bits, ("N", "G"))
+            zeros = self.real_zeros(raw, quant, fields["zeros"])
         g_idx = None
         if "g_idx" in parts:
-            g_idx = _decode_g_idx(parts["g_idx"], quant, k, groups, fields["g_idx"])
+            g_idx = decode_g_idx(parts["g_idx"], quant, k, groups, fields["g_idx"])
         bias = parts.get("bias")
         return QuantizedExperts(
             codes=codes,
@@ -207,7 +208,7 @@ class SourceLayout:
             bias=None if bias is None else bias.contiguous(),
         )
 
-    def _real_zeros(
+    def real_zeros(
         self, raw: torch.Tensor, quant: SourceQuantization, field_name: str
     ) -> torch.Tensor | None:
         limit = (1 << quant.bits) - 1
@@ -281,7 +282,7 @@ def _check_packable(spec: PackedAxes, dims: Mapping[str, int], bits: int, name: 
         )
 
 
-def _unpack_as(spec: PackedAxes, stored: torch.Tensor, bits: int, target: Axes) -> torch.Tensor:
+def unpack_as(spec: PackedAxes, stored: torch.Tensor, bits: int, target: Axes) -> torch.Tensor:
     """[E, a, b] words in `spec`'s storage order -> contiguous uint8 codes [E, *target].
 
     Only the words are ever transposed (a view; they are 1/2 to 1/8 of the codes' bytes):
@@ -292,12 +293,12 @@ def _unpack_as(spec: PackedAxes, stored: torch.Tensor, bits: int, target: Axes) 
 
 
 def _pack_as(spec: PackedAxes, codes: torch.Tensor, bits: int, source: Axes) -> torch.Tensor:
-    """Inverse of `_unpack_as`: uint8 codes [E, *source] -> words in `spec`'s storage order."""
+    """Inverse of `unpack_as`: uint8 codes [E, *source] -> words in `spec`'s storage order."""
     words = packing.pack(codes, bits, 1 + source.index(spec.packed), spec.word, spec.order(bits))
     return words if spec.axes == source else words.transpose(1, 2).contiguous()
 
 
-def _to_canonical(tensor: torch.Tensor, axes: Axes, target: Axes) -> torch.Tensor:
+def to_canonical(tensor: torch.Tensor, axes: Axes, target: Axes) -> torch.Tensor:
     """[E, a, b] stored in `axes` order -> [E, target[0], target[1]]."""
     return tensor if axes == target else tensor.transpose(1, 2)
 
@@ -306,7 +307,7 @@ def _from_canonical(tensor: torch.Tensor, source: Axes, axes: Axes) -> torch.Ten
     return tensor if axes == source else tensor.transpose(1, 2).contiguous()
 
 
-def _check_groups(quant: SourceQuantization, k: int, groups: int, field_name: str) -> None:
+def check_groups(quant: SourceQuantization, k: int, groups: int, field_name: str) -> None:
     if quant.group_size == -1:
         expected = 1
     else:
@@ -322,7 +323,7 @@ def _check_groups(quant: SourceQuantization, k: int, groups: int, field_name: st
         )
 
 
-def _decode_g_idx(
+def decode_g_idx(
     g_idx: torch.Tensor, quant: SourceQuantization, k: int, groups: int, field_name: str
 ) -> torch.Tensor | None:
     """Stored group indices -> canonical int32 [E, K], or None when they add nothing."""

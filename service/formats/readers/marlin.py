@@ -34,13 +34,14 @@ from collections.abc import Mapping
 
 import torch
 
-from service.formats.canonical import FormatError, QuantizedExperts, QuantizedMoELayer
+from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
+from service.formats.errors import FormatError
+from service.formats.registry import MARLIN_LAYOUTS
 from service.formats.writers import ConvertedLayer
 
 TILE = 16
 CHUNK = 1024
 """Values per permutation run: 4 sub-tiles of 16x16, one warp's 32 lanes x 32 values."""
-BACKENDS = ("MARLIN", "BATCHED_MARLIN")
 _INTERLEAVE = {4: (0, 2, 4, 6, 1, 3, 5, 7), 8: (0, 2, 1, 3)}
 
 
@@ -222,8 +223,8 @@ def read_marlin(
     """
     if isinstance(tensors, ConvertedLayer):
         descriptor = tensors.descriptor
-        if descriptor.backend not in BACKENDS:
-            raise FormatError("backend", f"reads {BACKENDS}, not {descriptor.backend!r}")
+        if descriptor.backend not in MARLIN_LAYOUTS:
+            raise FormatError("backend", f"reads {MARLIN_LAYOUTS}, not {descriptor.backend!r}")
         bits = descriptor.bits if bits is None else bits
         group_size = descriptor.group_size if group_size is None else group_size
         tensors = tensors.tensors

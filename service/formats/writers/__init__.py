@@ -15,23 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from service.formats.canonical import QuantizedMoELayer
-
-
-class ConversionUnsupported(Exception):  # noqa: N818 - a domain name, like FormatError
-    """This backend has no writer here (or not for this layer); `reason` says why.
-
-    The API maps it to UNIMPLEMENTED; it is about the target, never about bad input.
-    """
-
-    def __init__(self, backend: str, reason: str) -> None:
-        self.backend = backend
-        self.reason = reason
-        super().__init__(f"{backend}: {reason}")
 
 
 @dataclass(frozen=True)
@@ -85,7 +73,7 @@ class ConvertedLayer:
 
 class ProjectionFacts(Protocol):
     """What a descriptor needs of one projection: a canonical `QuantizedExperts`, or the
-    packed projection a direct route (`service.formats.direct`) carries without codes."""
+    packed projection a direct route (`service.formats.routes.packed`) carries without codes."""
 
     @property
     def bits(self) -> int: ...
@@ -148,3 +136,12 @@ def finish(
         dtypes={name: dtype_name(t.dtype) for name, t in present.items()},
     )
     return ConvertedLayer(tensors=present, descriptor=descriptor)
+
+
+def descriptor_json(descriptor: TargetDescriptor) -> dict[str, Any]:
+    """A writer's TargetDescriptor as JSON (plain fields; mappings as dicts)."""
+    out: dict[str, Any] = {}
+    for name in getattr(descriptor, "__dataclass_fields__", {}):
+        value = getattr(descriptor, name)
+        out[name] = dict(value) if isinstance(value, Mapping) else value
+    return out

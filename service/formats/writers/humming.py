@@ -42,14 +42,9 @@ from typing import Any
 import torch
 
 from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
+from service.formats.errors import ConversionUnsupported
 from service.formats.readers import bits as packing
-from service.formats.writers import (
-    ConversionOptions,
-    ConversionUnsupported,
-    ConvertedLayer,
-    finish,
-    weight_type,
-)
+from service.formats.writers import ConversionOptions, ConvertedLayer, finish, weight_type
 
 BACKEND = "HUMMING"
 PAD_N = 256

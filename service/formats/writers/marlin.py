@@ -52,15 +52,9 @@ from dataclasses import dataclass
 
 import torch
 
-from service.formats.canonical import FormatError, QuantizedExperts, QuantizedMoELayer
-from service.formats.writers import (
-    ConversionOptions,
-    ConversionUnsupported,
-    ConvertedLayer,
-    Writer,
-    finish,
-    weight_type,
-)
+from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
+from service.formats.errors import ConversionUnsupported, FormatError
+from service.formats.writers import ConversionOptions, ConvertedLayer, Writer, finish, weight_type
 from service.formats.writers import marlin_layout as layout
 
 MARLIN_GROUP_SIZES = (-1, 32, 64, 128)

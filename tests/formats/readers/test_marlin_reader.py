@@ -12,9 +12,10 @@ import itertools
 import pytest
 import torch
 
-from service.formats.canonical import FormatError, QuantizedMoELayer
-from service.formats.quantize import random_layer
+from service.formats.canonical import QuantizedMoELayer
+from service.formats.errors import FormatError
 from service.formats.readers import marlin as reader
+from service.formats.synthetic.quantize import random_layer
 from service.formats.writers import ConversionOptions
 from service.formats.writers.marlin import marlin_tensors, write_batched_marlin, write_marlin
 
