@@ -15,7 +15,8 @@ from service.oracle.decision import Candidate, Decision, Verdict
 from service.oracle.errors import ErrorInfo, SelectionError
 from service.oracle.hazards import hazards_for
 from service.oracle.moe_config import ROUTING_METHODS, moe_config
-from service.oracle.quantization import OracleCall, OtherMethod, build_moe_method
+from service.oracle.quant_method import OracleCall, OtherMethod
+from service.oracle.quantization import build_moe_method
 from service.oracle.rulesets import DEFAULT_RULESET, get_ruleset
 from service.oracle.rulesets.base import ExpertsClass, RuleContext, Ruleset
 from service.oracle.spec import DeploymentSpec, parse_deployment

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from service.oracle.decision import Hazard
 from service.oracle.moe_config import MoEConfig
-from service.oracle.quantization import AwqConfig, GptqConfig, MoeWNA16Config, OracleCall
+from service.oracle.quant_method import AwqConfig, GptqConfig, MoeWNA16Config, OracleCall
 from service.oracle.spec import DeploymentSpec
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from service.oracle.moe_config import MoEConfig, MoEParallelConfig
 from service.oracle.platform import PlatformProfile
 from service.oracle.quant_key import QuantKey
-from service.oracle.quantization import QuantConfig
+from service.oracle.quant_method import QuantConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from service.oracle.quant_key import (
     PER_CHANNEL,
     QuantKey,
 )
-from service.oracle.quantization import (
+from service.oracle.quant_method import (
     AwqConfig,
     GptqConfig,
     MoeWNA16Config,

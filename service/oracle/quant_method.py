@@ -1,0 +1,187 @@
+"""What vLLM's quantization configs hold, and what a MoE quant method hands to the oracle.
+
+The parsed config of each integration (AutoGPTQ, AutoAWQ, MoeWNA16, compressed-tensors'
+weight arguments), the call a MoE method makes to `select_wna16_moe_backend` (`OracleCall`)
+or the method that never reaches it (`OtherMethod`), and the checks several integrations
+share (Marlin's shape support, its fp8-activation gate, vLLM's config-key lookup). Kept
+apart from the integrations themselves so each integration module imports only these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.oracle.errors import ErrorInfo, InvalidSpecError, SelectionError
+from service.oracle.moe_config import MoEConfig
+from service.oracle.platform import PlatformProfile
+from service.oracle.quant_key import (
+    QuantKey,
+)
+
+UNQUANTIZED_METHOD = "UnquantizedFusedMoEMethod"
+
+
+# --- parsed quantization configs (what vLLM's config classes hold) -------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GptqConfig:
+    """vLLM's `AutoGPTQConfig` (GPTQ and GPTQModel checkpoints)."""
+
+    bits: int
+    group_size: int
+    desc_act: bool
+    sym: bool
+    dynamic: Mapping[str, Any]
+    full_config: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AwqConfig:
+    """vLLM's `AutoAWQConfig`."""
+
+    bits: int
+    group_size: int
+    zero_point: bool
+    modules_to_not_convert: tuple[str, ...]
+    full_config: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class MoeWNA16Config:
+    """vLLM's `MoeWNA16Config` (reached by `--quantization moe_wna16` or as a fallback)."""
+
+    linear_quant_method: str
+    bits: int
+    group_size: int
+    has_zp: bool
+    modules_to_not_convert: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WeightArgs:
+    """compressed-tensors' `QuantizationArgs` for the weights of a config group."""
+
+    num_bits: int
+    type: str
+    strategy: str
+    group_size: int | None
+    symmetric: bool
+    actorder: str | None
+    dynamic: bool
+
+
+QuantConfig = GptqConfig | AwqConfig | MoeWNA16Config | WeightArgs
+
+
+def vllm_error(stage: str, type_: str, message: str, **kwargs: Any) -> SelectionError:
+    return SelectionError(ErrorInfo(stage, type_, message), **kwargs)
+
+
+class ConfigKeys:
+    """`QuantizationConfig.get_from_keys` with vLLM's error text, plus type checks."""
+
+    def __init__(self, config: Mapping[str, Any], quantization: str | None) -> None:
+        self.config = config
+        self.quantization = quantization
+
+    def get(self, *keys: str) -> Any:
+        for key in keys:
+            if key in self.config:
+                return self.config[key]
+        raise vllm_error(
+            "quantization",
+            "ValueError",
+            f"Cannot find any of {list(keys)} in the model's quantization config.",
+            quantization=self.quantization,
+        )
+
+    def get_or(self, keys: tuple[str, ...], default: Any) -> Any:
+        for key in keys:
+            if key in self.config:
+                return self.config[key]
+        return default
+
+    def int_(self, *keys: str) -> int:
+        value = self.get(*keys)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidSpecError.single(
+                f"hf_quantization_config.{keys[0]}", f"must be an integer, got {value!r}"
+            )
+        return value
+
+    def bool_(self, *keys: str, default: bool | None = None) -> bool:
+        value = self.get(*keys) if default is None else self.get_or(keys, default)
+        if not isinstance(value, bool):
+            raise InvalidSpecError.single(
+                f"hf_quantization_config.{keys[0]}", f"must be true or false, got {value!r}"
+            )
+        return value
+
+
+# --- the MoE method each integration builds ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OracleCall:
+    """What a MoE quant method passes to `select_wna16_moe_backend`, plus its own checks.
+
+    `after_selection` runs what the method's constructor (or `get_quant_method`) does after
+    the oracle returned, and may raise vLLM's error for the chosen backend.
+    """
+
+    quantization: str
+    moe_method: str
+    weight_key: QuantKey
+    quant_config: QuantConfig
+    may_have_zp: bool
+    may_have_bias: bool
+    allow_tile_padding: bool
+    after_selection: Callable[[str], None] = field(default=lambda backend: None)
+    #: Backends with which the method implements EPLB (`supports_eplb`); none by default.
+    eplb_backends: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class OtherMethod:
+    """A MoE method that does not go through the WNA16 oracle (unquantized, FlyDSL)."""
+
+    quantization: str
+    moe_method: str
+
+
+MoEMethodPlan = OracleCall | OtherMethod
+
+
+def marlin_supports(
+    moe: MoEConfig, group_size: int, allow_tile_padding: bool, platform: PlatformProfile
+) -> bool:
+    """vLLM's `check_moe_marlin_supports_config`."""
+    if platform.device == "rocm":
+        return False
+    hidden, inter = moe.hidden_dim, moe.intermediate_size_per_partition
+    if allow_tile_padding:
+        shape_ok = hidden % 128 == 0 and (group_size <= 0 or inter % group_size == 0)
+    else:
+        shape_ok = hidden % 128 == 0 and inter % max(64, group_size) == 0
+    return shape_ok and group_size in (-1, 32, 64, 128)
+
+
+def marlin_input_dtype_check(platform: PlatformProfile, name: str) -> None:
+    """`get_marlin_input_dtype`: fp8 Marlin activations only on SM89 and SM12x."""
+    value = platform.env_flag("VLLM_MARLIN_INPUT_DTYPE")
+    if value is None or value.lower() != "fp8":
+        return
+    cap = platform.capability_int
+    if platform.device == "cuda" and (cap == 89 or cap // 10 == 12):
+        return
+    raise vllm_error(
+        "moe_method",
+        "ValueError",
+        "Marlin W4A8-FP8 only support SM89 or SM12x device (It is slower than Marlin W4A16 "
+        "on other devices). You can consider using W4A8-INT8 instead(set "
+        "VLLM_MARLIN_INPUT_DTYPE=int8).",
+        quantization=name,
+    )
