@@ -40,14 +40,15 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 
 from service.api.forward import Forwarder, service_methods
-from service.api.front import LOCAL_METHODS, SERVICE_NAME, start_front
+from service.api.front import LOCAL_METHODS, start_front
 from service.api.measured import ForwardedMeasure
-from service.api.selection import MIB, Selection
+from service.api.servicer import SERVICE_NAME
+from service.api.servicer import SelectionServicer as Selection
 from service.logs import configure_logging
 from service.metrics import MULTIPROC_ENV, Metrics
 from service.oracle import PlatformProfile
 from service.process import tune_malloc
-from service.settings import Settings
+from service.settings import MIB, Settings
 from service.worker.errors import WorkerNotFoundError, WorkerUnavailableError
 
 log = logging.getLogger("moe_control.replica")

@@ -33,10 +33,10 @@ from grpc_health.v1 import health, health_pb2
 from prometheus_client import start_http_server
 
 from service import __version__
-from service.api.front import REFLECTED, SERVICE_NAME, Front, start_front
+from service.api.front import REFLECTED, Front, start_front
 from service.api.interceptors import ServerInterceptor
 from service.api.limits import Limits
-from service.api.servicer import MoeControlServicer, add_to_server
+from service.api.servicer import SERVICE_NAME, MoeControlServicer, add_to_server
 from service.logs import configure_logging
 from service.metrics import Metrics, enable_multiprocess
 from service.process import tune_malloc

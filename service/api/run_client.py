@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from service.api import convert_codec
 from service.api.client import call_metadata
+from service.api.codecs import conversion as convert_codec
 from service.api.convert_client import Connection
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import selection_pb2, tensor_pb2

@@ -25,7 +25,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from integration.serverproc import ServerProcess
-from service.api import convert_codec
+from service.api.codecs import conversion as convert_codec
 from service.api.convert_client import (
     Connection,
     convert_checkpoint_remote,

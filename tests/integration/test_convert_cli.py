@@ -91,7 +91,7 @@ def test_the_server_process_never_imports_torch() -> None:
     """The server process stays small: the ConvertWeights path (codec, streaming, paths,
     planning, checkpoint discovery) imports no torch; only workers do."""
     code = (
-        "import sys, service.server, service.api.convert, service.formats.checkpoint, "
+        "import sys, service.server, service.dataplane.convert, service.formats.checkpoint, "
         "service.formats.naming; print('torch' in sys.modules)"
     )
     done = subprocess.run(

@@ -7,7 +7,7 @@ import json
 import pytest
 from google.protobuf import struct_pb2
 
-from service.api import codec
+from service.api.codecs import selection as codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import platform_pb2, selection_pb2
 from service.oracle import (

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from service.api import codec
+from service.api.codecs import selection as codec
+from service.api.codecs.answer_cache import MAX_KEY_BYTES, AnswerCache, CachedAnswer
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-from service.api.selection import MAX_KEY_BYTES, AnswerCache, CachedAnswer, Selection
+from service.api.servicer import SelectionServicer as Selection
 from service.metrics import Metrics
 from service.oracle import (
     PLATFORM_PRESETS,

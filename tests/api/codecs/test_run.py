@@ -9,9 +9,12 @@ from typing import Any
 
 import pytest
 
+from service.api.codecs.run import Reply
+from service.api.codecs.run import parts_bytes as reply_bytes
+from service.api.codecs.run import parts_message as _reply_message
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import tensor_pb2
-from service.api.run_moe import Reply, RunMoEHandler, _reply_message, reply_bytes
+from service.dataplane.run import Runner as RunMoEHandler
 from service.metrics import Metrics
 
 
