@@ -19,7 +19,7 @@ Errors are domain exceptions; the interceptor turns them into statuses (errors.p
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 
@@ -40,7 +40,7 @@ from service.worker.errors import WorkerUnavailableError
 from service.worker.supervisor import WorkerPool
 
 Context = grpc.aio.ServicerContext[Any, Any]
-Handler = grpc.RpcMethodHandler[Any, Any]
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic in the stubs only
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["MoeControlService"].full_name
 _MEASURED = measured_pb2.SELECTION_POLICY_MEASURED
 
