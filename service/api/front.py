@@ -9,9 +9,9 @@ registrations of the local methods by the worker side (the primary's servicer re
 its whole service, as its private endpoint needs) are left out here.
 
 Why grpc.aio and not grpc's sync server with a thread pool: both were built and measured
-(bench/RESULTS.md). On a cache hit they cost the same wall-clock CPU per call here; on a
-cache miss (a full decision in the handler) the sync server cost 0.42 ms of server CPU per
-call against 0.24-0.33 ms, its handler threads contending for the GIL.
+(bench/RESULTS.md). On a cache hit they cost the same CPU per call; on a cache miss (a full
+decision in the handler) the sync server cost more, its handler threads contending for the
+GIL.
 """
 
 from __future__ import annotations

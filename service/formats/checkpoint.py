@@ -20,7 +20,7 @@ files, every output tensor's SHA-256 recomputed) and skips it. With a layer rang
 (Kubernetes Indexed Job, one range per pod) a run converts its layers; the range that starts
 at layer 0 also copies the rest, and whichever run finds every unit done writes the index
 and the manifest (unless told not to: a server spreading one job over its GPU workers lets
-only its final call finalize, api/convert_spread.py). The manifest is written last: its
+only its final call finalize, dataplane/spread.py). The manifest is written last: its
 presence means the directory is whole. Each layer's progress event carries its stage times.
 
 This module imports torch only to convert (`convert_checkpoint`); `read_model_config` and
