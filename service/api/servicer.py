@@ -18,6 +18,7 @@ Errors are domain exceptions; the interceptor turns them into statuses (errors.p
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
@@ -130,8 +131,10 @@ class MoeControlServicer:
         self, request_iterator: AsyncIterator[pb.ConvertWeightsRequest], context: Context
     ) -> AsyncIterator[pb.ConvertWeightsResponse]:
         header, items = await conversion.convert_call(request_iterator)
-        async for event in self.convert.convert(header, items):
-            yield conversion.event_to_pb(event)
+        # Closed with this call: a cancelled call cleans up (segments, a kept layer) now.
+        async with contextlib.aclosing(self.convert.convert(header, items)) as events:
+            async for event in events:
+                yield conversion.event_to_pb(event)
 
     async def RunMoE(self, request: pb.RunMoERequest, context: Context) -> bytes:
         return await self.run.run(run_codec.run_request(request), run_codec.reply_bytes)

@@ -225,8 +225,9 @@ class Converter:
             events = self._checkpoint(header, header.checkpoint, worker, platform, started)
         else:
             events = self._inline(header, stream, worker, platform, started)
-        async for event in events:
-            yield event
+        async with contextlib.aclosing(events):
+            async for event in events:
+                yield event
 
     def _platform(self, header: ConvertHeader, own: PlatformProfile) -> PlatformProfile:
         """The platform `auto` means: the header's what-if platform, else the worker's."""

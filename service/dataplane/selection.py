@@ -152,9 +152,10 @@ class Selector:
         """The answer, with the metric children it incremented (a caller that keeps the
         answer increments them again when it serves it again); domain errors propagate,
         a failed decision's rejections counted."""
-        spec = dict(query.spec)  # the query's own spec stays as the request gave it
+        spec = query.spec
         if query.platform is not None:
-            spec["platform"] = query.platform.resolve(self.platforms.profile)
+            # a copy: the query's own spec stays as the request gave it
+            spec = {**spec, "platform": query.platform.resolve(self.platforms.profile)}
         default = self.platforms.default_profile()
         if spec.get("platform") is None and default is None:
             raise WorkerUnavailableError(
