@@ -74,7 +74,7 @@ class MeasureOptions:
     refresh: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SelectQuery:
     """One SelectBackend request: the deployment spec (the JSON object the oracle parses),
     the platform it names (None: worker 0's), the ruleset ("" for the default) and, for
@@ -122,7 +122,7 @@ class MeasuredSelection:
     measure_seconds: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SelectAnswer:
     """A decision (`decision`, on `platform`, with worker 0's platform beside it when it is
     known), or, in a measured answer only, the static failure vLLM would hit (`failure`).
