@@ -42,6 +42,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from service.api.codecs import selection as codec
 from service.api.limits import ConcurrencyLimitError
+from service.errors import MoeControlError
 from service.formats.input_errors import (
     ConvertInputError,
     ConvertLimitError,
@@ -59,8 +60,9 @@ from service.worker.errors import (
 )
 
 
-class UnauthenticatedError(Exception):
-    """The call lacks the bearer token the server requires."""
+class UnauthenticatedError(MoeControlError):
+    """The call lacks the bearer token the server requires (raised by the transport: the
+    interceptor that checks the token)."""
 
 
 #: `ErrorInfo.domain` of every error this service raises.

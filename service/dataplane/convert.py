@@ -31,7 +31,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,7 +215,7 @@ class Converter:
 
     async def convert(
         self, header: ConvertHeader, stream: AsyncIterator[StreamItem]
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         started = time.perf_counter()
         # A named worker converts; otherwise the pool places the call (a layer to keep goes
         # where the fewest kept-layer bytes are; a whole checkpoint may spread over all).
@@ -268,7 +268,7 @@ class Converter:
         worker: WorkerHandle,
         platform: PlatformProfile,
         started: float,
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         spec = header.deployment()
         spec["platform"] = None
         deployment = parse_deployment(spec, default_platform=platform)
@@ -440,7 +440,7 @@ class Converter:
         worker: WorkerHandle,
         platform: PlatformProfile,
         started: float,
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         if self._settings.data_root is None:
             raise PermissionDeniedError(
                 "checkpoint.input_dir",
