@@ -34,7 +34,7 @@ from service.settings import Settings
 #: What server reflection lists.
 REFLECTED = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
 #: MoeControlService methods every process answers itself (the rest need the workers).
-LOCAL_METHODS = ("SelectBackend", "ListPlatformPresets")
+LOCAL_METHODS = SelectionServicer.METHODS
 
 
 class _WorkerSide:

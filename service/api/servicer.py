@@ -60,6 +60,9 @@ def _as_bytes(reply: bytes) -> bytes:
 class SelectionServicer:
     """SelectBackend and the preset list for one server process."""
 
+    #: The methods it serves (what every process answers itself).
+    METHODS = ("SelectBackend", "ListPlatformPresets")
+
     def __init__(
         self, platforms: PlatformSource, metrics: Metrics, *, cache_bytes: int = 32 * MIB
     ) -> None:

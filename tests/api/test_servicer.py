@@ -133,6 +133,7 @@ def test_every_method_is_registered_once() -> None:
     servicer = MoeControlServicer(Pool(), Metrics())  # type: ignore[arg-type]
     contract = [m.name for m in pb.DESCRIPTOR.services_by_name["MoeControlService"].methods]
     names = [*servicer.selection.handlers(), *servicer.worker_handlers()]
+    assert tuple(servicer.selection.handlers()) == SelectionServicer.METHODS
     assert sorted(names) == sorted(contract)  # no method twice, none missing
     assert list(servicer.handlers()) == names
     handlers = servicer.handlers()

@@ -52,6 +52,8 @@ _VERDICT_TO_PB = {
 }
 _VERDICT_FROM_PB = {v: k for k, v in _VERDICT_TO_PB.items()}
 
+_MEASURED = measured_pb2.SELECTION_POLICY_MEASURED
+
 _ACT_ORDER = {
     selection_pb2.ACT_ORDER_NONE: None,
     selection_pb2.ACT_ORDER_GROUP: "group",
@@ -359,7 +361,7 @@ def select_query(request: pb.SelectBackendRequest) -> SelectQuery:
     """The data plane's query for a request (its deployment converted now, so a bad one
     fails before anything else is judged)."""
     measure = None
-    if request.policy == measured_pb2.SELECTION_POLICY_MEASURED:
+    if request.policy == _MEASURED:
         measure = MeasureOptions(
             token_counts=tuple(request.token_counts),
             worker_index=(
@@ -367,11 +369,9 @@ def select_query(request: pb.SelectBackendRequest) -> SelectQuery:
             ),
             refresh=request.refresh,
         )
+    # positional: a query is built on every answer that is not a kept one
     return SelectQuery(
-        spec=deployment_to_json(request),
-        platform=platform_choice(request.platform),
-        ruleset=request.ruleset,
-        measure=measure,
+        deployment_to_json(request), platform_choice(request.platform), request.ruleset, measure
     )
 
 
