@@ -86,7 +86,7 @@ GAP_S = 0.002
 
 
 def _presets_reply() -> pb.ListPlatformPresetsResponse:
-    from service.api.selection import Selection
+    from service.api.servicer import SelectionServicer as Selection
 
     return Selection(_NoWorkers(), _metrics(), cache_bytes=0).presets
 
@@ -134,7 +134,7 @@ async def _serve_layer(layer: str) -> None:
         from prometheus_client import start_http_server
 
         from service.api.front import start_front
-        from service.api.selection import Selection
+        from service.api.servicer import SelectionServicer as Selection
 
         metrics = _metrics()
         http, _ = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
@@ -186,7 +186,7 @@ async def _serve_layer(layer: str) -> None:
             ).registrar(server)
             handlers = {"ListPlatformPresets": handler}
             if layer == "registered":
-                from service.api.selection import Selection
+                from service.api.servicer import SelectionServicer as Selection
 
                 selection = Selection(_NoWorkers(), metrics)
                 handlers = {**selection.handlers(), **handlers}

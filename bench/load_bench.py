@@ -40,7 +40,7 @@ from typing import Any
 import grpc
 from _serve import listening, serve_command  # bench/_serve.py (bench/ is on sys.path)
 
-from service.api import codec
+from service.api.codecs import selection as codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.oracle import select
 

@@ -5,7 +5,7 @@ GPTQ int4 group 128, 3 shards, with attention, norms, router and embeddings; `--
 decoder layers, codes drawn directly: `SyntheticSpec(fast=True)`) is converted by path-mode
 ConvertWeights into each `--targets` backend, against `moe-control serve --devices cuda:0`
 (one worker) and `--devices cuda:0,cuda:1` (two workers: the server spreads the layers over
-both, api/convert_spread.py). Each configuration converts `--rounds` times into a fresh
+both, dataplane/spread.py). Each configuration converts `--rounds` times into a fresh
 directory; the table shows the best and the median. Throughput = checkpoint bytes read per
 second of wall time seen by the client (the call's whole life: planning, every layer,
 copies, source hashing, index and manifest). The one- and two-worker outputs are compared

@@ -91,7 +91,7 @@ def handler_table(rounds: int) -> None:
     import json
 
     from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-    from service.api.selection import Selection
+    from service.api.servicer import SelectionServicer as Selection
     from service.metrics import Metrics
 
     platforms = _OneWorker(PLATFORM_PRESETS["h100"])

@@ -83,7 +83,8 @@ import torch
 from _serve import listening, serve_command  # bench/_serve.py (bench/ is on sys.path)
 from grpc_health.v1 import health_pb2
 
-from service.api import codec, convert_codec
+from service.api.codecs import conversion as convert_codec
+from service.api.codecs import selection as codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import platform_pb2, tensor_pb2
 from service.client.convert import header_for, tensor_requests

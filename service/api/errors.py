@@ -40,7 +40,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from service.api import codec
+from service.api.codecs import selection as codec
 from service.api.interceptors.errors import ConcurrencyLimitError, UnauthenticatedError
 from service.formats.errors import (
     ConvertInputError,

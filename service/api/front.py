@@ -1,19 +1,22 @@
 """The public gRPC server of each server process (the primary's and each replica's).
 
-One grpc.aio server on the public port. It always serves SelectBackend (at the byte level,
-from a bounded cache of whole answers: selection.py) and ListPlatformPresets itself, and
-standard health and reflection. The other MoeControlService methods need the workers: the
-primary registers its servicer for them; a replica registers a Forwarder (forward.py) that
-passes them to the primary's private server on a Unix socket.
+One grpc.aio server on the public port. It always serves SelectBackend and
+ListPlatformPresets itself, from the process's SelectionServicer (servicer.py), and standard
+health and reflection. The other MoeControlService methods need the workers: the primary
+registers its servicer for them; a replica registers a Forwarder (forward.py) that passes
+them to the primary's private server on a Unix socket. Each method is registered once:
+registrations of the local methods by the worker side (the primary's servicer registers
+its whole service, as its private endpoint needs) are left out here.
 
 Why grpc.aio and not grpc's sync server with a thread pool: both were built and measured
-(bench/RESULTS.md). On a cache hit they cost the same wall-clock CPU per call here; on a
-cache miss (a full decision in the handler) the sync server cost 0.42 ms of server CPU per
-call against 0.24-0.33 ms, its handler threads contending for the GIL.
+(bench/RESULTS.md). On a cache hit they cost the same CPU per call; on a cache miss (a full
+decision in the handler) the sync server cost more, its handler threads contending for the
+GIL.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,19 +25,33 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-from service.api.interceptors.chain import InterceptorChain
+from service.api.interceptors.chain import InterceptorChain as ServerInterceptor
 from service.api.interceptors.limits import Limits
 from service.api.interceptors.registrar import HandlerRegistrar
-from service.api.selection import Selection
+from service.api.servicer import SERVICE_NAME, Handler, SelectionServicer
 from service.metrics import Metrics
 from service.settings import Settings
 
-SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["MoeControlService"].full_name
 #: What server reflection lists.
 REFLECTED = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
 #: MoeControlService methods every process answers itself (the rest need the workers).
-LOCAL_METHODS = ("SelectBackend", "ListPlatformPresets")
+LOCAL_METHODS = SelectionServicer.METHODS
+
+
+class _WorkerSide:
+    """The registrar as the worker side sees it: the methods the front serves itself
+    (LOCAL_METHODS) are dropped from what it registers."""
+
+    def __init__(self, registrar: HandlerRegistrar) -> None:
+        self._registrar = registrar
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        self._registrar.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: Mapping[str, Handler]) -> None:
+        if service == SERVICE_NAME:
+            handlers = {k: v for k, v in handlers.items() if k not in LOCAL_METHODS}
+        self._registrar.add_registered_method_handlers(service, handlers)
 
 
 def _read(path: Path) -> bytes:
@@ -64,7 +81,7 @@ async def start_front(
     *,
     port: int,
     metrics: Metrics,
-    selection: Selection,
+    selection: SelectionServicer,
     health_servicer: health.aio.HealthServicer,
     worker_methods: Any,
     reuseport: bool,
@@ -81,11 +98,11 @@ async def start_front(
         options=settings.grpc_options(reuseport=reuseport),
         maximum_concurrent_rpcs=settings.max_concurrent_rpcs or None,
     )
-    registrar: HandlerRegistrar = InterceptorChain(
+    registrar: HandlerRegistrar = ServerInterceptor(
         metrics, token=settings.token(), limits=limits
     ).registrar(server)
-    worker_methods(registrar)
     registrar.add_registered_method_handlers(SERVICE_NAME, selection.handlers())
+    worker_methods(_WorkerSide(registrar))
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registrar)  # type: ignore[arg-type]
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(  # type: ignore[no-untyped-call]
         reflection.aio.ReflectionServicer(REFLECTED), registrar

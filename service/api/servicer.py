@@ -1,126 +1,164 @@
-"""The MoeControlService servicer: each method is codec -> domain -> codec.
+"""The MoeControlService servicers: each method is codec -> data plane -> codec.
 
-Errors are domain exceptions; the interceptor (interceptors.py) turns them into statuses.
+Every method is registered once, from one table per servicer (`handlers()`):
+
+* `SelectionServicer` answers the methods every server process serves itself, with or
+  without workers (SelectBackend, ListPlatformPresets). SelectBackend is registered on
+  bytes: a repeated request is answered from the cache of whole answers
+  (codecs/answer_cache.py) without parsing it; only a miss parses, decides and encodes.
+* `MoeControlServicer` is the primary's: the selection methods (its own
+  SelectionServicer, with the measured policy) and the methods that need the workers.
+  RunMoE is registered with a bytes response serializer: its reply is encoded straight
+  from the output's segment (codecs/run.py).
+
+Errors are domain exceptions; the interceptor turns them into statuses (errors.py).
 """
 
 # ruff: noqa: N802 - method names are the contract's RPC names
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
-from google.protobuf import json_format
 
-from service.api import codec
-from service.api.convert import ConvertWeightsHandler
+from service.api.codecs import conversion, workers
+from service.api.codecs import run as run_codec
+from service.api.codecs import selection as codec
+from service.api.codecs.answer_cache import AnswerCache, CachedAnswer
+from service.api.generated.moe_control.v1 import measured_pb2
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
-from service.api.generated.moe_control.v1 import platform_pb2
-from service.api.measured import MeasuredPolicy
-from service.api.run_moe import RunMoEHandler
-from service.api.selection import MIB, Selection
+from service.api.measured import MeasuredAnswerer, MeasuredAnswers
+from service.dataplane.convert import Converter
+from service.dataplane.measured import MeasuredPolicy
+from service.dataplane.run import Runner
+from service.dataplane.selection import PlatformSource, Selector
 from service.metrics import Metrics
-from service.pool.handle import WorkerSnapshot, WorkerState
+from service.pool.errors import WorkerUnavailableError
 from service.pool.pool import WorkerPool
-from service.settings import Settings
+from service.settings import MIB, Settings
 
 Context = grpc.aio.ServicerContext[Any, Any]
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic in the stubs only
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["MoeControlService"].full_name
-
-_STATES = {
-    WorkerState.STARTING: platform_pb2.WORKER_STATE_STARTING,
-    WorkerState.READY: platform_pb2.WORKER_STATE_READY,
-    WorkerState.RESTARTING: platform_pb2.WORKER_STATE_RESTARTING,
-    WorkerState.STOPPED: platform_pb2.WORKER_STATE_STOPPED,
-}
+_MEASURED = measured_pb2.SELECTION_POLICY_MEASURED
 
 
-def worker_to_pb(worker: WorkerSnapshot) -> platform_pb2.WorkerInfo:
-    message = platform_pb2.WorkerInfo(
-        index=worker.index,
-        device=worker.device,
-        state=_STATES[worker.state],
-        pid=worker.pid,
-        restarts=worker.restarts,
-        device_name=worker.device_name,
-        total_memory_bytes=worker.total_memory_bytes,
-        torch_version=worker.torch_version,
-        last_exit_reason=worker.last_exit_reason,
-        layer_bytes=worker.layer_bytes,
-        layer_budget_bytes=worker.layer_budget_bytes,
-        layer_ids=list(worker.layer_ids),
+def _unary(method: Any, request: Any, response: Any) -> Handler:
+    return grpc.unary_unary_rpc_method_handler(
+        method, request_deserializer=request.FromString, response_serializer=response
     )
-    if worker.profile is not None:
-        message.platform.CopyFrom(codec.platform_to_pb(worker.profile))
-    if worker.ready_time is not None:
-        message.ready_time.FromNanoseconds(int(worker.ready_time * 1e9))
-    return message
 
 
-class MoeControlServicer(pb_grpc.MoeControlServiceServicer):
+def _as_bytes(reply: bytes) -> bytes:
+    """The serializer of a method that encodes its replies itself."""
+    return reply
+
+
+class SelectionServicer:
+    """SelectBackend and the preset list for one server process."""
+
+    #: The methods it serves (what every process answers itself).
+    METHODS = ("SelectBackend", "ListPlatformPresets")
+
+    def __init__(
+        self, platforms: PlatformSource, metrics: Metrics, *, cache_bytes: int = 32 * MIB
+    ) -> None:
+        self._platforms = platforms
+        self.selector = Selector(platforms, metrics)
+        self.cache = AnswerCache(cache_bytes) if cache_bytes > 0 else None
+        #: Policy MEASURED: the primary's answers, a replica's forwarder, or None where it
+        #: is not served. Its answers bypass `cache`.
+        self.measured: MeasuredAnswerer | None = None
+        self.presets = codec.presets_response()
+
+    async def SelectBackend(self, data: bytes, context: Any) -> bytes:
+        """On the wire form: a kept answer when there is one, else decide and keep it.
+        Only answers are kept; errors are decided again each time."""
+        generation = self._platforms.generation
+        cache = self.cache
+        if cache is not None:
+            kept = cache.get(data, generation)
+            if kept is not None:
+                for counter in kept.counters:
+                    counter.inc()
+                return kept.payload
+        request = codec.select_request(data)
+        if request.policy == _MEASURED:
+            if self.measured is None:
+                raise WorkerUnavailableError("policy MEASURED is not served by this process")
+            return await self.measured.answer_bytes(data, request, context)
+        answer, counters = self.selector.decide(codec.select_query(request))
+        payload: bytes = codec.select_answer(answer).SerializeToString()
+        if cache is not None:
+            cache.put(data, CachedAnswer(generation, payload, counters))
+        return payload
+
+    async def ListPlatformPresets(
+        self, request: pb.ListPlatformPresetsRequest, context: Any
+    ) -> pb.ListPlatformPresetsResponse:
+        return self.presets
+
+    def handlers(self) -> dict[str, Handler]:
+        """Its methods' handlers, by name (SelectBackend on bytes both ways)."""
+        return {
+            "SelectBackend": grpc.unary_unary_rpc_method_handler(self.SelectBackend),
+            "ListPlatformPresets": _unary(
+                self.ListPlatformPresets,
+                pb.ListPlatformPresetsRequest,
+                pb.ListPlatformPresetsResponse.SerializeToString,
+            ),
+        }
+
+
+class MoeControlServicer:
+    """The primary's servicer: every method, the worker ones through the data plane."""
+
     def __init__(
         self, workers: WorkerPool, metrics: Metrics, settings: Settings | None = None
     ) -> None:
         self._workers = workers
-        self._metrics = metrics
         settings = settings or Settings()
         workers.layer_budget_bytes = settings.layer_budget_mib * MIB
-        self.selection = Selection(workers, metrics, cache_bytes=settings.select_cache_mib * MIB)
-        self.selection.measured = MeasuredPolicy(workers, settings.state_dir)
-        self.convert = ConvertWeightsHandler(workers, metrics, settings)
-        self.run_moe = RunMoEHandler(workers, metrics, settings, self.convert.segments)
-
-    async def SelectBackend(
-        self, request: pb.SelectBackendRequest, context: Context
-    ) -> pb.SelectBackendResponse:
-        return await self.selection.answer_async(request)
+        self.selection = SelectionServicer(
+            workers, metrics, cache_bytes=settings.select_cache_mib * MIB
+        )
+        policy = MeasuredPolicy(workers, settings.state_dir)
+        self.selection.measured = MeasuredAnswers(policy, self.selection.selector)
+        self.convert = Converter(workers, metrics, settings)
+        self.run = Runner(workers, metrics, settings, self.convert.segments)
 
     async def ConvertWeights(
         self, request_iterator: AsyncIterator[pb.ConvertWeightsRequest], context: Context
     ) -> AsyncIterator[pb.ConvertWeightsResponse]:
-        async for response in self.convert(request_iterator, context):
-            yield response
+        header, items = await conversion.convert_call(request_iterator)
+        # Closed with this call: a cancelled call cleans up (segments, a kept layer) now.
+        async with contextlib.aclosing(self.convert.convert(header, items)) as events:
+            async for event in events:
+                yield conversion.event_to_pb(event)
 
-    async def RunMoE(self, request: pb.RunMoERequest, context: Context) -> pb.RunMoEResponse:
-        return await self.run_moe(request)
-
-    async def run_moe_bytes(self, request: pb.RunMoERequest, context: Context) -> bytes:
-        """RunMoE as registered: the reply serialized by hand from the output's segment
-        (RunMoEHandler.answer_bytes), sparing whole copies of the output."""
-        return await self.run_moe.answer_bytes(request)
+    async def RunMoE(self, request: pb.RunMoERequest, context: Context) -> bytes:
+        return await self.run.run(run_codec.run_request(request), run_codec.reply_bytes)
 
     async def GetPlatform(
         self, request: pb.GetPlatformRequest, context: Context
     ) -> pb.GetPlatformResponse:
         index = request.worker_index if request.HasField("worker_index") else 0
         worker = self._workers.worker(index).snapshot()
-        return pb.GetPlatformResponse(worker=worker_to_pb(worker))
-
-    async def ListPlatformPresets(
-        self, request: pb.ListPlatformPresetsRequest, context: Context
-    ) -> pb.ListPlatformPresetsResponse:
-        return self.selection.presets
+        return pb.GetPlatformResponse(worker=workers.worker_to_pb(worker))
 
     async def ListWorkers(
         self, request: pb.ListWorkersRequest, context: Context
     ) -> pb.ListWorkersResponse:
-        workers = [worker_to_pb(w) for w in await self._workers.describe()]
-        return pb.ListWorkersResponse(
-            workers=workers,
-            ready=self._workers.ready,
-            ready_workers=sum(w.state == platform_pb2.WORKER_STATE_READY for w in workers),
-        )
+        return workers.workers_response(await self._workers.describe(), self._workers.ready)
 
     async def ListLayers(
         self, request: pb.ListLayersRequest, context: Context
     ) -> pb.ListLayersResponse:
         index = request.worker_index if request.HasField("worker_index") else None
-        layers = await self._workers.list_layers(index)
-        return pb.ListLayersResponse(
-            layers=[json_format.ParseDict(layer, pb.LayerInfo()) for layer in layers]
-        )
+        return workers.layers_response(await self._workers.list_layers(index))
 
     async def UnloadLayer(
         self, request: pb.UnloadLayerRequest, context: Context
@@ -128,26 +166,35 @@ class MoeControlServicer(pb_grpc.MoeControlServiceServicer):
         freed = await self._workers.unload_layer(request.layer_id)
         return pb.UnloadLayerResponse(freed_bytes=freed)
 
+    def worker_handlers(self) -> dict[str, Handler]:
+        """The handlers of the methods that need the workers, by name."""
+        return {
+            "ConvertWeights": grpc.stream_stream_rpc_method_handler(
+                self.ConvertWeights,
+                request_deserializer=pb.ConvertWeightsRequest.FromString,
+                response_serializer=pb.ConvertWeightsResponse.SerializeToString,
+            ),
+            "RunMoE": _unary(self.RunMoE, pb.RunMoERequest, _as_bytes),
+            "GetPlatform": _unary(
+                self.GetPlatform, pb.GetPlatformRequest, pb.GetPlatformResponse.SerializeToString
+            ),
+            "ListWorkers": _unary(
+                self.ListWorkers, pb.ListWorkersRequest, pb.ListWorkersResponse.SerializeToString
+            ),
+            "ListLayers": _unary(
+                self.ListLayers, pb.ListLayersRequest, pb.ListLayersResponse.SerializeToString
+            ),
+            "UnloadLayer": _unary(
+                self.UnloadLayer, pb.UnloadLayerRequest, pb.UnloadLayerResponse.SerializeToString
+            ),
+        }
+
+    def handlers(self) -> dict[str, Handler]:
+        """Every method's handler, by name, each once."""
+        return {**self.selection.handlers(), **self.worker_handlers()}
+
 
 def add_to_server(servicer: MoeControlServicer, server: Any) -> None:
-    """Register the service on `server` (a grpc.aio server, or a HandlerRegistrar in front
-    of one). This is the primary's private server; the public fronts serve SelectBackend
-    and the preset list themselves (front.py)."""
-    pb_grpc.add_MoeControlServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
-    # Replaces the generated RunMoE (a later registration wins: HandlerRegistrar): the
-    # handler answers with the reply's bytes, which go out as they are.
-    server.add_registered_method_handlers(
-        SERVICE_NAME,
-        {
-            "RunMoE": grpc.unary_unary_rpc_method_handler(
-                servicer.run_moe_bytes,
-                request_deserializer=pb.RunMoERequest.FromString,
-                response_serializer=_as_bytes,
-            )
-        },
-    )
-
-
-def _as_bytes(reply: bytes) -> bytes:
-    """The serializer of a handler that serializes its replies itself."""
-    return reply
+    """Register every method of the service on `server` (a grpc.aio server, or a
+    HandlerRegistrar in front of one)."""
+    server.add_registered_method_handlers(SERVICE_NAME, servicer.handlers())

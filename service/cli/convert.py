@@ -425,7 +425,7 @@ _EXIT_OF_CODE = {
 def _remote(args: argparse.Namespace, bar: ProgressBar) -> int:
     import grpc
 
-    from service.api import convert_codec
+    from service.api.codecs import conversion as convert_codec
     from service.client.convert import (
         Connection,
         convert_checkpoint_remote,

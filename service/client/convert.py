@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from service.api import convert_codec
+from service.api.codecs import conversion as convert_codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.api.generated.moe_control.v1 import selection_pb2, tensor_pb2

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from service.api import convert_codec
+from service.api.codecs import conversion as convert_codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import selection_pb2, tensor_pb2
 from service.client.channel import call_metadata

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 from grpc_status import rpc_status
 
-from service.api import codec
+from service.api.codecs import selection as codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.api.generated.moe_control.v1 import selection_pb2

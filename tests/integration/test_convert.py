@@ -25,7 +25,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from integration.serverproc import ServerProcess
-from service.api import convert_codec
+from service.api.codecs import conversion as convert_codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.api.generated.moe_control.v1 import tensor_pb2

@@ -91,8 +91,9 @@ def test_the_server_process_never_imports_torch() -> None:
     """The server process stays small: the ConvertWeights path (codec, streaming, paths,
     planning, checkpoint discovery) imports no torch; only workers do."""
     code = (
-        "import sys, service.server.primary, service.api.convert, service.formats.checkpoint, "
-        "service.formats.io.naming; print('torch' in sys.modules)"
+        "import sys, service.server.primary, service.dataplane.convert, "
+        "service.formats.checkpoint.plan, service.formats.io.naming; "
+        "print('torch' in sys.modules)"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True

@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
 from integration.serverproc import SERVICE, ServerProcess, health_status
-from service.api import codec
+from service.api.codecs import selection as codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import platform_pb2, selection_pb2
 from service.oracle import PLATFORM_PRESETS, SelectionError, deployment_from_model_config, select

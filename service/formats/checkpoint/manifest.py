@@ -5,7 +5,7 @@ target layout, every output tensor's SHA-256 and the layer list; it is written l
 presence means the directory is whole. Whichever run finds every unit done (its own, or
 another range's from the journal) writes ``model.safetensors.index.json`` and the manifest,
 unless told not to: a server spreading one job over its GPU workers lets only its final call
-finalize (service/api/convert_spread.py).
+finalize (service/dataplane/spread.py).
 
 Hashing a source file is one sequential stream at one core's speed, so a large checkpoint
 hashed on one thread would outlast its conversion: `SourceHashes` hashes them in the

@@ -1,5 +1,5 @@
-"""service/api/measured.py without a server: the persisted cache, keys, and the answer's
-arithmetic (fastest per token count, vLLM's choice beside it, the speedup)."""
+"""service/dataplane/measured.py without a server: the persisted cache, keys, and the
+answer's arithmetic (fastest per token count, vLLM's choice beside it, the speedup)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.api import measured
-from service.api.generated.moe_control.v1 import measured_pb2
-from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+from service.dataplane import measured
 from service.oracle import InvalidSpecError
 
 
@@ -35,32 +33,31 @@ def job(tokens: tuple[int, ...]) -> measured.Job:
     return measured.Job(0, "k", {"device": "NVIDIA H200"}, {}, tokens, measured.RUNNABLE)
 
 
-def test_fill_picks_the_fastest_and_sets_vllm_choice_beside_it() -> None:
+def test_summary_picks_the_fastest_and_sets_vllm_choice_beside_it() -> None:
     data = entry(
         {
             1: {"HUMMING": 36e-6, "MARLIN": 35e-6, "TRITON": 20e-6, "EMULATION": 9e-3},
             4096: {"HUMMING": 7.5e-4, "MARLIN": 1.4e-3, "TRITON": None, "EMULATION": 0.2},
         }
     )
-    message = measured_pb2.MeasuredSelection()
-    measured.fill(message, job((1, 4096)), data, "MARLIN")
-    one, big = message.buckets
-    assert (one.fastest_backend, one.fastest_seconds) == ("TRITON", 20e-6)
+    summary = measured.summarize(job((1, 4096)), data, "MARLIN")
+    one, big = summary.buckets
+    assert one.fastest == (20e-6, "TRITON")
     assert one.static_backend == "MARLIN" and one.static_seconds == 35e-6
     assert one.speedup == pytest.approx(1.75)
-    assert big.fastest_backend == "HUMMING" and big.speedup == pytest.approx(1.4e-3 / 7.5e-4)
+    assert big.fastest is not None and big.fastest[1] == "HUMMING"
+    assert big.speedup == pytest.approx(1.4e-3 / 7.5e-4)
     (triton,) = [t for t in big.timings if t.backend == "TRITON"]
-    assert not triton.HasField("device_seconds") and triton.error == "no CUDA"
-    assert message.device_name == "NVIDIA H200" and message.versions["torch"] == "2.11.0"
-    assert message.measured_time.seconds == 1_700_000_001  # the oldest bucket's
+    assert triton.seconds is None and triton.error == "no CUDA"
+    assert summary.device_name == "NVIDIA H200" and summary.versions["torch"] == "2.11.0"
+    assert summary.measured_time == 1_700_000_001.0  # the oldest bucket's
 
 
-def test_fill_without_a_runnable_static_choice() -> None:
-    message = measured_pb2.MeasuredSelection()
-    measured.fill(message, job((1,)), entry({1: {"EMULATION": 1e-3}}), "CPU")
-    (bucket,) = message.buckets
-    assert bucket.fastest_backend == "EMULATION"
-    assert not bucket.HasField("static_seconds") and not bucket.HasField("speedup")
+def test_summary_without_a_runnable_static_choice() -> None:
+    summary = measured.summarize(job((1,)), entry({1: {"EMULATION": 1e-3}}), "CPU")
+    (bucket,) = summary.buckets
+    assert bucket.fastest == (1e-3, "EMULATION")
+    assert bucket.static_seconds is None and bucket.speedup is None
 
 
 def test_store_persists_atomically_and_survives_damage(tmp_path: Path) -> None:
@@ -89,10 +86,10 @@ def test_cache_key_depends_on_every_part() -> None:
 @pytest.mark.parametrize("counts", [[0], [1, 16385], list(range(1, 18))])
 def test_token_counts_are_bounded(counts: list[int]) -> None:
     with pytest.raises(InvalidSpecError) as info:
-        measured.token_counts(pb.SelectBackendRequest(token_counts=counts))
+        measured.token_counts(tuple(counts))
     assert info.value.violations[0].field == "token_counts"
 
 
 def test_token_counts_default_and_dedupe() -> None:
-    assert measured.token_counts(pb.SelectBackendRequest()) == measured.DEFAULT_TOKENS
-    assert measured.token_counts(pb.SelectBackendRequest(token_counts=[16, 1, 16])) == (1, 16)
+    assert measured.token_counts(()) == measured.DEFAULT_TOKENS
+    assert measured.token_counts((16, 1, 16)) == (1, 16)

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
+from service.api.codecs.run import Reply, parts_bytes, parts_message, reply_parts, run_request
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import tensor_pb2
-from service.api.run_moe import Reply, RunMoEHandler, _reply_message, reply_bytes
+from service.dataplane.run import RunResult
 from service.metrics import Metrics
 
 
@@ -51,8 +52,8 @@ def test_reply_bytes_are_the_serialized_response(
     shape: list[int], nbytes: int, error: float | None
 ) -> None:
     data = os.urandom(nbytes)
-    fast = reply_bytes(parts(shape, memoryview(data), error=error))
-    slow = _reply_message(parts(shape, memoryview(data), error=error))
+    fast = parts_bytes(parts(shape, memoryview(data), error=error))
+    slow = parts_message(parts(shape, memoryview(data), error=error))
     assert fast == slow.SerializeToString()
     reference = response(shape, error=error)
     reference.output.data = data
@@ -69,19 +70,17 @@ def test_reply_bytes_from_a_mapped_view() -> None:
     with mmap.mmap(-1, 4096) as mapped:
         mapped[:10] = b"0123456789"
         view = memoryview(mapped)[:256]
-        fast = reply_bytes(parts([1, 128], view, error=None))
+        fast = parts_bytes(parts([1, 128], view, error=None))
         assert pb.RunMoEResponse.FromString(fast).output.data == bytes(mapped[:256])
         view.release()
 
 
 @pytest.mark.parametrize("seconds", [0.0, 1e-9, 0.000568, 0.85e-3, 1.0, 2.75, 3601.000000123])
 def test_device_time_as_from_nanoseconds(seconds: float) -> None:
-    """The handler sets the Duration's two fields itself: the same message as
+    """The codec sets the Duration's two fields itself: the same message as
     `Duration.FromNanoseconds` gives for every device time."""
-    request = pb.RunMoERequest()
-    request.hidden_states.dtype = tensor_pb2.DTYPE_FLOAT16
-    answer = {"backend": "TRITON", "device_seconds": seconds, "max_abs_error": 0.5}
-    reply = RunMoEHandler._reply(request, 2, answer, [1, 64], memoryview(b""))
+    result = RunResult("TRITON", 2, seconds, 0.5, "float16", [1, 64], memoryview(b""))
+    reply = reply_parts(result)
     expected = pb.RunMoEResponse(backend="TRITON", worker_index=2, max_abs_error=0.5)
     expected.device_time.FromNanoseconds(int(seconds * 1e9))
     assert reply.rest == expected
@@ -98,3 +97,22 @@ def test_run_moe_metric_children_are_bound_once() -> None:
     assert first[0] is metrics.run_moe_seconds.labels("TRITON")
     assert first[1] is metrics.run_moe_tokens.labels("TRITON")
     assert metrics.run_moe_children("MARLIN")[0] is not first[0]
+
+
+def test_a_request_reads_as_the_data_plane_request() -> None:
+    """Oneofs left unset stay None; each tensor keeps its wire dtype's name and value."""
+    request = pb.RunMoERequest(layer_id="L1", backend="triton", timed_iterations=3)
+    request.hidden_states.dtype = tensor_pb2.DTYPE_BFLOAT16
+    request.hidden_states.shape.extend([2, 8])
+    request.hidden_states.data = bytes(32)
+    request.topk.topk_ids.dtype = 12345
+    domain = run_request(request)
+    assert domain.weights == "layer_id" and domain.layer_id == "L1"
+    assert domain.inline_layer is None and domain.router_logits is None
+    assert domain.worker_index is None and domain.timed_iterations == 3
+    assert domain.hidden_states is not None
+    assert (domain.hidden_states.dtype, domain.hidden_states.shape) == ("bfloat16", (2, 8))
+    assert domain.hidden_states.data == bytes(32)
+    assert domain.topk is not None
+    assert (domain.topk[0].dtype, domain.topk[0].dtype_code) == ("", 12345)
+    assert run_request(pb.RunMoERequest()).hidden_states is None

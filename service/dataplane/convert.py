@@ -1,9 +1,9 @@
-"""ConvertWeights: the server side of both modes.
+"""ConvertWeights' use case, both modes, in domain types.
 
 Inline: the header is checked and the target resolved before a byte of tensor data is
 accepted (an unknown backend, a backend without a writer or a bad deployment fails at
 once). Each tensor's declaration reserves its size against the per-call budget and gets a
-segment (ipc/segments.py) that its chunks are assembled into, in order, checksummed; the
+segment (segments.py) that its chunks are assembled into, in order, checksummed; the
 server process never holds more than one chunk of its own. The worker converts from the
 segments into new ones; their tensors stream back in chunks, then the summary. However the
 call ends (answered, failed, cancelled, the worker died) every segment with the call's
@@ -12,11 +12,15 @@ prefix is deleted, and a layer kept loaded for a call that did not complete is u
 Path mode: the paths are confined to the data root here (`plan_job`), the worker runs the
 whole-checkpoint job, and its progress events become ConvertProgress messages. With more
 than one ready worker and no worker named, the job is spread over all of them by layer
-ranges (convert_spread.py).
+ranges (spread.py).
 
 Placement: a header naming `worker_index` converts there; otherwise the pool picks a ready
 worker (for keep_loaded, the one holding the fewest kept-layer bytes), and the kept layer's
 id is remembered with its worker, so RunMoE, ListLayers and UnloadLayer find it.
+
+The call's input is a header (`ConvertHeader`) and a stream of `TensorDeclared` and
+`ChunkReceived` items; its output a stream of `TensorSent`, `ChunkSent` and `Progress`
+events ending with one `Summary`. The gRPC edge maps messages to these and back.
 """
 
 from __future__ import annotations
@@ -27,15 +31,14 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from google.protobuf.message import DecodeError
-
-from service.api import codec, convert_codec, convert_spread
-from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-from service.api.generated.moe_control.v1 import tensor_pb2
+from service.dataplane import spread
+from service.dataplane.errors import conversion_error
+from service.dataplane.selection import PlatformChoice
 from service.formats.checkpoint.plan import plan_job, read_model_config
 from service.formats.errors import (
     ConvertInputError,
@@ -52,8 +55,6 @@ from service.ipc.segments import Segment, SegmentDir
 from service.metrics import Metrics
 from service.oracle import (
     DeploymentSpec,
-    FieldViolation,
-    InvalidSpecError,
     PlatformProfile,
     deployment_from_model_config,
     parse_deployment,
@@ -72,34 +73,119 @@ _SHM_MINIMUM = 1 << 30
 _MESSAGE_OVERHEAD = 64 * 1024
 
 
-def domain_error(exc: WorkerCallError) -> Exception:
-    """The domain error a worker's error answer stands for (by its details' category)."""
-    details = exc.details
-    category = details.get("category")
-    message = exc.message
-    field = str(details.get("field", ""))
-    description = str(details.get("description") or message.removeprefix(f"{field}: "))
-    if category == "invalid_argument":
-        return ConvertInputError(field or "tensors", description)
-    if category == "permission_denied":
-        return PermissionDeniedError(
-            field or "checkpoint", str(details.get("path", "")), str(details.get("reason", message))
+@dataclass(frozen=True, slots=True)
+class CheckpointPaths:
+    """Path mode: a checkpoint directory under the data root, where to write, and the
+    decoder layers [start, end) to convert (None: all)."""
+
+    input_dir: str
+    output_dir: str
+    layers: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConvertHeader:
+    """What a ConvertWeights call asks for. `deployment()` gives the deployment spec (it
+    raises the spec's errors when the call judges it, in order with the other checks);
+    `names_deployment` says whether the call named one at all (path mode may read it from
+    the checkpoint's config.json). `checkpoint` is None in inline mode."""
+
+    deployment: Callable[[], dict[str, Any]]
+    names_deployment: bool
+    platform: PlatformChoice | None = None
+    target_backend: str = ""
+    ruleset: str = ""
+    keep_loaded: bool = False
+    worker_index: int | None = None
+    max_chunk_bytes: int = 0
+    return_tensors: bool = True
+    checkpoint: CheckpointPaths | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TensorDeclared:
+    """An inline tensor's declaration; its chunks follow."""
+
+    spec: TensorSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkReceived:
+    name: str
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StrayHeader:
+    """A header anywhere but first in the stream."""
+
+
+StreamItem = TensorDeclared | ChunkReceived | StrayHeader
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSent:
+    """A converted tensor's declaration; its chunks follow."""
+
+    spec: TensorSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSent:
+    name: str
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    layers_done: int
+    layers_total: int
+    bytes_done: int
+    bytes_total: int
+    current: str
+    stage: str
+
+    @classmethod
+    def of(cls, event: Mapping[str, Any]) -> Progress:
+        """A worker's (or the spread's) progress event."""
+        return cls(
+            layers_done=int(event.get("layers_done", 0)),
+            layers_total=int(event.get("layers_total", 0)),
+            bytes_done=int(event.get("bytes_done", 0)),
+            bytes_total=int(event.get("bytes_total", 0)),
+            current=str(event.get("current", "")),
+            stage=str(event.get("stage", "")),
         )
-    if category == "unimplemented":
-        return NotImplementedError(message)
-    if category == "invalid_spec":
-        violations = [
-            FieldViolation(str(v.get("field", "")), str(v.get("description", "")))
-            for v in details.get("violations") or []
-        ]
-        return InvalidSpecError(violations or [FieldViolation(field, message)])
-    if category == "resource_exhausted":
-        return ConvertResourceError(message)
-    return exc
 
 
-class ConvertWeightsHandler:
-    """One per server; `__call__` serves one ConvertWeights call."""
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """The call's last event. Inline mode lists the converted tensors (`tensors`), path
+    mode the written ones as the manifest lists them (`manifest_tensors`)."""
+
+    backend: str
+    experts_class: str
+    descriptor: Mapping[str, Any] | None
+    chosen_by: str
+    bytes_in: int
+    bytes_out: int
+    elapsed_s: float
+    device_seconds: float
+    tensors: tuple[TensorSpec, ...] = ()
+    manifest_tensors: tuple[Mapping[str, Any], ...] = field(default=())
+    layer_id: str = ""
+    manifest_path: str = ""
+    layers_converted: int = 0
+    layers_skipped: int = 0
+
+
+Event = TensorSent | ChunkSent | Progress | Summary
+
+
+class Converter:
+    """One per server; `convert` serves one ConvertWeights call."""
 
     def __init__(self, workers: WorkerPool, metrics: Metrics, settings: Settings) -> None:
         self._workers = workers
@@ -128,34 +214,27 @@ class ConvertWeightsHandler:
 
     # -- the call
 
-    async def __call__(
-        self, requests: AsyncIterator[pb.ConvertWeightsRequest], context: Any
-    ) -> AsyncIterator[pb.ConvertWeightsResponse]:
+    async def convert(
+        self, header: ConvertHeader, stream: AsyncIterator[StreamItem]
+    ) -> AsyncGenerator[Event, None]:
         started = time.perf_counter()
-        stream = _decoded(requests)
-        first = await anext(stream, None)
-        if first is None or first.WhichOneof("message") != "header":
-            raise ConvertInputError(
-                "header", "required: the first message of a ConvertWeights stream is its header"
-            )
-        header = first.header
         # A named worker converts; otherwise the pool places the call (a layer to keep goes
         # where the fewest kept-layer bytes are; a whole checkpoint may spread over all).
-        named = header.worker_index if header.HasField("worker_index") else None
-        worker = self._workers.place(named, by_memory=header.keep_loaded)
+        worker = self._workers.place(header.worker_index, by_memory=header.keep_loaded)
         platform = self._platform(header, self._workers.profile(worker.index))
-        if header.WhichOneof("mode") == "checkpoint":
-            responses = self._checkpoint(header, worker, platform, started)
+        if header.checkpoint is not None:
+            events = self._checkpoint(header, header.checkpoint, worker, platform, started)
         else:
-            responses = self._inline(header, stream, worker, platform, started)
-        async for response in responses:
-            yield response
+            events = self._inline(header, stream, worker, platform, started)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                yield event
 
-    def _platform(self, header: pb.ConvertWeightsHeader, own: PlatformProfile) -> PlatformProfile:
+    def _platform(self, header: ConvertHeader, own: PlatformProfile) -> PlatformProfile:
         """The platform `auto` means: the header's what-if platform, else the worker's."""
-        override = codec.platform_override(header.platform, self._workers.profile)
-        if override is None:
+        if header.platform is None:
             return own
+        override = header.platform.resolve(self._workers.profile)
         if isinstance(override, str):
             return preset(override, field_name="platform.preset")
         return PlatformProfile.from_json(override, field_prefix="platform.profile")
@@ -171,7 +250,7 @@ class ConvertWeightsHandler:
                 f"ConvertWeights cannot write {target.backend}{hint}: {answer.get('reason')}"
             )
 
-    def _chunk_limit(self, header: pb.ConvertWeightsHeader) -> int:
+    def _chunk_limit(self, header: ConvertHeader) -> int:
         limit = self._settings.max_send_message_bytes - _MESSAGE_OVERHEAD
         asked = header.max_chunk_bytes or self._settings.convert_chunk_bytes
         return max(1, min(asked, limit))
@@ -185,13 +264,13 @@ class ConvertWeightsHandler:
 
     async def _inline(
         self,
-        header: pb.ConvertWeightsHeader,
-        stream: AsyncIterator[pb.ConvertWeightsRequest],
+        header: ConvertHeader,
+        stream: AsyncIterator[StreamItem],
         worker: WorkerHandle,
         platform: PlatformProfile,
         started: float,
-    ) -> AsyncIterator[pb.ConvertWeightsResponse]:
-        spec = codec.deployment_to_json(header)
+    ) -> AsyncGenerator[Event, None]:
+        spec = header.deployment()
         spec["platform"] = None
         deployment = parse_deployment(spec, default_platform=platform)
         source = source_spec(
@@ -199,7 +278,7 @@ class ConvertWeightsHandler:
         )
         target = resolve_target(deployment, header.target_backend, ruleset=header.ruleset)
         await self._check_writer(worker, target)
-        return_tensors = header.inline.return_tensors if header.HasField("inline") else True
+        return_tensors = header.return_tensors
         segments = self.segments()
         prefix = f"c{next(self._calls)}-{secrets.token_hex(3)}-"
         layer_id = ""
@@ -240,44 +319,41 @@ class ConvertWeightsHandler:
                     "convert_layer", params, cancellable=True, on_abandon=abandoned
                 )
             except WorkerCallError as exc:
-                raise domain_error(exc) from None
+                raise conversion_error(exc) from None
             layer_id = str(answer.get("layer_id", ""))
             if layer_id:
                 kept = sum(TensorSpec.from_json(t["spec"]).byte_size for t in answer["tensors"])
                 self._workers.remember(layer_id, worker, kept)
             limit = self._chunk_limit(header)
-            headers = []
+            sent = []
             for item in answer["tensors"]:
                 out = TensorSpec.from_json(item["spec"])
-                headers.append(convert_codec.tensor_header(out))
+                sent.append(out)
                 if "segment" not in item:
                     continue
-                yield pb.ConvertWeightsResponse(tensor=headers[-1])
+                yield TensorSent(out)
                 with segments.open(item["segment"], out.byte_size) as segment:
                     for offset, part in chunks(segment.view, limit):
                         data = bytes(part)
                         del part  # no view into the mapping survives a suspension
-                        yield pb.ConvertWeightsResponse(
-                            chunk=tensor_pb2.TensorChunk(name=out.name, offset=offset, data=data)
-                        )
+                        yield ChunkSent(out.name, offset, data)
                 segments.file(item["segment"]).unlink(missing_ok=True)
             bytes_in = sum(int(i["spec"]["byte_size"]) for i in inputs)
-            bytes_out = sum(h.byte_size for h in headers)
+            bytes_out = sum(spec.byte_size for spec in sent)
             elapsed = time.perf_counter() - started
             self._count(target.backend, elapsed, bytes_in, bytes_out)
-            summary = pb.ConvertSummary(
-                target_format=convert_codec.kernel_format(
-                    target.backend, target.experts_class, answer.get("descriptor")
-                ),
-                tensors=headers,
+            yield Summary(
+                backend=target.backend,
+                experts_class=target.experts_class,
+                descriptor=answer.get("descriptor"),
+                chosen_by=target.chosen_by,
                 bytes_in=bytes_in,
                 bytes_out=bytes_out,
+                elapsed_s=elapsed,
+                device_seconds=float(answer["device_seconds"]),
+                tensors=tuple(sent),
                 layer_id=layer_id,
-                backend_chosen_by=target.chosen_by,
             )
-            summary.elapsed.FromNanoseconds(int(elapsed * 1e9))
-            summary.device_time.FromNanoseconds(int(float(answer["device_seconds"]) * 1e9))
-            yield pb.ConvertWeightsResponse(summary=summary)
             layer_id = ""  # delivered: the caller owns it now
         finally:
             segments.remove(prefix)
@@ -291,7 +367,7 @@ class ConvertWeightsHandler:
 
     async def _receive(
         self,
-        stream: AsyncIterator[pb.ConvertWeightsRequest],
+        stream: AsyncIterator[StreamItem],
         segments: SegmentDir,
         prefix: str,
     ) -> list[dict[str, Any]]:
@@ -312,11 +388,10 @@ class ConvertWeightsHandler:
             current = segment = None
 
         try:
-            async for message in stream:
-                kind = message.WhichOneof("message")
-                if kind == "tensor":
+            async for item in stream:
+                if isinstance(item, TensorDeclared):
                     finish()
-                    spec = convert_codec.tensor_spec(message.tensor)
+                    spec = item.spec
                     spec.validate()
                     classify(spec.name)  # an unknown name fails before its data moves
                     if spec.name in names:
@@ -330,14 +405,13 @@ class ConvertWeightsHandler:
                         raise ConvertResourceError(str(exc)) from None
                     current = TensorAssembler(spec, segment.view)
                     inputs.append({"spec": spec.to_json(), "segment": name})
-                elif kind == "chunk":
-                    chunk = message.chunk
+                elif isinstance(item, ChunkReceived):
                     if current is None:
                         raise StreamError(
-                            f"tensors[{chunk.name}].chunk",
+                            f"tensors[{item.name}].chunk",
                             "a chunk arrived before its TensorHeader",
                         )
-                    current.feed(chunk.name, chunk.offset, chunk.data)
+                    current.feed(item.name, item.offset, item.data)
                 else:
                     raise ConvertInputError(
                         "header", "only the first message of the stream may be a header"
@@ -362,12 +436,12 @@ class ConvertWeightsHandler:
 
     async def _checkpoint(
         self,
-        header: pb.ConvertWeightsHeader,
+        header: ConvertHeader,
+        request: CheckpointPaths,
         worker: WorkerHandle,
         platform: PlatformProfile,
         started: float,
-    ) -> AsyncIterator[pb.ConvertWeightsResponse]:
-        request = header.checkpoint
+    ) -> AsyncGenerator[Event, None]:
         if self._settings.data_root is None:
             raise PermissionDeniedError(
                 "checkpoint.input_dir",
@@ -376,12 +450,12 @@ class ConvertWeightsHandler:
             )
         root = DataRoot.at(self._settings.data_root)
         deployment = None
-        if header.WhichOneof("deployment") is not None:
-            deployment = codec.deployment_to_json(header)
+        if header.names_deployment:
+            deployment = header.deployment()
         else:
             source_dir = root.resolve(request.input_dir, "checkpoint.input_dir")
             deployment = deployment_from_model_config(read_model_config(source_dir, root))
-        layers = (request.layers.start, request.layers.end) if request.HasField("layers") else None
+        layers = request.layers
         job = plan_job(
             request.input_dir,
             request.output_dir,
@@ -396,12 +470,12 @@ class ConvertWeightsHandler:
         events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         plan = None
         ready = len(self._workers.ready_workers())
-        if not header.HasField("worker_index") and ready > 1:
-            plan = await asyncio.to_thread(convert_spread.plan_spread, job, ready)
+        if header.worker_index is None and ready > 1:
+            plan = await asyncio.to_thread(spread.plan_spread, job, ready)
         call: asyncio.Task[dict[str, Any]]
         if plan is not None:
             call = asyncio.create_task(
-                convert_spread.run_spread(self._workers, job.to_json(), plan, events.put_nowait)
+                spread.run_spread(self._workers, job.to_json(), plan, events.put_nowait)
             )
         else:
             call = asyncio.create_task(
@@ -423,11 +497,11 @@ class ConvertWeightsHandler:
                             "stages": event["stages"],
                         },
                     )
-                yield convert_codec.progress(event)
+                yield Progress.of(event)
             try:
                 answer = call.result()
             except WorkerCallError as exc:
-                raise domain_error(exc) from None
+                raise conversion_error(exc) from None
             # Where the workers' time went, per stage summed over layers (worker seconds).
             stages = {k: round(float(v), 3) for k, v in (answer.get("stage_seconds") or {}).items()}
             if plan is not None:
@@ -453,21 +527,20 @@ class ConvertWeightsHandler:
                     await call
         elapsed = time.perf_counter() - started
         self._count(job.target.backend, elapsed, int(answer["bytes_in"]), int(answer["bytes_out"]))
-        summary = pb.ConvertSummary(
-            target_format=convert_codec.kernel_format(
-                job.target.backend, job.target.experts_class, answer.get("descriptor")
-            ),
-            tensors=[convert_codec.safetensors_header(t) for t in answer.get("tensors", [])],
+        yield Summary(
+            backend=job.target.backend,
+            experts_class=job.target.experts_class,
+            descriptor=answer.get("descriptor"),
+            chosen_by=job.target.chosen_by,
             bytes_in=int(answer["bytes_in"]),
             bytes_out=int(answer["bytes_out"]),
+            elapsed_s=elapsed,
+            device_seconds=float(answer["device_seconds"]),
+            manifest_tensors=tuple(answer.get("tensors", [])),
             manifest_path=_shown(str(answer.get("manifest_path", "")), root),
             layers_converted=int(answer["layers_converted"]),
             layers_skipped=int(answer["layers_skipped"]),
-            backend_chosen_by=job.target.chosen_by,
         )
-        summary.elapsed.FromNanoseconds(int(elapsed * 1e9))
-        summary.device_time.FromNanoseconds(int(float(answer["device_seconds"]) * 1e9))
-        yield pb.ConvertWeightsResponse(summary=summary)
 
 
 def _shape(deployment: DeploymentSpec) -> dict[str, Any]:
@@ -504,21 +577,3 @@ async def _until_done(
                 await getter
     while not events.empty():
         yield events.get_nowait()
-
-
-async def _decoded(
-    requests: AsyncIterator[pb.ConvertWeightsRequest],
-) -> AsyncIterator[pb.ConvertWeightsRequest]:
-    """The request stream, a message grpc cannot parse as INVALID_ARGUMENT: grpc raises the
-    DecodeError while reading, and unmapped it answered INTERNAL (tests/reliability)."""
-    stream = aiter(requests)
-    while True:
-        try:
-            message = await anext(stream)
-        except StopAsyncIteration:
-            return
-        except DecodeError:
-            raise ConvertInputError(
-                "request", "a stream message is not a moe_control.v1.ConvertWeightsRequest"
-            ) from None
-        yield message

@@ -17,8 +17,8 @@ records; the server only hands out ranges and merges the answers. The ranges, in
   to the end), else about two ranges per worker (`chunk_size`);
 * the source files' SHA-256s (the manifest's, a sequential stream per file) are handed
   out over the first ranges, largest file first to the least loaded range, so no single
-  worker reads the whole checkpoint a second time: on the first H200 x2 run that one
-  worker hashing every shard was what both configurations waited on (bench/RESULTS.md).
+  worker reads the whole checkpoint a second time (one worker hashing every shard is
+  what the others would wait on; bench/RESULTS.md).
 
 None of these ranges finalizes (`finalize: false`); once every range finished, one last
 call of an empty range writes the index and the manifest from the journal records (and

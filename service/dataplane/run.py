@@ -1,5 +1,5 @@
-"""RunMoE, the server side: check the request, hand its tensors to a worker through
-segments, turn the worker's answer into the response.
+"""RunMoE's use case: check the request, hand its tensors to a worker through segments,
+give the worker's answer back while its output is still in its segment.
 
 Everything that can be judged without the layer is judged here, before a byte is copied:
 the hidden states' dtype and rank, the token count against `run_max_tokens`
@@ -14,6 +14,10 @@ the server's work (bench/RESULTS.md). The output's segment is lent with the inpu
 the worker has answered they go back to the pool; a call that ends otherwise (cancelled,
 deadline, the worker gone) deletes them, as the worker may still map them. An idle pool
 deletes its files after `POOL_IDLE_S`.
+
+The answer (`RunResult`) holds a view of the output's segment, valid only inside the
+caller's `encode` callback: the caller encodes the reply there (the gRPC edge writes the
+response bytes straight from the segment) and gets back what `encode` returned.
 """
 
 from __future__ import annotations
@@ -25,9 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from service.api import codec, convert_codec
-from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-from service.api.generated.moe_control.v1 import tensor_pb2
+from service.dataplane.errors import run_error
 from service.formats.errors import ConvertResourceError
 from service.formats.io.streaming import DTYPES, TensorSpec
 from service.formats.routes.spec import resolve_target, source_spec
@@ -35,41 +37,85 @@ from service.ipc.errors import SegmentError
 from service.ipc.segments import SegmentDir
 from service.metrics import Metrics
 from service.oracle import parse_deployment
-from service.pool.errors import (
-    BackendUnavailableError,
-    LayerNotFoundError,
-    RunInputError,
-    RunResourceError,
-    WorkerCallError,
-)
+from service.pool.errors import RunInputError, RunResourceError, WorkerCallError
 from service.pool.handle import WorkerHandle
 from service.pool.pool import WorkerPool
 from service.pool.segments import Pooled, SegmentPool
 from service.settings import MIB, Settings
 
 HIDDEN_DTYPES = ("bfloat16", "float16")
-#: Wire dtype enum value -> name, as `convert_codec.dtype_name` gives it ("" for
-#: unspecified), built once: the enum's `Name()` is a Python call per lookup.
-_DTYPE_NAMES = {value: convert_codec.dtype_name(value) for value in tensor_pb2.Dtype.values()}
 #: Most warm-up or timed iterations one call may ask for.
 MAX_ITERATIONS = 1000
 _R = TypeVar("_R")
 
 
-def wire_tensor(
-    message: tensor_pb2.Tensor, field: str, name: str = "", data: bytes | None = None
-) -> TensorSpec:
-    """The declaration of a whole-tensor message, checked against its data length; named
-    `name`, else by its request field (what the worker looks inputs up by). `data` is the
-    message's data when the caller has it already: each read of a bytes field copies it."""
-    dtype = _DTYPE_NAMES.get(message.dtype, "")
+@dataclass(frozen=True, slots=True)
+class WireTensor:
+    """A whole tensor as a request carries it: its name, its dtype's wire name ("" when
+    unspecified or unknown; `dtype_code` is the value the request sent), shape and data."""
+
+    name: str
+    dtype: str
+    dtype_code: int
+    shape: tuple[int, ...]
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class InlineLayer:
+    """Weights sent with the call: the layer's deployment spec (converted when it is
+    judged, after the checks that need no spec) and its checkpoint tensors."""
+
+    spec: Callable[[], dict[str, Any]]
+    tensors: tuple[WireTensor, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RunRequest:
+    """One RunMoE call. `weights` says which weights it names: "layer_id" (a kept layer,
+    `layer_id`), "inline_layer" (`inline_layer`) or None; the routing is `router_logits`,
+    else `topk` (ids, weights), else missing."""
+
+    hidden_states: WireTensor | None
+    weights: str | None
+    layer_id: str = ""
+    inline_layer: InlineLayer | None = None
+    router_logits: WireTensor | None = None
+    topk: tuple[WireTensor, WireTensor] | None = None
+    worker_index: int | None = None
+    backend: str = ""
+    validate_inputs: bool = False
+    warmup_iterations: int = 0
+    timed_iterations: int = 0
+    compare_with_reference: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """A run's answer. `data` is a view of the output's segment, valid only inside the
+    `encode` callback it is passed to."""
+
+    backend: str
+    worker_index: int
+    device_seconds: float
+    max_abs_error: float | None
+    #: The output's dtype (the hidden states') and shape [tokens, hidden].
+    dtype: str
+    shape: list[int]
+    data: memoryview
+
+
+def wire_tensor(tensor: WireTensor, field: str, name: str = "") -> TensorSpec:
+    """The declaration of a whole tensor, checked against its data length; named `name`,
+    else by its request field (what the worker looks inputs up by)."""
+    dtype = tensor.dtype
     if dtype not in DTYPES:
-        raise RunInputError(f"{field}.dtype", f"unknown or unspecified dtype ({message.dtype})")
-    shape = list(message.shape)  # one read: each builds the repeated field's wrapper anew
+        raise RunInputError(f"{field}.dtype", f"unknown or unspecified dtype ({tensor.dtype_code})")
+    shape = list(tensor.shape)
     if shape and min(shape) < 0:
         raise RunInputError(f"{field}.shape", f"negative dimension in {shape}")
     spec = TensorSpec.of(name or field, dtype, shape)
-    size = len(message.data if data is None else data)
+    size = len(tensor.data)
     if spec.byte_size != size:
         raise RunInputError(
             f"{field}.data",
@@ -78,27 +124,8 @@ def wire_tensor(
     return spec
 
 
-def from_worker(exc: WorkerCallError, layer_id: str = "") -> Exception:
-    """The domain error a worker's error answer stands for."""
-    details = exc.details
-    category = details.get("category")
-    field = str(details.get("field", ""))
-    description = str(details.get("description") or exc.message)
-    if category == "invalid_argument":
-        return RunInputError(field or "request", description)
-    if category == "not_found":
-        return LayerNotFoundError(layer_id)
-    if category == "resource_exhausted":
-        return RunResourceError(field or "request", description)
-    if category == "backend_unavailable":
-        return BackendUnavailableError(exc.message.split(":", 1)[0], description)
-    if category == "unimplemented":
-        return NotImplementedError(exc.message)
-    return exc
-
-
-class RunMoEHandler:
-    """One per server; `__call__` serves one RunMoE call."""
+class Runner:
+    """One per server; `run` serves one RunMoE call."""
 
     def __init__(
         self,
@@ -112,43 +139,31 @@ class RunMoEHandler:
         self._settings = settings
         self._segments = segments
         self._calls = itertools.count(1)
-        # Calls' file-name prefixes: a counter and this handler's token (drawn once, not
-        # per call: the counter already tells this handler's calls apart).
+        # Calls' file-name prefixes: a counter and this runner's token (drawn once, not
+        # per call: the counter already tells this runner's calls apart).
         self._token = secrets.token_hex(3)
         self._pool: SegmentPool | None = None
         self._trim_timer: tuple[asyncio.TimerHandle, asyncio.AbstractEventLoop] | None = None
 
-    async def __call__(self, request: pb.RunMoERequest) -> pb.RunMoEResponse:
-        """The reply as a message (what the generated classes build; the bytes path's
-        reference)."""
-        return await self._serve(request, _reply_message)
-
-    async def answer_bytes(self, request: pb.RunMoERequest) -> bytes:
-        """The reply's serialized bytes, written straight from the output segment: one copy
-        of the output instead of three (segment -> bytes -> message -> serialized)."""
-        return await self._serve(request, reply_bytes)
-
-    async def _serve(self, request: pb.RunMoERequest, reply: Callable[[Reply], _R]) -> _R:
+    async def run(self, request: RunRequest, encode: Callable[[RunResult], _R]) -> _R:
+        """Run the call; returns `encode(result)`, called while the output is lent."""
         hidden = self._check_hidden(request)
-        which = request.WhichOneof("weights")
+        assert request.hidden_states is not None
+        which = request.weights
         if which is None:
             raise RunInputError("weights", "required: layer_id or inline_layer")
-        named: list[tuple[str, tensor_pb2.Tensor]] = [("hidden_states", request.hidden_states)]
-        routing = request.WhichOneof("routing")
-        if routing == "router_logits":
+        named: list[tuple[str, WireTensor]] = [("hidden_states", request.hidden_states)]
+        if request.router_logits is not None:
             named.append(("router_logits", request.router_logits))
-        elif routing == "topk":
-            named.append(("topk.topk_ids", request.topk.topk_ids))
-            named.append(("topk.topk_weights", request.topk.topk_weights))
+        elif request.topk is not None:
+            named.append(("topk.topk_ids", request.topk[0]))
+            named.append(("topk.topk_weights", request.topk[1]))
         else:
             raise RunInputError("routing", "required: router_logits or topk")
         for field in ("warmup_iterations", "timed_iterations"):
             if getattr(request, field) > MAX_ITERATIONS:
                 raise RunInputError(field, f"at most {MAX_ITERATIONS} (each is a whole forward)")
-        specs = []
-        for field, message in named:
-            data = message.data  # one read: protobuf copies the bytes on each
-            specs.append((field, wire_tensor(message, field, data=data), data))
+        specs = [(field, wire_tensor(tensor, field), tensor.data) for field, tensor in named]
         params: dict[str, Any] = {
             "backend": request.backend.strip().upper(),
             "validate": request.validate_inputs,
@@ -163,8 +178,8 @@ class RunMoEHandler:
             params["layer_id"] = request.layer_id
             inline_tensors: list[tuple[str, TensorSpec, bytes]] = []
         else:
-            index = request.worker_index if request.HasField("worker_index") else None
-            worker = self._workers.place(index)
+            assert request.inline_layer is not None
+            worker = self._workers.place(request.worker_index)
             params["inline"], inline_tensors = self._inline(
                 request.inline_layer, worker.index, params["backend"]
             )
@@ -195,21 +210,21 @@ class RunMoEHandler:
                 )
             except WorkerCallError as exc:
                 answered = True
-                raise from_worker(exc, request.layer_id) from None
+                raise run_error(exc, request.layer_id) from None
             answered = True
             output = answer["output"]
             described = output["spec"]
             shape = [int(d) for d in described["shape"]]
             nbytes = int(described["byte_size"])
             spilled = output["segment"] != out_segment.name
-            # The reply is built while the output's segment is still lent to this call.
+            dtype = request.hidden_states.dtype
+            # The reply is encoded while the output's segment is still lent to this call.
             if not spilled:
-                result = reply(
-                    self._reply(request, worker.index, answer, shape, out_segment.view(nbytes))
-                )
+                view = out_segment.view(nbytes)
+                result = encode(_result(answer, worker.index, dtype, shape, view))
             else:
                 with segments.open(output["segment"], nbytes) as segment:
-                    result = reply(self._reply(request, worker.index, answer, shape, segment.view))
+                    result = encode(_result(answer, worker.index, dtype, shape, segment.view))
         finally:
             # Once the worker has answered it maps none of them; otherwise (cancelled, the
             # worker gone) it may still: their files go, its mappings stay valid.
@@ -222,37 +237,16 @@ class RunMoEHandler:
         tokens.inc(int(answer.get("tokens", hidden[0])))
         return result
 
-    @staticmethod
-    def _reply(
-        request: pb.RunMoERequest,
-        worker_index: int,
-        answer: dict[str, Any],
-        shape: list[int],
-        data: memoryview,
-    ) -> Reply:
-        """The response without its output, the output without its data, and that data (a
-        view of a segment): apart, so the bytes path serializes each once, copying none."""
-        rest = pb.RunMoEResponse(backend=str(answer["backend"]), worker_index=worker_index)
-        # Duration.FromNanoseconds in two assignments (its Python checks cost more than the
-        # rest of the message; a device time is never negative).
-        rest.device_time.seconds, rest.device_time.nanos = divmod(
-            int(float(answer["device_seconds"]) * 1e9), 1_000_000_000
-        )
-        if "max_abs_error" in answer:
-            rest.max_abs_error = float(answer["max_abs_error"])
-        head = tensor_pb2.Tensor(name="output", dtype=request.hidden_states.dtype, shape=shape)
-        return Reply(rest, head, data)
-
-    def _check_hidden(self, request: pb.RunMoERequest) -> tuple[int, int]:
-        if not request.HasField("hidden_states"):
+    def _check_hidden(self, request: RunRequest) -> tuple[int, int]:
+        tensor = request.hidden_states
+        if tensor is None:
             raise RunInputError("hidden_states", "required: [tokens, hidden_size] bf16 or fp16")
-        message = request.hidden_states
-        dtype = _DTYPE_NAMES.get(message.dtype, "")
+        dtype = tensor.dtype
         if dtype not in HIDDEN_DTYPES:
             raise RunInputError(
                 "hidden_states.dtype", f"must be bfloat16 or float16, got {dtype or 'unspecified'}"
             )
-        shape = list(message.shape)
+        shape = list(tensor.shape)
         if len(shape) != 2:
             raise RunInputError(
                 "hidden_states.shape", f"must be [tokens, hidden_size], got {shape}"
@@ -267,23 +261,20 @@ class RunMoEHandler:
             )
         return tokens, int(shape[1])
 
-    async def _holder(self, request: pb.RunMoERequest) -> WorkerHandle:
+    async def _holder(self, request: RunRequest) -> WorkerHandle:
         """The worker that holds the layer: the named one, else the one the pool's layer
         directory maps it to (a layer lost in its worker's restart says so)."""
-        if request.HasField("worker_index"):
+        if request.worker_index is not None:
             return self._workers.worker(request.worker_index)
         return await self._workers.holder(request.layer_id)
 
     def _inline(
-        self, layer: pb.InlineLayer, index: int, backend: str
+        self, layer: InlineLayer, index: int, backend: str
     ) -> tuple[dict[str, Any], list[tuple[str, TensorSpec, bytes]]]:
         """What the worker needs to convert inline weights on the fly, and their tensors."""
         if not layer.tensors:
             raise RunInputError("inline_layer.tensors", "required: the layer's checkpoint tensors")
-        # Each read of a bytes field copies it (upb): every tensor's data is read once here,
-        # for the limit and for the segments alike.
-        datas = [message.data for message in layer.tensors]
-        total = sum(map(len, datas))
+        total = sum(len(tensor.data) for tensor in layer.tensors)
         limit = self._settings.run_max_inline_bytes
         if total > limit:
             raise RunResourceError(
@@ -292,7 +283,7 @@ class RunMoEHandler:
                 "run_max_inline_bytes); convert with keep_loaded and run by layer_id",
                 "run_max_inline_bytes",
             )
-        spec = codec.spec_to_json(layer.spec)
+        spec = layer.spec()
         spec["platform"] = None
         deployment = parse_deployment(spec, default_platform=self._workers.profile(index))
         source = source_spec(
@@ -300,9 +291,9 @@ class RunMoEHandler:
         )
         target = resolve_target(deployment, backend, field="backend")
         tensors = []
-        for number, (message, data) in enumerate(zip(layer.tensors, datas, strict=True)):
-            field = f"inline_layer.tensors[{message.name or number}]"
-            tensors.append((field, wire_tensor(message, field, message.name, data), data))
+        for number, tensor in enumerate(layer.tensors):
+            field = f"inline_layer.tensors[{tensor.name or number}]"
+            tensors.append((field, wire_tensor(tensor, field, tensor.name), tensor.data))
         shape = deployment.layer
         return {
             "source": source.to_json(),
@@ -354,54 +345,18 @@ class RunMoEHandler:
         return {"spec": spec.to_json(), "segment": item.name}
 
 
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """A RunMoE response in three parts: the response without its output (`rest`), the
-    output without its data (`head`), and the data (valid only while the call holds its
-    segment)."""
-
-    rest: pb.RunMoEResponse
-    head: tensor_pb2.Tensor
-    data: memoryview
-
-
-def _reply_message(reply: Reply) -> pb.RunMoEResponse:
-    # The output filled in place: a Tensor with its data passed as `output=` is copied
-    # whole into the response (25 ms against 1 ms for 8 MiB here, bench/RESULTS.md); the
-    # head has no data yet, so copying it costs nothing.
-    response = reply.rest
-    response.output.CopyFrom(reply.head)
-    response.output.data = bytes(reply.data)
-    return response
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-#: Wire tags (field number << 3 | 2, length-delimited) of RunMoEResponse.output and
-#: Tensor.data: both are emitted by hand, everything else by protobuf.
-_OUTPUT_TAG = _varint(pb.RunMoEResponse.OUTPUT_FIELD_NUMBER << 3 | 2)
-_DATA_TAG = _varint(tensor_pb2.Tensor.DATA_FIELD_NUMBER << 3 | 2)
-
-
-def reply_bytes(reply: Reply) -> bytes:
-    """Exactly `SerializeToString()` of the response with its output's data filled in, the
-    data copied once, from its segment into the result. Protobuf serializes fields in
-    number order: output (1) first, and within it data (5) last, so the bytes are the
-    output's tag and length, its small fields, data's tag, length and bytes, then the
-    response's other fields. proto3 leaves empty bytes out, and so does this."""
-    data = reply.data
-    head = reply.head.SerializeToString()
-    data_part = _DATA_TAG + _varint(len(data)) if len(data) else b""
-    length = len(head) + len(data_part) + len(data)
-    return b"".join(
-        (_OUTPUT_TAG, _varint(length), head, data_part, data, reply.rest.SerializeToString())
+def _result(
+    answer: dict[str, Any], worker_index: int, dtype: str, shape: list[int], data: memoryview
+) -> RunResult:
+    error = answer.get("max_abs_error")
+    return RunResult(
+        backend=str(answer["backend"]),
+        worker_index=worker_index,
+        device_seconds=float(answer["device_seconds"]),
+        max_abs_error=None if error is None else float(error),
+        dtype=dtype,
+        shape=shape,
+        data=data,
     )
 
 

@@ -1,22 +1,32 @@
-"""Protobuf <-> domain conversions for the moe_control.v1 contract.
+"""SelectBackend's messages <-> domain: deployments, platforms, decisions, presets.
 
 Requests become the deployment spec JSON object the oracle parses (the one input shape of the
-library, the CLI and the API), so every validation rule lives once, in the oracle. Responses
-are built from the oracle's domain objects; `select_response_to_json` turns a response back
-into exactly the JSON object `Decision.to_json()` gives, for the CLI client.
+library, the CLI and the API), so every validation rule lives once, in the oracle; a whole
+request becomes the data plane's `SelectQuery`. Answers are built from the oracle's domain
+objects (`select_answer`); `select_response_to_json` turns a response back into exactly the
+JSON object `Decision.to_json()` gives, for the CLI client. The deployment and platform
+conversions are shared by the other methods that name a deployment (ConvertWeights, RunMoE).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import json_format, struct_pb2
+from google.protobuf.message import DecodeError
 
+from service.api.generated.moe_control.v1 import measured_pb2, platform_pb2, selection_pb2
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-from service.api.generated.moe_control.v1 import platform_pb2, selection_pb2
+from service.dataplane.selection import (
+    MeasuredSelection,
+    MeasureOptions,
+    PlatformChoice,
+    SelectAnswer,
+    SelectQuery,
+)
 from service.oracle import (
+    PLATFORM_PRESETS,
     Candidate,
     Decision,
     ErrorInfo,
@@ -41,6 +51,8 @@ _VERDICT_TO_PB = {
     Verdict.NOT_REACHED: selection_pb2.VERDICT_NOT_REACHED,
 }
 _VERDICT_FROM_PB = {v: k for k, v in _VERDICT_TO_PB.items()}
+
+_MEASURED = measured_pb2.SELECTION_POLICY_MEASURED
 
 _ACT_ORDER = {
     selection_pb2.ACT_ORDER_NONE: None,
@@ -309,20 +321,112 @@ def platform_to_json(message: platform_pb2.PlatformProfile) -> dict[str, Any]:
     return out
 
 
-def platform_override(
-    selector: selection_pb2.PlatformSelector, profile_of: Callable[[int], PlatformProfile]
-) -> str | dict[str, Any] | None:
-    """The spec's "platform" value a request's PlatformSelector asks for; None when unset.
-
-    `profile_of(index)` gives a worker's reported profile."""
+def platform_choice(selector: selection_pb2.PlatformSelector) -> PlatformChoice | None:
+    """The platform a request's PlatformSelector names; None when unset."""
     which = selector.WhichOneof("source")
     if which == "preset":
-        return selector.preset
+        return PlatformChoice(preset=selector.preset)
     if which == "profile":
-        return platform_to_json(selector.profile)
+        return PlatformChoice(profile=platform_to_json(selector.profile))
     if which == "worker_index":
-        return profile_of(selector.worker_index).to_json()
+        return PlatformChoice(worker_index=selector.worker_index)
     return None
+
+
+def presets_response() -> pb.ListPlatformPresetsResponse:
+    """Every platform preset, by name."""
+    return pb.ListPlatformPresetsResponse(
+        presets=[
+            platform_pb2.PlatformPreset(name=name, profile=platform_to_pb(profile))
+            for name, profile in sorted(PLATFORM_PRESETS.items())
+        ]
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Queries and answers
+
+
+def select_request(data: bytes) -> pb.SelectBackendRequest:
+    """A SelectBackendRequest from its wire form (InvalidSpecError when it is not one)."""
+    try:
+        return pb.SelectBackendRequest.FromString(data)
+    except DecodeError:
+        raise InvalidSpecError.single(
+            "", "the request is not a moe_control.v1.SelectBackendRequest message"
+        ) from None
+
+
+def select_query(request: pb.SelectBackendRequest) -> SelectQuery:
+    """The data plane's query for a request (its deployment converted now, so a bad one
+    fails before anything else is judged)."""
+    measure = None
+    if request.policy == _MEASURED:
+        measure = MeasureOptions(
+            token_counts=tuple(request.token_counts),
+            worker_index=(
+                request.measure_worker_index if request.HasField("measure_worker_index") else None
+            ),
+            refresh=request.refresh,
+        )
+    # positional: a query is built on every answer that is not a kept one
+    return SelectQuery(
+        deployment_to_json(request), platform_choice(request.platform), request.ruleset, measure
+    )
+
+
+def select_answer(answer: SelectAnswer) -> pb.SelectBackendResponse:
+    """The response for an answer: its decision, or (measured answers only) the static
+    failure, with the measured part when there is one."""
+    if answer.decision is not None:
+        assert answer.platform is not None
+        response = select_response(answer.decision, answer.platform, answer.server_platform)
+    else:
+        assert answer.failure is not None
+        response = failed_static(answer.ruleset, answer.failure)
+    if answer.measured is not None:
+        measured_to_pb(response.measured, answer.measured)
+    return response
+
+
+def failed_static(ruleset: str, exc: SelectionError) -> pb.SelectBackendResponse:
+    """The static part of a MEASURED answer where vLLM itself would fail the deployment: no
+    backend, every candidate with its reason, and the failure as a hazard. The timings
+    still say what this worker runs (a static request gets FAILED_PRECONDITION instead)."""
+    return pb.SelectBackendResponse(
+        ruleset=ruleset,
+        quantization=exc.quantization or "",
+        moe_method=exc.moe_method or "",
+        candidates=[candidate_to_pb(c) for c in exc.candidates],
+        hazards=[
+            selection_pb2.Hazard(
+                code="VLLM_FAILS", message=f"vLLM would fail ({exc.error.stage}): {exc}"
+            )
+        ],
+    )
+
+
+def measured_to_pb(message: measured_pb2.MeasuredSelection, measured: MeasuredSelection) -> None:
+    """Fill a response's `measured` part (fields the domain leaves unset stay unset)."""
+    message.worker_index = measured.worker_index
+    message.device_name = measured.device_name
+    message.versions.update(measured.versions)
+    for bucket in measured.buckets:
+        out = message.buckets.add(tokens=bucket.tokens, static_backend=bucket.static_backend)
+        for timing in bucket.timings:
+            item = out.timings.add(backend=timing.backend, error=timing.error)
+            if timing.seconds is not None:
+                item.device_seconds = timing.seconds
+        if bucket.static_seconds is not None:
+            out.static_seconds = bucket.static_seconds
+        if bucket.fastest is not None:
+            out.fastest_seconds, out.fastest_backend = bucket.fastest
+        if bucket.speedup is not None:
+            out.speedup = bucket.speedup
+    if measured.measured_time is not None:
+        message.measured_time.FromNanoseconds(int(measured.measured_time * 1e9))
+    message.from_cache = measured.from_cache
+    message.measure_seconds = measured.measure_seconds
 
 
 # ---------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import json
 import pytest
 from google.protobuf import struct_pb2
 
-from service.api import codec
+from service.api.codecs import selection as codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import platform_pb2, selection_pb2
 from service.oracle import (
@@ -95,13 +95,14 @@ def test_unset_packages_mean_the_default_set_and_empty_means_none() -> None:
 
 def test_platform_selector_forms() -> None:
     h100 = PLATFORM_PRESETS["h100"]
-    assert codec.platform_override(selection_pb2.PlatformSelector(), lambda i: h100) is None
-    assert (
-        codec.platform_override(selection_pb2.PlatformSelector(preset="h100"), lambda i: h100)
-        == "h100"
-    )
-    by_worker = selection_pb2.PlatformSelector(worker_index=0)
-    assert codec.platform_override(by_worker, lambda i: h100) == h100.to_json()
+    assert codec.platform_choice(selection_pb2.PlatformSelector()) is None
+    named = codec.platform_choice(selection_pb2.PlatformSelector(preset="h100"))
+    assert named is not None and named.resolve(lambda i: h100) == "h100"
+    by_worker = codec.platform_choice(selection_pb2.PlatformSelector(worker_index=0))
+    assert by_worker is not None and by_worker.resolve(lambda i: h100) == h100.to_json()
+    profile = codec.platform_to_pb(h100)
+    by_profile = codec.platform_choice(selection_pb2.PlatformSelector(profile=profile))
+    assert by_profile is not None and by_profile.profile == codec.platform_to_json(profile)
 
 
 @pytest.mark.parametrize("preset", ["a100", "h200", "mi300x", "b200", "t4"])

@@ -1,4 +1,8 @@
-"""Protobuf <-> domain conversions of ConvertWeights (tensor headers, progress, summary).
+"""ConvertWeights' messages <-> domain: the header, the tensor stream, progress, summary.
+
+The request stream becomes the data plane's header and items (`convert_call`): its first
+message must be the header, and a message grpc cannot parse is INVALID_ARGUMENT, not
+INTERNAL. The data plane's events become response messages (`event_to_pb`).
 
 Wire dtype names are the `Dtype` enum's own names without the prefix, lower case
 (`DTYPE_UINT4_PACKED_INT32` <-> "uint4_packed_int32"), so the table lives once, in
@@ -7,12 +11,29 @@ Wire dtype names are the `Dtype` enum's own names without the prefix, lower case
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
+from service.api.codecs.selection import deployment_to_json, platform_choice
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import tensor_pb2
-from service.formats.io.streaming import Packing, TensorSpec
+from service.dataplane.convert import (
+    CheckpointPaths,
+    ChunkReceived,
+    ChunkSent,
+    ConvertHeader,
+    Event,
+    Progress,
+    StrayHeader,
+    StreamItem,
+    Summary,
+    TensorDeclared,
+    TensorSent,
+)
+from service.formats.errors import ConvertInputError
+from service.formats.io.streaming import FROM_SAFETENSORS, Packing, TensorSpec
 
 _DTYPE_PREFIX = "DTYPE_"
 _ORDER_PREFIX = "PACK_ORDER_"
@@ -71,8 +92,6 @@ def tensor_header(spec: TensorSpec) -> tensor_pb2.TensorHeader:
 
 def safetensors_header(entry: Mapping[str, Any]) -> tensor_pb2.TensorHeader:
     """A checkpoint manifest's tensor entry (safetensors dtype codes) as a TensorHeader."""
-    from service.formats.io.streaming import FROM_SAFETENSORS
-
     dtype = FROM_SAFETENSORS.get(str(entry["dtype"]))
     return tensor_pb2.TensorHeader(
         name=str(entry["name"]),
@@ -109,17 +128,119 @@ def kernel_format(
     return message
 
 
-def progress(event: Mapping[str, Any]) -> pb.ConvertWeightsResponse:
+def progress(event: Progress) -> pb.ConvertWeightsResponse:
     return pb.ConvertWeightsResponse(
         progress=pb.ConvertProgress(
-            layers_done=int(event.get("layers_done", 0)),
-            layers_total=int(event.get("layers_total", 0)),
-            bytes_done=int(event.get("bytes_done", 0)),
-            bytes_total=int(event.get("bytes_total", 0)),
-            current=str(event.get("current", "")),
-            stage=str(event.get("stage", "")),
+            layers_done=event.layers_done,
+            layers_total=event.layers_total,
+            bytes_done=event.bytes_done,
+            bytes_total=event.bytes_total,
+            current=event.current,
+            stage=event.stage,
         )
     )
+
+
+def summary(event: Summary) -> pb.ConvertWeightsResponse:
+    message = pb.ConvertSummary(
+        target_format=kernel_format(event.backend, event.experts_class, event.descriptor),
+        tensors=[tensor_header(spec) for spec in event.tensors]
+        + [safetensors_header(entry) for entry in event.manifest_tensors],
+        bytes_in=event.bytes_in,
+        bytes_out=event.bytes_out,
+        layer_id=event.layer_id,
+        manifest_path=event.manifest_path,
+        layers_converted=event.layers_converted,
+        layers_skipped=event.layers_skipped,
+        backend_chosen_by=event.chosen_by,
+    )
+    message.elapsed.FromNanoseconds(int(event.elapsed_s * 1e9))
+    message.device_time.FromNanoseconds(int(event.device_seconds * 1e9))
+    return pb.ConvertWeightsResponse(summary=message)
+
+
+def event_to_pb(event: Event) -> pb.ConvertWeightsResponse:
+    """The response message of one of the call's events."""
+    if isinstance(event, ChunkSent):
+        return pb.ConvertWeightsResponse(
+            chunk=tensor_pb2.TensorChunk(name=event.name, offset=event.offset, data=event.data)
+        )
+    if isinstance(event, TensorSent):
+        return pb.ConvertWeightsResponse(tensor=tensor_header(event.spec))
+    if isinstance(event, Progress):
+        return progress(event)
+    return summary(event)
+
+
+# ---------------------------------------------------------------------------------------
+# Requests
+
+
+def convert_header(header: pb.ConvertWeightsHeader) -> ConvertHeader:
+    """The data plane's header (the deployment converted when the call judges it)."""
+    checkpoint = None
+    if header.WhichOneof("mode") == "checkpoint":
+        paths = header.checkpoint
+        checkpoint = CheckpointPaths(
+            input_dir=paths.input_dir,
+            output_dir=paths.output_dir,
+            layers=(paths.layers.start, paths.layers.end) if paths.HasField("layers") else None,
+        )
+    return ConvertHeader(
+        deployment=lambda: deployment_to_json(header),
+        names_deployment=header.WhichOneof("deployment") is not None,
+        platform=platform_choice(header.platform),
+        target_backend=header.target_backend,
+        ruleset=header.ruleset,
+        keep_loaded=header.keep_loaded,
+        worker_index=header.worker_index if header.HasField("worker_index") else None,
+        max_chunk_bytes=header.max_chunk_bytes,
+        return_tensors=header.inline.return_tensors if header.HasField("inline") else True,
+        checkpoint=checkpoint,
+    )
+
+
+async def convert_call(
+    requests: AsyncIterator[pb.ConvertWeightsRequest],
+) -> tuple[ConvertHeader, AsyncIterator[StreamItem]]:
+    """The call's header and the rest of its stream as data plane items."""
+    stream = _decoded(requests)
+    first = await anext(stream, None)
+    if first is None or first.WhichOneof("message") != "header":
+        raise ConvertInputError(
+            "header", "required: the first message of a ConvertWeights stream is its header"
+        )
+    return convert_header(first.header), _items(stream)
+
+
+async def _items(stream: AsyncIterator[pb.ConvertWeightsRequest]) -> AsyncIterator[StreamItem]:
+    async for message in stream:
+        kind = message.WhichOneof("message")
+        if kind == "tensor":
+            yield TensorDeclared(tensor_spec(message.tensor))
+        elif kind == "chunk":
+            chunk = message.chunk
+            yield ChunkReceived(chunk.name, chunk.offset, chunk.data)
+        else:
+            yield StrayHeader()
+
+
+async def _decoded(
+    requests: AsyncIterator[pb.ConvertWeightsRequest],
+) -> AsyncIterator[pb.ConvertWeightsRequest]:
+    """The request stream, a message grpc cannot parse as INVALID_ARGUMENT: grpc raises the
+    DecodeError while reading, and unmapped it answered INTERNAL (tests/reliability)."""
+    stream = aiter(requests)
+    while True:
+        try:
+            message = await anext(stream)
+        except StopAsyncIteration:
+            return
+        except DecodeError:
+            raise ConvertInputError(
+                "request", "a stream message is not a moe_control.v1.ConvertWeightsRequest"
+            ) from None
+        yield message
 
 
 def progress_to_json(message: pb.ConvertProgress) -> dict[str, Any]:

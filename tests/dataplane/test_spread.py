@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from service.api import convert_spread
-from service.api.convert_spread import SpreadPlan, _Merged, chunk_size, plan_spread
+from service.dataplane import spread as convert_spread
+from service.dataplane.spread import SpreadPlan, _Merged, chunk_size, plan_spread
 from service.formats.checkpoint.job import convert_checkpoint
 from service.formats.checkpoint.plan import JOURNAL_DIR, MANIFEST_NAME, CheckpointJob, plan_job
 from service.formats.io.paths import DataRoot

@@ -1,4 +1,5 @@
-"""SelectBackend in process: the answer cache, its invalidation and its metrics."""
+"""The servicers in process: SelectBackend on bytes (the answer cache, its invalidation and
+its metrics), and the one registration of every method."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from service.api import codec
+from service.api.codecs import selection as codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-from service.api.selection import MAX_KEY_BYTES, AnswerCache, CachedAnswer, Selection
+from service.api.servicer import MoeControlServicer, SelectionServicer
 from service.metrics import Metrics
 from service.oracle import (
     PLATFORM_PRESETS,
@@ -52,8 +53,8 @@ def request_bytes(**spec: Any) -> bytes:
     return pb.SelectBackendRequest(spec_json=json.dumps(body)).SerializeToString()
 
 
-def ask(selection: Selection, data: bytes) -> pb.SelectBackendResponse:
-    payload = asyncio.run(selection.select_backend_bytes(data, None))
+def ask(selection: SelectionServicer, data: bytes) -> pb.SelectBackendResponse:
+    payload = asyncio.run(selection.SelectBackend(data, None))
     return pb.SelectBackendResponse.FromString(payload)
 
 
@@ -70,7 +71,7 @@ def selections(metrics: Metrics) -> dict[tuple[str, str], float]:
 
 def test_repeated_requests_are_answered_from_the_cache_and_still_counted() -> None:
     metrics = Metrics()
-    selection = Selection(Platforms(PLATFORM_PRESETS["a100"]), metrics)
+    selection = SelectionServicer(Platforms(PLATFORM_PRESETS["a100"]), metrics)
     data = request_bytes()
     first = ask(selection, data)
     second = ask(selection, data)
@@ -84,7 +85,7 @@ def test_repeated_requests_are_answered_from_the_cache_and_still_counted() -> No
 
 def test_a_worker_change_invalidates_kept_answers() -> None:
     platforms = Platforms(PLATFORM_PRESETS["a100"])
-    selection = Selection(platforms, Metrics())
+    selection = SelectionServicer(platforms, Metrics())
     data = request_bytes()
     assert ask(selection, data).server_platform.name == "a100"
     platforms.set(PLATFORM_PRESETS["h100"])
@@ -100,7 +101,7 @@ def test_a_worker_change_invalidates_kept_answers() -> None:
 
 def test_errors_are_not_kept() -> None:
     metrics = Metrics()
-    selection = Selection(Platforms(PLATFORM_PRESETS["a100"]), metrics)
+    selection = SelectionServicer(Platforms(PLATFORM_PRESETS["a100"]), metrics)
     bad = request_bytes(moe_backend="flashinfer_trtllm")  # forced, and incompatible
     for _ in range(2):
         with pytest.raises(SelectionError):
@@ -112,28 +113,31 @@ def test_errors_are_not_kept() -> None:
 
 
 def test_the_cache_can_be_turned_off() -> None:
-    selection = Selection(Platforms(PLATFORM_PRESETS["a100"]), Metrics(), cache_bytes=0)
+    selection = SelectionServicer(Platforms(PLATFORM_PRESETS["a100"]), Metrics(), cache_bytes=0)
     data = request_bytes()
     assert ask(selection, data) == ask(selection, data)
     assert selection.cache is None
 
 
-def test_the_cache_keeps_its_byte_budget_least_recently_used_first() -> None:
-    cache = AnswerCache(max_bytes=100)
+class Pool:
+    """What MoeControlServicer reads of a pool when it is built."""
 
-    def entry(size: int) -> CachedAnswer:
-        return CachedAnswer(0, b"p" * size, ())
+    generation = 0
+    layer_budget_bytes = 0
 
-    cache.put(b"a" * 10, entry(30))
-    cache.put(b"b" * 10, entry(30))
-    assert cache.get(b"a" * 10, 0) is not None  # a is now the most recent
-    cache.put(b"c" * 10, entry(30))  # 120 bytes: b goes
-    assert cache.size == 80
-    assert cache.get(b"b" * 10, 0) is None
-    assert cache.get(b"a" * 10, 0) is not None
-    assert cache.get(b"a" * 10, 1) is None  # another generation
-    cache.put(b"d" * 10, entry(200))  # larger than the whole budget: not kept
-    cache.put(b"e" * (MAX_KEY_BYTES + 1), entry(1))
-    assert len(cache) == 2
-    cache.put(b"a" * 10, entry(10))  # replaces, the size follows
-    assert cache.size == 60
+    def default_profile(self) -> PlatformProfile | None:
+        return None
+
+
+def test_every_method_is_registered_once() -> None:
+    servicer = MoeControlServicer(Pool(), Metrics())  # type: ignore[arg-type]
+    contract = [m.name for m in pb.DESCRIPTOR.services_by_name["MoeControlService"].methods]
+    names = [*servicer.selection.handlers(), *servicer.worker_handlers()]
+    assert tuple(servicer.selection.handlers()) == SelectionServicer.METHODS
+    assert sorted(names) == sorted(contract)  # no method twice, none missing
+    assert list(servicer.handlers()) == names
+    handlers = servicer.handlers()
+    # The byte-level paths: SelectBackend on bytes both ways, RunMoE's reply encoded.
+    assert handlers["SelectBackend"].request_deserializer is None
+    assert handlers["SelectBackend"].response_serializer is None
+    assert handlers["RunMoE"].response_serializer(b"reply") == b"reply"

@@ -1,0 +1,68 @@
+"""How a worker's error answer becomes the domain error the data plane raises.
+
+A worker answers a failed job with a category and details (service/ipc/protocol.py);
+the data plane turns it into the error of the layer the failure belongs to (a bad tensor
+is a formats input error, a missing layer a pool error, an unwritable target an
+unimplemented feature), so the API's one error table (service/api/errors.py) maps it like
+the same error raised in this process. A category with no domain error stays the
+WorkerCallError, which the table answers as INTERNAL.
+
+The data plane raises the errors of the layers below it; the translations are its own.
+"""
+
+from __future__ import annotations
+
+from service.formats.errors import ConvertInputError, ConvertResourceError, PermissionDeniedError
+from service.oracle import FieldViolation, InvalidSpecError
+from service.pool.errors import (
+    BackendUnavailableError,
+    LayerNotFoundError,
+    RunInputError,
+    RunResourceError,
+    WorkerCallError,
+)
+
+
+def conversion_error(exc: WorkerCallError) -> Exception:
+    """The domain error a worker's answer to a conversion stands for (by its category)."""
+    details = exc.details
+    category = details.get("category")
+    message = exc.message
+    field = str(details.get("field", ""))
+    description = str(details.get("description") or message.removeprefix(f"{field}: "))
+    if category == "invalid_argument":
+        return ConvertInputError(field or "tensors", description)
+    if category == "permission_denied":
+        return PermissionDeniedError(
+            field or "checkpoint", str(details.get("path", "")), str(details.get("reason", message))
+        )
+    if category == "unimplemented":
+        return NotImplementedError(message)
+    if category == "invalid_spec":
+        violations = [
+            FieldViolation(str(v.get("field", "")), str(v.get("description", "")))
+            for v in details.get("violations") or []
+        ]
+        return InvalidSpecError(violations or [FieldViolation(field, message)])
+    if category == "resource_exhausted":
+        return ConvertResourceError(message)
+    return exc
+
+
+def run_error(exc: WorkerCallError, layer_id: str = "") -> Exception:
+    """The domain error a worker's answer to a run (or a measurement) stands for."""
+    details = exc.details
+    category = details.get("category")
+    field = str(details.get("field", ""))
+    description = str(details.get("description") or exc.message)
+    if category == "invalid_argument":
+        return RunInputError(field or "request", description)
+    if category == "not_found":
+        return LayerNotFoundError(layer_id)
+    if category == "resource_exhausted":
+        return RunResourceError(field or "request", description)
+    if category == "backend_unavailable":
+        return BackendUnavailableError(exc.message.split(":", 1)[0], description)
+    if category == "unimplemented":
+        return NotImplementedError(exc.message)
+    return exc

@@ -1,0 +1,75 @@
+"""RunMoE's checks that need no layer and no worker, called on the use case directly: each
+names the request field at fault, in the order the use case judges them."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from service.dataplane.run import Runner, RunRequest, WireTensor
+from service.metrics import Metrics
+from service.pool.errors import RunInputError, RunResourceError
+from service.settings import Settings
+
+
+def tensor(dtype: str, shape: tuple[int, ...], nbytes: int | None = None) -> WireTensor:
+    size = 2 * (shape[0] * shape[1]) if nbytes is None else nbytes
+    return WireTensor("", dtype, 0, shape, bytes(size))
+
+
+def run(request: RunRequest, **settings: Any) -> None:
+    runner = Runner(None, Metrics(), Settings(**settings), lambda: None)  # type: ignore[arg-type]
+    asyncio.run(runner.run(request, lambda result: result))
+
+
+HIDDEN = tensor("bfloat16", (4, 64))
+LOGITS = tensor("float32", (4, 8), 4 * 32)
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (RunRequest(hidden_states=None, weights="layer_id"), "hidden_states"),
+        (RunRequest(hidden_states=tensor("int32", (4, 64)), weights=None), "hidden_states.dtype"),
+        (
+            RunRequest(hidden_states=tensor("bfloat16", (256,), 512), weights=None),
+            "hidden_states.shape",
+        ),
+        (RunRequest(hidden_states=HIDDEN, weights=None), "weights"),
+        (RunRequest(hidden_states=HIDDEN, weights="layer_id"), "routing"),
+        (
+            RunRequest(
+                hidden_states=HIDDEN,
+                weights="layer_id",
+                router_logits=LOGITS,
+                timed_iterations=1001,
+            ),
+            "timed_iterations",
+        ),
+        (
+            RunRequest(hidden_states=HIDDEN, weights="layer_id", router_logits=tensor("", (4, 8))),
+            "router_logits.dtype",
+        ),
+        (
+            RunRequest(
+                hidden_states=tensor("bfloat16", (4, 64), 10),
+                weights="layer_id",
+                router_logits=LOGITS,
+            ),
+            "hidden_states.data",
+        ),
+        (RunRequest(hidden_states=HIDDEN, weights="layer_id", router_logits=LOGITS), "layer_id"),
+    ],
+)
+def test_checks_name_the_field(request_: RunRequest, field: str) -> None:
+    with pytest.raises(RunInputError) as caught:
+        run(request_)
+    assert caught.value.field == field
+
+
+def test_the_token_limit_is_a_resource_error_naming_its_setting() -> None:
+    with pytest.raises(RunResourceError) as caught:
+        run(RunRequest(hidden_states=HIDDEN, weights="layer_id"), run_max_tokens=2)
+    assert caught.value.limit == "run_max_tokens"
