@@ -133,8 +133,8 @@ async def _serve_layer(layer: str) -> None:
         from grpc_health.v1 import health
         from prometheus_client import start_http_server
 
-        from service.api.front import start_front
         from service.api.servicer import SelectionServicer as Selection
+        from service.server.front import start_front
 
         metrics = _metrics()
         http, _ = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)

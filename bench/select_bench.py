@@ -104,7 +104,7 @@ def handler_table(rounds: int) -> None:
             selection = Selection(platforms, Metrics(), cache_bytes=cache_bytes)
 
             def call(selection: Selection = selection, data: bytes = data) -> None:
-                coroutine = selection.select_backend_bytes(data, None)
+                coroutine = selection.SelectBackend(data, None)
                 with contextlib.suppress(StopIteration):  # it never awaits: run to its return
                     coroutine.send(None)
 

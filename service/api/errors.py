@@ -42,6 +42,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from service.api.codecs import selection as codec
 from service.api.interceptors.errors import ConcurrencyLimitError, UnauthenticatedError
+from service.dataplane.errors import RunInputError, RunResourceError
 from service.formats.errors import (
     ConvertInputError,
     ConvertLimitError,
@@ -52,8 +53,6 @@ from service.oracle import InvalidSpecError, OracleError, SelectionError
 from service.pool.errors import (
     BackendUnavailableError,
     LayerNotFoundError,
-    RunInputError,
-    RunResourceError,
     WorkerNotFoundError,
     WorkerUnavailableError,
 )

@@ -3,9 +3,9 @@
 The measuring itself is the data plane's (service/dataplane/measured.py). What is here is
 how a process answers a MEASURED request's bytes: the primary asks its policy and keeps
 the bytes of answers served from the timing cache, so a repeat is served without a
-decision or any parsing while no worker and no timing changed (`MeasuredAnswers`); a
-replica has no workers and passes the request's bytes to the primary over its private
-socket (`ForwardedMeasure`).
+decision or any parsing while no worker and no timing changed (`MeasuredAnswers`). A
+replica has no workers: it passes the request's bytes to the primary over its private
+socket (`service.server.forward.ForwardedMeasure`, beside the other forwarding).
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
-
-import grpc
 
 from service.api.codecs import selection as codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
@@ -74,29 +72,4 @@ class MeasuredAnswers:
             self._answers[data] = KeptAnswer(generation, revision, payload, recount)
             while len(self._answers) > MAX_KEPT_ANSWERS:
                 self._answers.popitem(last=False)
-        return payload
-
-
-class ForwardedMeasure:
-    """A replica's MEASURED answers: the primary's, over the private socket (the primary
-    has the workers and the cache)."""
-
-    METHOD = "/moe_control.v1.MoeControlService/SelectBackend"
-
-    def __init__(self, channel: Any) -> None:
-        self._call = channel.unary_unary(self.METHOD)
-
-    async def answer_bytes(
-        self, data: bytes, request: pb.SelectBackendRequest, context: Any
-    ) -> bytes:
-        from service.server.forward import abort_like as _abort_like
-        from service.server.forward import caller_metadata, remaining
-
-        try:
-            payload: bytes = await self._call(
-                data, metadata=caller_metadata(context), timeout=remaining(context)
-            )
-        except grpc.aio.AioRpcError as error:
-            await _abort_like(error, context)
-            raise
         return payload

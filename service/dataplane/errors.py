@@ -7,20 +7,41 @@ unimplemented feature), so the API's one error table (service/api/errors.py) map
 the same error raised in this process. A category with no domain error stays the
 WorkerCallError, which the table answers as INTERNAL.
 
-The data plane raises the errors of the layers below it; the translations are its own.
+The data plane raises the errors of the layers below it, and its own where a check is
+its own: RunMoE's request checks (`RunInputError`, `RunResourceError`).
 """
 
 from __future__ import annotations
 
+from service.errors import MoeControlError
 from service.formats.errors import ConvertInputError, ConvertResourceError, PermissionDeniedError
 from service.oracle import FieldViolation, InvalidSpecError
 from service.pool.errors import (
     BackendUnavailableError,
     LayerNotFoundError,
-    RunInputError,
-    RunResourceError,
     WorkerCallError,
 )
+
+
+class RunInputError(MoeControlError, ValueError):
+    """A RunMoE request that does not fit its layer or the contract; `field` names the
+    request field (``hidden_states``, ``topk.topk_ids``, ``backend``...)."""
+
+    def __init__(self, field: str, description: str) -> None:
+        self.field = field
+        self.description = description
+        super().__init__(f"{field}: {description}")
+
+
+class RunResourceError(MoeControlError):
+    """A RunMoE request over a configured limit (tokens, inline bytes, layer budget);
+    `field` names what is too large, `limit` the setting where it is known."""
+
+    def __init__(self, field: str, description: str, limit: str = "") -> None:
+        self.field = field
+        self.description = description
+        self.limit = limit
+        super().__init__(f"{field}: {description}")
 
 
 def conversion_error(exc: WorkerCallError) -> Exception:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from service.dataplane.errors import run_error
+from service.dataplane.errors import RunInputError, RunResourceError, run_error
 from service.formats.errors import ConvertResourceError
 from service.formats.io.streaming import DTYPES, TensorSpec
 from service.formats.routes.spec import resolve_target, source_spec
@@ -37,7 +37,7 @@ from service.ipc.errors import SegmentError
 from service.ipc.segments import SegmentDir
 from service.metrics import Metrics
 from service.oracle import parse_deployment
-from service.pool.errors import RunInputError, RunResourceError, WorkerCallError
+from service.pool.errors import WorkerCallError
 from service.pool.handle import WorkerHandle
 from service.pool.pool import WorkerPool
 from service.pool.segments import Pooled, SegmentPool

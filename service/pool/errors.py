@@ -65,27 +65,6 @@ class WorkerCallError(WorkerError):
         super().__init__(f"{kind}: {message}")
 
 
-class RunInputError(WorkerError, ValueError):
-    """A RunMoE request that does not fit its layer or the contract; `field` names the
-    request field (``hidden_states``, ``topk.topk_ids``, ``backend``...)."""
-
-    def __init__(self, field: str, description: str) -> None:
-        self.field = field
-        self.description = description
-        super().__init__(f"{field}: {description}")
-
-
-class RunResourceError(WorkerError):
-    """A RunMoE request over a configured limit (tokens, inline bytes, layer budget);
-    `field` names what is too large, `limit` the setting where it is known."""
-
-    def __init__(self, field: str, description: str, limit: str = "") -> None:
-        self.field = field
-        self.description = description
-        self.limit = limit
-        super().__init__(f"{field}: {description}")
-
-
 class BackendUnavailableError(WorkerError):
     """The backend a RunMoE needs cannot run on this worker (no GPU, no kernel library);
     RunMoE reports it instead of running another backend."""

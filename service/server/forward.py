@@ -5,7 +5,9 @@ Messages are passed through as bytes (no parsing on the way), in all four call s
 the caller's metadata (the bearer token included) and remaining deadline; the target's
 status, message and trailing metadata (the `google.rpc.Status` details) come back as they
 were, so a client cannot tell which process it reached. grpc.aio's client can lose the
-target's status of a client stream that the target ends early (`_FirstStatus`).
+target's status of a client stream that the target ends early (`_FirstStatus`). A
+replica's MEASURED selections go the same way (`ForwardedMeasure`): the primary has the
+workers and the timing cache.
 """
 
 from __future__ import annotations
@@ -217,3 +219,25 @@ class Forwarder(grpc.GenericRpcHandler):
                 call.cancel()
 
         return grpc.stream_stream_rpc_method_handler(stream_stream)
+
+
+class ForwardedMeasure:
+    """A replica's MEASURED answers: the primary's, over the private socket (the primary
+    has the workers and the cache)."""
+
+    METHOD = "/moe_control.v1.MoeControlService/SelectBackend"
+
+    def __init__(self, channel: Any) -> None:
+        self._call = channel.unary_unary(self.METHOD)
+
+    async def answer_bytes(
+        self, data: bytes, request: pb.SelectBackendRequest, context: Any
+    ) -> bytes:
+        try:
+            payload: bytes = await self._call(
+                data, metadata=caller_metadata(context), timeout=remaining(context)
+            )
+        except grpc.aio.AioRpcError as error:
+            await abort_like(error, context)
+            raise
+        return payload

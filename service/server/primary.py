@@ -29,15 +29,15 @@ from grpc_health.v1 import health
 from prometheus_client import start_http_server
 
 from service import __version__
-from service.api.front import Front, start_front
 from service.api.interceptors.limits import Limits
-from service.api.servicer import MoeControlServicer, add_to_server
+from service.api.servicer import SERVICE_NAME, MoeControlServicer
 from service.logs import configure_logging
 from service.metrics import Metrics, enable_multiprocess
 from service.pool.config import SupervisorConfig
 from service.pool.devices import discover_devices
 from service.pool.pool import WorkerPool
 from service.process import make_runtime_dir, settle_heap, tune_malloc
+from service.server.front import Front, start_front
 from service.server.readiness import Readiness
 from service.server.replica import ReplicaSet, settings_to_json, start_private_server
 from service.settings import Settings
@@ -97,7 +97,9 @@ class MoeControlServer:
             metrics=self.metrics,
             selection=servicer.selection,
             health_servicer=self.health,
-            worker_methods=lambda registrar: add_to_server(servicer, registrar),
+            worker_methods=lambda registrar: registrar.add_registered_method_handlers(
+                SERVICE_NAME, servicer.worker_handlers()
+            ),
             # The replicas listen on the same port: the kernel spreads connections.
             reuseport=processes > 1,
             limits=limits,

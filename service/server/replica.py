@@ -39,10 +39,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2
 
-from service.api.front import LOCAL_METHODS, start_front
 from service.api.interceptors.chain import InterceptorChain
 from service.api.interceptors.limits import Limits
-from service.api.measured import ForwardedMeasure
 from service.api.servicer import SERVICE_NAME, MoeControlServicer, add_to_server
 from service.api.servicer import SelectionServicer as Selection
 from service.logs import configure_logging
@@ -51,7 +49,8 @@ from service.oracle import PlatformProfile
 from service.pool.errors import WorkerNotFoundError, WorkerUnavailableError
 from service.pool.handle import WorkerHandle
 from service.process import settle_heap, tune_malloc
-from service.server.forward import Forwarder, service_methods
+from service.server.forward import ForwardedMeasure, Forwarder, service_methods
+from service.server.front import LOCAL_METHODS, start_front
 from service.settings import MIB, Settings
 
 log = logging.getLogger("moe_control.replica")

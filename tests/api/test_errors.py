@@ -93,9 +93,9 @@ def test_anything_else_is_internal_without_leaking_its_text() -> None:
 
 
 def test_a_configured_size_limit_is_resource_exhausted_naming_field_and_limit() -> None:
+    from service.dataplane.errors import RunResourceError
     from service.formats.errors import ConvertInputError, StreamError
     from service.formats.io.streaming import StreamBudget, TensorSpec
-    from service.pool.errors import RunResourceError
 
     budget = StreamBudget(10)
     with pytest.raises(StreamError) as over:

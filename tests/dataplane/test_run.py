@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from service.dataplane.errors import RunInputError, RunResourceError
 from service.dataplane.run import Runner, RunRequest, WireTensor
 from service.metrics import Metrics
-from service.pool.errors import RunInputError, RunResourceError
 from service.settings import Settings
 
 

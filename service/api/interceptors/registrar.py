@@ -48,10 +48,8 @@ class _ByMethod(grpc.GenericRpcHandler):
 class HandlerRegistrar:
     """Stands in for a `grpc.aio.Server` in the generated `add_*Servicer_to_server`
     functions (and anything else that registers handlers), wrapping each handler on its way
-    in. Registered (pre-resolved) methods are collected per service and handed over by
-    `install()`, so a later registration of the same method replaces an earlier one (the
-    servicer's bytes-level SelectBackend replaces the generated one) instead of registering
-    the method with the core twice."""
+    in. Registered (pre-resolved) methods are collected per service and handed over to the
+    server once, by `install()` (each method is registered by exactly one caller)."""
 
     def __init__(self, server: grpc.aio.Server, wrap: Wrap) -> None:
         self._server = server
@@ -63,7 +61,11 @@ class HandlerRegistrar:
         self._generic.extend(handlers)
 
     def add_registered_method_handlers(self, service: str, handlers: Mapping[str, Handler]) -> None:
-        self._registered.setdefault(service, {}).update(handlers)
+        known = self._registered.setdefault(service, {})
+        twice = sorted(set(known) & set(handlers))
+        if twice:
+            raise ValueError(f"{service}: {twice} registered twice (each method has one handler)")
+        known.update(handlers)
 
     def install(self, registered: Callable[[str], bool] = PRE_REGISTERED.__contains__) -> None:
         """Hand the collected methods to the server: those `registered(full_method)` accepts

@@ -3,10 +3,9 @@
 One grpc.aio server on the public port. It always serves SelectBackend and
 ListPlatformPresets itself, from the process's SelectionServicer (servicer.py), and standard
 health and reflection. The other MoeControlService methods need the workers: the primary
-registers its servicer for them; a replica registers a Forwarder (forward.py) that passes
-them to the primary's private server on a Unix socket. Each method is registered once:
-registrations of the local methods by the worker side (the primary's servicer registers
-its whole service, as its private endpoint needs) are left out here.
+registers its servicer's worker methods (`MoeControlServicer.worker_handlers`); a replica
+registers a Forwarder (forward.py) that passes them to the primary's private server on a
+Unix socket. Each method is registered once.
 
 Why grpc.aio and not grpc's sync server with a thread pool: both were built and measured
 (bench/RESULTS.md). On a cache hit they cost the same CPU per call; on a cache miss (a full
@@ -16,7 +15,6 @@ GIL.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,10 +23,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-from service.api.interceptors.chain import InterceptorChain as ServerInterceptor
+from service.api.interceptors.chain import InterceptorChain
 from service.api.interceptors.limits import Limits
 from service.api.interceptors.registrar import HandlerRegistrar
-from service.api.servicer import SERVICE_NAME, Handler, SelectionServicer
+from service.api.servicer import SERVICE_NAME, SelectionServicer
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -36,22 +34,6 @@ from service.settings import Settings
 REFLECTED = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
 #: MoeControlService methods every process answers itself (the rest need the workers).
 LOCAL_METHODS = SelectionServicer.METHODS
-
-
-class _WorkerSide:
-    """The registrar as the worker side sees it: the methods the front serves itself
-    (LOCAL_METHODS) are dropped from what it registers."""
-
-    def __init__(self, registrar: HandlerRegistrar) -> None:
-        self._registrar = registrar
-
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        self._registrar.add_generic_rpc_handlers(handlers)
-
-    def add_registered_method_handlers(self, service: str, handlers: Mapping[str, Handler]) -> None:
-        if service == SERVICE_NAME:
-            handlers = {k: v for k, v in handlers.items() if k not in LOCAL_METHODS}
-        self._registrar.add_registered_method_handlers(service, handlers)
 
 
 def _read(path: Path) -> bytes:
@@ -98,11 +80,11 @@ async def start_front(
         options=settings.grpc_options(reuseport=reuseport),
         maximum_concurrent_rpcs=settings.max_concurrent_rpcs or None,
     )
-    registrar: HandlerRegistrar = ServerInterceptor(
+    registrar: HandlerRegistrar = InterceptorChain(
         metrics, token=settings.token(), limits=limits
     ).registrar(server)
     registrar.add_registered_method_handlers(SERVICE_NAME, selection.handlers())
-    worker_methods(_WorkerSide(registrar))
+    worker_methods(registrar)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registrar)  # type: ignore[arg-type]
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(  # type: ignore[no-untyped-call]
         reflection.aio.ReflectionServicer(REFLECTED), registrar

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.api.front import _WorkerSide
 from service.api.servicer import SERVICE_NAME
+from service.server.front import _WorkerSide
 
 
 class Registrar:
