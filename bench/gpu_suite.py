@@ -50,7 +50,7 @@ from service.kernels import registry
 from service.kernels.activation import apply as apply_activation
 from service.kernels.activation import resolve
 from service.kernels.errors import KernelError
-from service.kernels.interface import ExpertsBackend, LayerSpec
+from service.kernels.interface import ExpertsBackend, LayerSpec, load_backend_class
 from service.kernels.routing import topk_route
 
 
@@ -207,7 +207,7 @@ def backend_class(name: str) -> type[ExpertsBackend]:
     row = registry.backend(name)
     if row is None:
         raise KeyError(f"{name} is not in the backend table; one of {registry.RUNNABLE}")
-    return registry.load_class(row.experts)
+    return load_backend_class(row.experts)
 
 
 def build_backend(

@@ -41,8 +41,8 @@ from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from service.api.codecs import selection as codec
-from service.api.interceptors.errors import ConcurrencyLimitError, UnauthenticatedError
 from service.dataplane.errors import RunInputError, RunResourceError
+from service.errors import MoeControlError
 from service.formats.errors import (
     ConvertInputError,
     ConvertLimitError,
@@ -56,6 +56,25 @@ from service.pool.errors import (
     WorkerNotFoundError,
     WorkerUnavailableError,
 )
+
+
+class UnauthenticatedError(MoeControlError):
+    """The call lacks the bearer token the server requires: UNAUTHENTICATED."""
+
+
+class ConcurrencyLimitError(MoeControlError):
+    """A call found its method class's slots all taken: RESOURCE_EXHAUSTED, with details
+    naming the method and the limit (the setting) so a client knows what to back off."""
+
+    def __init__(self, method: str, limit: str, value: int) -> None:
+        self.method = method
+        self.limit = limit
+        self.value = value
+        super().__init__(
+            f"{method} is at this server's limit of {value} concurrent calls "
+            f"(setting {limit}); retry with backoff"
+        )
+
 
 #: `ErrorInfo.domain` of every error this service raises.
 ERROR_DOMAIN = "moe-control"

@@ -95,7 +95,7 @@ MARLIN_LAYOUTS: tuple[str, ...] = tuple(
     if getattr(writer, "__module__", "") == marlin_writers.__name__
 )
 """The layouts whose writer writes Marlin's tensors (MARLIN, BATCHED_MARLIN): what the
-reference Marlin reader (`readers.marlin`) reads back."""
+reference Marlin reader (`inverse.marlin`) reads back."""
 
 
 def _layout(name: str) -> SourceLayout:

@@ -22,7 +22,7 @@ import torch
 
 from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
 from service.formats.errors import FormatError
-from service.formats.readers.marlin import read_marlin
+from service.formats.inverse.marlin import read_marlin
 from service.kernels.activation import ActivationSpec, ResolvedActivation, apply, resolve
 from service.kernels.errors import KernelInputError
 from service.kernels.interface import (
@@ -79,7 +79,7 @@ def reference_forward(
 
 class EmulationExperts(ExpertsBackend):
     """The float32 reference as a backend; reads the canonical form, the TRITON layout, and
-    the MARLIN / BATCHED_MARLIN layout (through the reference reader, formats/readers/marlin.py),
+    the MARLIN / BATCHED_MARLIN layout (through the reference reader, formats/inverse/marlin.py),
     so a Marlin layer can be checked against the reference on the worker that holds it."""
 
     name: ClassVar[str] = "EMULATION"

@@ -19,6 +19,7 @@ they are opt-in.
 from __future__ import annotations
 
 import abc
+import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Self, TypeAlias
@@ -277,3 +278,10 @@ def check_values(
         raise KernelInputError(
             "topk_ids", f"expert ids must be in [0, {spec.num_experts}), got [{low}, {high}]"
         )
+
+
+def load_backend_class(path: str) -> type[ExpertsBackend]:
+    """The `ExpertsBackend` subclass named ``module:Class`` (a row of the backend table)."""
+    module, _, name = path.partition(":")
+    cls: type[ExpertsBackend] = getattr(importlib.import_module(module), name)
+    return cls

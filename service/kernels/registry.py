@@ -1,26 +1,22 @@
 """The one table of the backends a worker can run: every other list derives from this one.
 
 A row names a backend as the oracle spells it, the class that runs it (``module:Class``,
-imported on first use, so this module stays free of torch and can be read by the server
-process), the layouts (`service.formats` writers, by name) its class prepares, and whether
-a forward may be captured in a CUDA graph. The worker picks classes from it, the measured
-policy times exactly these backends, and the worker's profile reports each one's
-availability (each row's class answers `unavailable_reason`: the probe needs torch, which
-this table must not import). The classes take their `layouts` and `graph_capturable` from
-here (`ExpertsBackend.__init_subclass__`); `tests/kernels/test_registry.py` checks that every
-layout named here has a writer and that each class agrees with its row.
+imported on first use by `interface.load_backend_class`, so this module stays free of torch
+and can be read by the server process), the layouts (`service.formats` writers, by name) its
+class prepares, and whether a forward may be captured in a CUDA graph. The worker picks
+classes from it, the measured policy times exactly these backends, and the worker's profile
+reports each one's availability (each row's class answers `unavailable_reason`: the probe
+needs torch, which this table must not import). The classes take their `layouts` and
+`graph_capturable` from here (`ExpertsBackend.__init_subclass__`);
+`tests/kernels/test_registry.py` checks that every layout named here has a writer and that
+each class agrees with its row.
 
 Adding a backend is one row here (and its writer in `service.formats.registry`).
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from service.kernels.interface import ExpertsBackend
 
 __all__ = [
     "BACKENDS",
@@ -29,7 +25,6 @@ __all__ = [
     "backend",
     "class_row",
     "layouts_run_by",
-    "load_class",
     "runner_for",
 ]
 
@@ -128,10 +123,3 @@ def layouts_run_by(path: str) -> frozenset[str]:
 def class_row(path: str) -> Backend | None:
     """The row whose `experts` or `dense_experts` is the class ``module:Class``, if any."""
     return next((row for row in BACKENDS if path in (row.experts, row.dense_experts)), None)
-
-
-def load_class(path: str) -> type[ExpertsBackend]:
-    """Import ``module:Class`` and return the class."""
-    module, _, name = path.partition(":")
-    cls: type[ExpertsBackend] = getattr(importlib.import_module(module), name)
-    return cls

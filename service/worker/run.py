@@ -34,7 +34,7 @@ from service.ipc.segments import Segment, SegmentDir
 from service.kernels import registry
 from service.kernels.activation import resolve
 from service.kernels.errors import KernelInputError, KernelUnavailableError
-from service.kernels.interface import ExpertsBackend, KernelOptions, LayerSpec
+from service.kernels.interface import ExpertsBackend, KernelOptions, LayerSpec, load_backend_class
 from service.kernels.routing import as_route, check_given_route, topk_route
 from service.worker.context import WorkerContext
 from service.worker.errors import LayerMissingError
@@ -65,7 +65,7 @@ def backend_class(backend: str, layout: str) -> type[ExpertsBackend]:
             f"{backend or '(none)'} cannot run a layer in the {layout} layout; "
             f"backends that read it: {readers}",
         )
-    return registry.load_class(path)
+    return load_backend_class(path)
 
 
 def kernel_status(device: torch.device) -> dict[str, dict[str, Any]]:

@@ -118,7 +118,7 @@ def test_a_configured_size_limit_is_resource_exhausted_naming_field_and_limit() 
 
 
 def test_a_full_method_limit_is_resource_exhausted_with_quota_failure() -> None:
-    from service.api.interceptors.errors import ConcurrencyLimitError
+    from service.api.errors import ConcurrencyLimitError
 
     method = "/moe_control.v1.MoeControlService/RunMoE"
     status = status_for(ConcurrencyLimitError(method, "max_concurrent_run", 4))

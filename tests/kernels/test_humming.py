@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from service.formats.readers import bits as packing
+from service.formats import bits as packing
 from service.formats.writers.humming import config_tensor, to_humming_schema
 from service.kernels import humming
 from service.kernels.activation import resolve

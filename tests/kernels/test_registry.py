@@ -9,6 +9,7 @@ import pytest
 
 from service.formats.registry import TARGET_BACKENDS
 from service.kernels import registry
+from service.kernels.interface import load_backend_class
 
 
 def test_every_layout_read_has_a_writer() -> None:
@@ -19,10 +20,10 @@ def test_every_layout_read_has_a_writer() -> None:
 
 @pytest.mark.parametrize("row", registry.BACKENDS, ids=lambda row: row.name)
 def test_classes_agree_with_their_rows(row: registry.Backend) -> None:
-    cls = registry.load_class(row.experts)
+    cls = load_backend_class(row.experts)
     assert cls.name == row.name
     for layout in row.reads:
-        runner = registry.load_class(registry.runner_for(row.name, layout) or "")
+        runner = load_backend_class(registry.runner_for(row.name, layout) or "")
         assert layout in runner.layouts
         assert runner.graph_capturable == row.graph_capturable
 
@@ -53,5 +54,5 @@ def test_classes_take_their_layouts_from_the_table() -> None:
         {"CANONICAL", "TRITON", "MARLIN", "BATCHED_MARLIN"}
     )
     assert not EmulationExperts.graph_capturable
-    triton = registry.load_class("service.kernels.triton.experts:TritonWNA16Experts")
+    triton = load_backend_class("service.kernels.triton.experts:TritonWNA16Experts")
     assert triton.layouts == frozenset({"TRITON"}) and triton.graph_capturable

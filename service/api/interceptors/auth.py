@@ -16,8 +16,7 @@ from typing import Any
 
 from grpc_status import rpc_status
 
-from service.api.errors import status_for
-from service.api.interceptors.errors import UnauthenticatedError
+from service.api.errors import UnauthenticatedError, status_for
 from service.api.interceptors.handlers import Context, Method, Stream, Unary
 
 HEALTH_SERVICE = "grpc.health.v1.Health"

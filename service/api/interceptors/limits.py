@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from service.api.interceptors.errors import ConcurrencyLimitError
+from service.api.errors import ConcurrencyLimitError
 from service.api.interceptors.handlers import Context, Method, Stream, Unary
 from service.metrics import Metrics
 from service.settings import Settings

@@ -17,9 +17,9 @@ from typing import Literal
 
 import torch
 
+from service.formats import bits as packing
 from service.formats.canonical import SUPPORTED_BITS, QuantizedExperts
 from service.formats.errors import FormatError
-from service.formats.readers import bits as packing
 
 Role = Literal["weight", "scales", "zeros", "g_idx", "bias", "shape"]
 ROLES: tuple[Role, ...] = ("weight", "scales", "zeros", "g_idx", "bias", "shape")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from service.formats.readers import bits as packing
+from service.formats import bits as packing
 from service.formats.routes.packed import PackedLayer, PackedProjection
 from service.formats.writers import ConversionOptions
 from service.formats.writers import marlin_layout as mlayout

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
+from service.formats import bits as packing
 from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
 from service.formats.errors import ConversionUnsupported
-from service.formats.readers import bits as packing
 from service.formats.writers import ConversionOptions, ConvertedLayer, finish, weight_type
 
 BACKEND = "TRITON"

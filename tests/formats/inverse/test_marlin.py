@@ -1,4 +1,4 @@
-"""The reference MARLIN reader (service/formats/readers/marlin.py) as the exact inverse of
+"""The reference MARLIN reader (service/formats/inverse/marlin.py) as the exact inverse of
 our MARLIN and BATCHED_MARLIN writers: canonical -> writer -> reader == canonical, bit for
 bit, over bits, group sizes, zero points, bias, gated and not, padded intermediate sizes and
 the sorted act-order form. The reader is built from vLLM's reference tables, the writer from
@@ -14,7 +14,7 @@ import torch
 
 from service.formats.canonical import QuantizedMoELayer
 from service.formats.errors import FormatError
-from service.formats.readers import marlin as reader
+from service.formats.inverse import marlin as reader
 from service.formats.synthetic.quantize import random_layer
 from service.formats.writers import ConversionOptions
 from service.formats.writers.marlin import marlin_tensors, write_batched_marlin, write_marlin
