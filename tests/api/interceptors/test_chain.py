@@ -1,5 +1,5 @@
-"""The interceptor chain applied at registration: merge of registrations, both dispatch
-routes, auth, error mapping and metrics, on a real in-process grpc.aio server."""
+"""The interceptor chain applied at registration: both dispatch routes, auth, error mapping
+and metrics, on a real in-process grpc.aio server."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ async def echo(request: bytes, context: Any) -> bytes:
     return b"echo:" + request
 
 
-async def replaced(request: bytes, context: Any) -> bytes:
-    return b"replaced:" + request
+async def other(request: bytes, context: Any) -> bytes:
+    return b"other:" + request
 
 
 async def bad(request: bytes, context: Any) -> bytes:
@@ -51,7 +51,6 @@ async def serve_and_call(
     first = {"Echo": unary(echo), "Bad": unary(bad)}
     registrar.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, first),))
     registrar.add_registered_method_handlers(SERVICE, first)
-    registrar.add_registered_method_handlers(SERVICE, {"Echo": unary(replaced)})
     health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), registrar)  # type: ignore[arg-type]
     registrar.install(registered)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -75,9 +74,9 @@ async def serve_and_call(
 
 
 @pytest.mark.parametrize("route", ["registered", "generic"])
-def test_the_last_registration_wins_and_every_call_is_wrapped(route: str) -> None:
+def test_every_call_is_wrapped_on_either_dispatch_route(route: str) -> None:
     results, metrics = asyncio.run(serve_and_call(registered=lambda method: route == "registered"))
-    assert results["Echo"] == b"replaced:x"
+    assert results["Echo"] == b"echo:x"
     assert results["Bad"] is grpc.StatusCode.INVALID_ARGUMENT
     assert results["Missing"] is grpc.StatusCode.UNIMPLEMENTED
     labels = {"grpc_type": "unary", "grpc_service": SERVICE}
@@ -117,7 +116,7 @@ def test_a_token_guards_everything_but_health() -> None:
             registered=lambda method: True, token="s3", metadata=(("authorization", "Bearer s3"),)
         )
     )
-    assert ok["Echo"] == b"replaced:x"
+    assert ok["Echo"] == b"echo:x"
 
 
 def test_wrappers_are_built_once_per_handler_and_may_count_nothing() -> None:
@@ -151,7 +150,7 @@ async def serve_by_default_routes() -> tuple[list[str], dict[str, Any]]:
     service = "moe_control.v1.MoeControlService"
     recording = RecordingServer(grpc.aio.server())
     registrar = InterceptorChain(Metrics()).registrar(recording)  # type: ignore[arg-type]
-    handlers = {"SelectBackend": unary(echo), "ListWorkers": unary(replaced)}
+    handlers = {"SelectBackend": unary(echo), "ListWorkers": unary(other)}
     registrar.add_registered_method_handlers(service, handlers)
     health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), registrar)  # type: ignore[arg-type]
     registrar.install()
@@ -176,7 +175,7 @@ def test_only_selectbackend_is_pre_registered_by_default_and_the_rest_still_answ
     assert pre_registered == ["/moe_control.v1.MoeControlService/SelectBackend"]
     assert answers == {
         "SelectBackend": b"echo:x",
-        "ListWorkers": b"replaced:x",
+        "ListWorkers": b"other:x",
         "health": health_pb2.HealthCheckResponse.SERVING,
     }
 
