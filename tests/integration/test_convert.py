@@ -24,11 +24,13 @@ import torch
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from integration.platforms import oracle_on, worker_platform
 from integration.serverproc import ServerProcess
 from service.api.codecs import conversion as convert_codec
+from service.api.codecs import selection as selection_codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
-from service.api.generated.moe_control.v1 import tensor_pb2
+from service.api.generated.moe_control.v1 import selection_pb2, tensor_pb2
 from service.client.convert import (
     Connection,
     convert_checkpoint_remote,
@@ -41,6 +43,7 @@ from service.formats.checkpoint.plan import MANIFEST_NAME
 from service.formats.io.safetensors import SafetensorsFile
 from service.formats.io.streaming import FROM_SAFETENSORS, TensorSpec
 from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
+from service.oracle import Decision, SelectionError, deployment_from_model_config
 
 SPEC = SyntheticSpec(num_layers=2, num_experts=4, hidden_size=128, intermediate_size=128)
 MODULE = "model.layers.0.block_sparse_moe.experts"
@@ -302,10 +305,29 @@ def test_backends_without_a_writer_are_unimplemented_up_front(
     error = _raw_call(stub, [pb.ConvertWeightsRequest(header=head)])
     assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert field_of(error) == "target_backend"
-    # `auto` on this CPU worker is vLLM's own choice for it: here vLLM selects nothing.
-    head = header_for(model_config_json=config_json(paths["root"]))
-    error = _raw_call(stub, [pb.ConvertWeightsRequest(header=head)])
-    assert error.code() is grpc.StatusCode.FAILED_PRECONDITION
+    # `auto` is vLLM's own choice for the platform: on a CPU without AMX it selects nothing
+    # (FAILED_PRECONDITION), with AMX it picks CPU, which has no writer (UNIMPLEMENTED).
+    # Both what-if CPUs, then the worker's own (probed from this host's CPU, either kind).
+    deployment = deployment_from_model_config(json.loads(config_json(paths["root"])))
+    no_amx, amx = oracle_on(deployment, "cpu-noamx"), oracle_on(deployment, "cpu")
+    assert isinstance(no_amx, SelectionError) and isinstance(amx, Decision)
+    assert amx.backend == "CPU"
+    own = oracle_on(deployment, worker_platform(stub))
+    for preset, expected in (("cpu-noamx", no_amx), ("cpu", amx), (None, own)):
+        head = header_for(model_config_json=config_json(paths["root"]), platform_preset=preset)
+        error = _raw_call(stub, [pb.ConvertWeightsRequest(header=head)])
+        if isinstance(expected, SelectionError):
+            assert error.code() is grpc.StatusCode.FAILED_PRECONDITION, preset
+            status = rpc_status.from_call(error)  # type: ignore[arg-type]
+            assert status is not None
+            failure = selection_pb2.SelectionFailure()
+            assert any(detail.Unpack(failure) for detail in status.details)
+            assert selection_codec.selection_error_from_pb(failure).to_json() == expected.to_json()
+        else:
+            assert expected.backend in registry.UNSUPPORTED_BACKENDS
+            assert error.code() is grpc.StatusCode.UNIMPLEMENTED, preset
+            assert f"cannot write {expected.backend} (vLLM's choice" in error.details()
+            assert registry.UNSUPPORTED_BACKENDS[expected.backend] in error.details()
 
 
 def test_a_cancelled_call_leaves_nothing(paths: dict[str, Any], server: ServerProcess) -> None:

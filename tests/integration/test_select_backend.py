@@ -15,11 +15,18 @@ from google.rpc import error_details_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
+from integration.platforms import NO_AMX_CPU
 from integration.serverproc import SERVICE, ServerProcess, health_status
 from service.api.codecs import selection as codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import platform_pb2, selection_pb2
-from service.oracle import PLATFORM_PRESETS, SelectionError, deployment_from_model_config, select
+from service.oracle import (
+    PLATFORM_PRESETS,
+    PlatformProfile,
+    SelectionError,
+    deployment_from_model_config,
+    select,
+)
 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
 AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
@@ -246,20 +253,35 @@ def test_incompatible_forced_backend_is_failed_precondition(stub: Any) -> None:
 
 
 def test_no_eligible_backend_is_failed_precondition_listing_every_backend(stub: Any) -> None:
-    """The CPU worker's own platform (no platform in the request) has no WNA16 backend."""
-    own = stub.GetPlatform(pb.GetPlatformRequest(), timeout=5).worker.platform
+    """A CPU without AMX has no WNA16 backend: vLLM fails, and the error lists every backend
+    with its reason. This host's CPU may have AMX, so the platform is explicit (in the spec,
+    and as a what-if profile); test_default_platform_is_the_workers_own checks the worker's
+    own platform, whichever answer vLLM gives there."""
     with pytest.raises(SelectionError) as local:
-        select(spec(GPTQ, codec.platform_to_json(own)))
-    with pytest.raises(grpc.RpcError) as caught:
-        request = pb.SelectBackendRequest(spec_json=json.dumps(spec(GPTQ, None)))
-        stub.SelectBackend(request, timeout=5)
-    code, details = rich_error(caught.value)
-    assert code is grpc.StatusCode.FAILED_PRECONDITION
-    precondition = unpack(details, error_details_pb2.PreconditionFailure)
+        select(spec(GPTQ, NO_AMX_CPU))
+    profile = codec.platform_to_pb(PlatformProfile.from_json(NO_AMX_CPU))
+    requests = [
+        pb.SelectBackendRequest(spec_json=json.dumps(spec(GPTQ, NO_AMX_CPU))),
+        pb.SelectBackendRequest(
+            spec_json=json.dumps(spec(GPTQ, None)),
+            platform=selection_pb2.PlatformSelector(profile=profile),
+        ),
+    ]
     expected = [(c.backend, c.reason_code, c.reason) for c in local.value.candidates]
-    assert [(v.type, v.subject, v.description) for v in precondition.violations] == expected
-    assert expected and all(code and reason for _, code, reason in expected)  # CPU: 2 backends
-    assert unpack(details, error_details_pb2.ErrorInfo).reason == "BACKEND_SELECTION_FAILED"
+    assert [backend for backend, _, _ in expected] == ["ZEN_CPU", "CPU"]
+    assert all(code and reason for _, code, reason in expected)
+    for request in requests:
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.SelectBackend(request, timeout=5)
+        code, details = rich_error(caught.value)
+        assert code is grpc.StatusCode.FAILED_PRECONDITION
+        precondition = unpack(details, error_details_pb2.PreconditionFailure)
+        assert [(v.type, v.subject, v.description) for v in precondition.violations] == expected
+        info = unpack(details, error_details_pb2.ErrorInfo)
+        assert info.reason == "BACKEND_SELECTION_FAILED"
+        assert info.metadata["vllm_exception"] == local.value.error.type == "NotImplementedError"
+        failure = unpack(details, selection_pb2.SelectionFailure)
+        assert codec.selection_error_from_pb(failure).to_json() == local.value.to_json()
 
 
 def test_bytes_that_are_no_request_are_invalid_argument(server: ServerProcess) -> None:

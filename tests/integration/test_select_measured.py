@@ -20,17 +20,24 @@ from typing import Any
 import grpc
 import pytest
 
+from integration.platforms import FORCED_MARLIN, oracle_on, rejected, server_worker_platform
 from integration.serverproc import ServerProcess
+from service.api.codecs import selection as codec
 from service.api.generated.moe_control.v1 import measured_pb2
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
+from service.oracle import SelectionError
 
 QUANT = {"quant_method": "gptq", "bits": 4, "group_size": 64, "sym": True, "desc_act": False}
 LAYER = {"num_experts": 4, "top_k": 2, "hidden_size": 128, "intermediate_size": 128}
 
 
-def request(tokens: list[int], **extra: Any) -> pb.SelectBackendRequest:
-    spec = {"hf_quantization_config": QUANT, "layer": LAYER}
+SPEC: dict[str, Any] = {"hf_quantization_config": QUANT, "layer": LAYER}
+
+
+def request(
+    tokens: list[int], spec: dict[str, Any] = SPEC, **extra: Any
+) -> pb.SelectBackendRequest:
     return pb.SelectBackendRequest(
         spec_json=json.dumps(spec),
         policy=measured_pb2.SELECTION_POLICY_MEASURED,
@@ -66,6 +73,16 @@ def timings(bucket: measured_pb2.TokenBucketMeasurement) -> dict[str, Any]:
     }
 
 
+def assert_vllm_fails(answer: pb.SelectBackendResponse, failure: SelectionError) -> None:
+    """The static part of a MEASURED answer where vLLM fails: no backend, every candidate's
+    verdict and reason as the oracle gives them, and the failure as the one hazard."""
+    assert not answer.HasField("backend")
+    assert answer.candidates
+    assert [codec.candidate_from_pb(c) for c in answer.candidates] == list(failure.candidates)
+    assert [h.code for h in answer.hazards] == ["VLLM_FAILS"]
+    assert str(failure) in answer.hazards[0].message
+
+
 def test_measured_answers_then_caches_and_persists(
     server_factory: Callable[..., ServerProcess], tmp_path: Path
 ) -> None:
@@ -74,14 +91,26 @@ def test_measured_answers_then_caches_and_persists(
     # forwards MEASURED to the primary (one store, one measurement)
     server = server_factory("--state-dir", str(state), "--server-processes", "2")
     first = call(server, request([1, 8]))
-    # vLLM's static answer for this CPU without AMX is a failure; MEASURED keeps every
-    # candidate's reason and carries the failure as a hazard, then times what runs here
-    with pytest.raises(grpc.RpcError) as info:
-        call(server, pb.SelectBackendRequest(spec_json=request([1]).spec_json))
-    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert not first.HasField("backend")
-    assert [c.backend for c in first.candidates] == ["ZEN_CPU", "CPU"]
-    assert [h.code for h in first.hazards] == ["VLLM_FAILS"]
+    # The static part is vLLM's answer on the worker's own platform, probed from this host's
+    # CPU: with AMX vLLM picks CPU (which MEASURED does not time), without it vLLM fails, and
+    # MEASURED then keeps every candidate's reason and carries the failure as a hazard.
+    # Either way it times what runs here.
+    expected = oracle_on(SPEC, server_worker_platform(server))
+    plain = pb.SelectBackendRequest(spec_json=request([1]).spec_json)
+    if isinstance(expected, SelectionError):
+        with pytest.raises(grpc.RpcError) as info:
+            call(server, plain)
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert_vllm_fails(first, expected)
+        static = ""
+    else:
+        assert codec.select_response_to_json(call(server, plain)) == expected.to_json()
+        assert first.backend == expected.backend == "CPU"
+        assert [codec.candidate_from_pb(c) for c in first.candidates] == list(expected.candidates)
+        assert [(h.code, h.message) for h in first.hazards] == [
+            (h.code, h.message) for h in expected.hazards
+        ]
+        static = expected.backend
     measured = first.measured
     assert not measured.from_cache and measured.measure_seconds > 0
     assert measured.device_name == "cpu" and measured.versions["torch"]
@@ -93,7 +122,9 @@ def test_measured_answers_then_caches_and_persists(
         assert "CUDA" in found["MARLIN"] and "CUDA" in found["HUMMING"]
         assert bucket.fastest_backend == "EMULATION"
         assert bucket.fastest_seconds == found["EMULATION"]
-        assert bucket.static_backend == "" and not bucket.HasField("static_seconds")
+        # neither CPU nor no backend at all is among the backends MEASURED times
+        assert static not in found
+        assert bucket.static_backend == static and not bucket.HasField("static_seconds")
 
     began = time.perf_counter()
     again = call(server, request([8, 1]))
@@ -104,12 +135,25 @@ def test_measured_answers_then_caches_and_persists(
     before = rejections(server)
     repeats = [call(server, request([8, 1])) for _ in range(3)]
     assert all(r == again for r in repeats)
-    assert rejections(server) == before + 3 * 2  # ZEN_CPU and CPU, each time
+    # ZEN_CPU each time, and CPU too without AMX
+    assert rejected(expected) == (1 if static else 2)
+    assert rejections(server) == before + 3 * rejected(expected)
 
     # naming the serving worker explicitly is the same request to the cache
     named = call(server, request([1, 8], measure_worker_index=0))
     assert named.measured.from_cache and named.measured.worker_index == 0
     assert [timings(b) for b in named.measured.buckets] == [timings(b) for b in measured.buckets]
+
+    # where vLLM fails on any CPU (a forced Marlin backend), the answer carries the failure
+    # and the same timings: the spec's backend choice is no part of what is measured
+    forced_spec = {**SPEC, **FORCED_MARLIN}
+    forced_failure = oracle_on(forced_spec, server_worker_platform(server))
+    assert isinstance(forced_failure, SelectionError)
+    forced = call(server, request([1, 8], forced_spec))
+    assert_vllm_fails(forced, forced_failure)
+    assert forced.measured.from_cache
+    assert [timings(b) for b in forced.measured.buckets] == [timings(b) for b in measured.buckets]
+    assert all(b.static_backend == "" for b in forced.measured.buckets)
 
     # a new token count is measured alone; the known one keeps its time
     more = call(server, request([1, 2]))
