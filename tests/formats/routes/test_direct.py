@@ -470,7 +470,7 @@ def test_one_host_sync_per_layer_on_the_gpu(layout: str, syncs: int, backend: st
     tensors, quant = _checkpoint(layout, group=128)
     on_gpu = {name: t.to("cuda") for name, t in tensors.items()}
 
-    def read() -> object:
+    def read_only() -> object:
         return read.read_packed(LAYOUTS[layout], on_gpu, quant, num_experts=E)
 
     def whole() -> object:
@@ -479,13 +479,13 @@ def test_one_host_sync_per_layer_on_the_gpu(layout: str, syncs: int, backend: st
     # Warm both paths: the per-shape device caches (`_shape_words`, `_plain_groups`, the
     # gather indices, the kernels' pointer tables) are made on first use.
     whole()
-    read()
+    read_only()
     # Counted in the steady state: on the H200 the first counted call of a process saw one
     # synchronizing call more than every later one (whatever ran before it), so one
     # counted round is a warm-up too.
-    _syncs(read)
+    _syncs(read_only)
     _syncs(whole)
-    assert _syncs(read) == syncs
+    assert _syncs(read_only) == syncs
     assert _syncs(whole) == syncs
 
 
