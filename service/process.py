@@ -109,14 +109,15 @@ def sweep_runtime_dirs(base: str | None = None) -> list[str]:
     removed = []
     for path in Path(base or tempfile.gettempdir()).glob(RUNTIME_PREFIX + "*"):
         pid = path.name[len(RUNTIME_PREFIX) :].split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)) or path.stat().st_uid != os.getuid():
+        if not pid.isdigit() or pid_alive(int(pid)) or path.stat().st_uid != os.getuid():
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(str(path))
     return removed
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (one of another user's counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -21,6 +21,7 @@ from typing import Any
 from service.formats.checkpoint.plan import JOURNAL_DIR, MANIFEST_NAME, CheckpointJob, read_json
 from service.formats.errors import ConvertInputError
 from service.formats.io.safetensors import atomic_write_bytes
+from service.process import pid_alive
 
 __all__ = ["Journal", "file_identity", "prepare_output", "source_unit", "sweep_temps"]
 
@@ -116,21 +117,9 @@ def sweep_temps(directory: Path, names: Iterable[str]) -> list[str]:
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(directory):
             match = _TEMP.match(entry.name)
-            if match is None or match["name"] not in wanted or _alive(int(match["pid"])):
+            if match is None or match["name"] not in wanted or pid_alive(int(match["pid"])):
                 continue
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(entry.path)
                 removed.append(entry.name)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
