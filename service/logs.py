@@ -65,7 +65,7 @@ class TextFormatter(logging.Formatter):
 
 def _text_value(value: Any) -> str:
     if isinstance(value, str):
-        plain = value and not any(c.isspace() or c in "\"=" for c in value)
+        plain = value and not any(c.isspace() or c in '"=' for c in value)
         return value if plain else json.dumps(value)
     return json.dumps(value, default=str, separators=(",", ":"))
 

@@ -22,7 +22,7 @@ FIELDS = {"event": "serving", "grpc": "127.0.0.1:50151", "processes": 2, "device
 def test_text_logs_carry_the_fields_as_key_value_pairs() -> None:
     line = TextFormatter().format(_record(**FIELDS))
     assert line.endswith(
-        'INFO moe_control.server: serving event=serving grpc=127.0.0.1:50151 processes=2 '
+        "INFO moe_control.server: serving event=serving grpc=127.0.0.1:50151 processes=2 "
         'devices=["cpu"]'
     ), line
 

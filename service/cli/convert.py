@@ -271,8 +271,8 @@ def _print_checkpoint(summary: Mapping[str, Any], as_json: bool) -> None:
     elapsed = summary["elapsed_s"]
     rate = summary["bytes_in"] / max(elapsed, 1e-9) / GB
     print(
-        f"{_target_text(summary)}: {summary['layers_converted']} layers converted, {summary['layers_skipped']} verified "
-        f"and kept, in {elapsed:.2f} s"
+        f"{_target_text(summary)}: {summary['layers_converted']} layers converted, "
+        f"{summary['layers_skipped']} verified and kept, in {elapsed:.2f} s"
     )
     print(
         f"  read {summary['bytes_in'] / GB:.3f} GB, wrote {summary['bytes_out'] / GB:.3f} GB "
@@ -283,7 +283,7 @@ def _print_checkpoint(summary: Mapping[str, Any], as_json: bool) -> None:
 
 
 def _target_text(summary: Mapping[str, Any]) -> str:
-    """"MARLIN (MarlinExperts, chosen by oracle)": the backend, with the experts class and
+    """ "MARLIN (MarlinExperts, chosen by oracle)": the backend, with the experts class and
     who chose it when they are known (an unknown one is left out, never printed as None)."""
     known = [
         str(part)

@@ -43,7 +43,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="EMULATION (default), TRITON, MARLIN or HUMMING; --layer-id: default the layer's own",
     )
     run_parser.add_argument("--device", default="cpu", help="local: cpu or cuda:N")
-    add_connection_arguments(run_parser, default_timeout=600.0, server_help="call RunMoE on HOST:PORT")
+    add_connection_arguments(
+        run_parser, default_timeout=600.0, server_help="call RunMoE on HOST:PORT"
+    )
     run_parser.add_argument(
         "--layer-id",
         default="",

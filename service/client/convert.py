@@ -95,9 +95,7 @@ def convert_layer_remote(
     buffers: dict[str, bytearray] = {}
     specs: dict[str, TensorSpec] = {}
     with connection.session() as session:
-        responses = session.stream(
-            "ConvertWeights", tensor_requests(header, tensors, chunk_bytes)
-        )
+        responses = session.stream("ConvertWeights", tensor_requests(header, tensors, chunk_bytes))
         for response in responses:
             kind = response.WhichOneof("message")
             if kind == "tensor":
@@ -123,9 +121,7 @@ def convert_checkpoint_remote(
 ) -> pb.ConvertSummary:
     summary: pb.ConvertSummary | None = None
     with connection.session() as session:
-        for response in session.stream(
-            "ConvertWeights", [pb.ConvertWeightsRequest(header=header)]
-        ):
+        for response in session.stream("ConvertWeights", [pb.ConvertWeightsRequest(header=header)]):
             kind = response.WhichOneof("message")
             if kind == "progress" and on_progress is not None:
                 on_progress(convert_codec.progress_to_json(response.progress))

@@ -31,4 +31,3 @@ def unknown_service_message(service: str) -> str:
     """What `NOT_FOUND` from Check means, with the services there are."""
     known = "; ".join(f"{name!r} ({meaning})" for name, meaning in HEALTH_SERVICES.items())
     return f"the server reports no health for service {service!r}; it reports {known}"
-
