@@ -4,7 +4,9 @@
 --backend and runs one forward on random hidden states and router logits, then prints the
 backend, the device time and the error against the fp32 dequantized reference. Locally it
 all happens in this process, with the worker's own code (conversion, routing, the prepared
-backend); with --server it calls RunMoE, by --layer-id or with the layer inline.
+backend); with --server it calls RunMoE, by --layer-id (the held layer's shape from
+ListLayers) or with the layer inline, and the server compares with its own fp32 reference
+on the layer it ran. Either way the exit status is 1 when the error is over --tolerance.
 
 `demo` is the first thing a newcomer runs: it starts nothing external. It quantizes a small
 random layer, asks the oracle what vLLM would pick (on an H100 and on this machine),
@@ -92,6 +94,8 @@ def _shape_arguments(
 def _fill_shape(args: argparse.Namespace, held: dict[str, int] | None = None) -> None:
     """Give every shape flag left unset its value: the held layer's, else the demo's. A flag
     given that contradicts the held layer is an error (the server would refuse it)."""
+    if held is not None and args.top_k is not None:
+        raise ValueError("--top-k: a held layer routes with its own top-k (its deployment's)")
     for name, value in DEMO_SHAPE.items():
         given = getattr(args, name)
         if held is not None and name in held:
@@ -311,13 +315,14 @@ def _run_remote(args: argparse.Namespace) -> int:
     from service.client.errors import ServerNotReadyError
     from service.client.run import held_layer_shape, run_remote
 
-    connection = connection_from_args(args)
     try:
-        if args.layer_id:
-            _fill_shape(args, held_layer_shape(connection, args.layer_id))
-        else:
-            _fill_shape(args)
-        response = run_remote(connection, _remote_request(args))
+        # One session: --timeout covers the wait, the listing and the run together.
+        with connection_from_args(args).session() as session:
+            if args.layer_id:
+                _fill_shape(args, held_layer_shape(session, args.layer_id))
+            else:
+                _fill_shape(args)
+            response = run_remote(session, _remote_request(args))
     except ServerNotReadyError as exc:
         print(f"moe-control run: {exc}", file=sys.stderr)
         return 1

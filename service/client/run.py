@@ -16,7 +16,7 @@ import torch
 from service.api.codecs import conversion as convert_codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import selection_pb2, tensor_pb2
-from service.client.channel import Connection
+from service.client.channel import Session
 from service.client.errors import LayerNotHeldError
 from service.formats.io.streaming import FROM_TORCH
 
@@ -103,18 +103,16 @@ def run_request(
     return request
 
 
-def run_remote(connection: Connection, request: pb.RunMoERequest) -> pb.RunMoEResponse:
+def run_remote(session: Session, request: pb.RunMoERequest) -> pb.RunMoEResponse:
     """One RunMoE (retried as `channel` says: it is idempotent)."""
-    with connection.session() as session:
-        response: pb.RunMoEResponse = session.unary("RunMoE", request)
+    response: pb.RunMoEResponse = session.unary("RunMoE", request)
     return response
 
 
-def held_layer_shape(connection: Connection, layer_id: str) -> dict[str, int]:
+def held_layer_shape(session: Session, layer_id: str) -> dict[str, int]:
     """The shape of a layer a worker holds, from ListLayers: {"experts", "hidden",
     "intermediate"} (the keys of `moe-control run`'s shape flags)."""
-    with connection.session() as session:
-        listed: pb.ListLayersResponse = session.unary("ListLayers", pb.ListLayersRequest())
+    listed: pb.ListLayersResponse = session.unary("ListLayers", pb.ListLayersRequest())
     for layer in listed.layers:
         if layer.layer_id == layer_id:
             return {
