@@ -8,8 +8,8 @@ from service.client.channel import READINESS_SERVICE, Connection
 
 #: The services this server reports health for, and what each means.
 HEALTH_SERVICES: dict[str, str] = {
-    "": "liveness: the process serves (the default)",
-    READINESS_SERVICE: "readiness: a worker is ready (--ready)",
+    "": "liveness, the default",
+    READINESS_SERVICE: "readiness, --ready",
 }
 
 
@@ -29,5 +29,5 @@ def check_health(connection: Connection, service: str = "") -> str:
 
 def unknown_service_message(service: str) -> str:
     """What `NOT_FOUND` from Check means, with the services there are."""
-    known = "; ".join(f"{name!r} ({meaning})" for name, meaning in HEALTH_SERVICES.items())
+    known = ", ".join(f"{name!r} ({meaning})" for name, meaning in HEALTH_SERVICES.items())
     return f"the server reports no health for service {service!r}; it reports {known}"
