@@ -12,7 +12,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-LISTENING = re.compile(r"serving gRPC on (\S+?)(?:; metrics at (\S+))?$")
+LISTENING = re.compile(r"listening for gRPC on (\S+?)(?:; metrics at (\S+))?$")
 """The server's first stdout line: group 1 the gRPC address, group 2 the metrics URL (None
 with metrics off)."""
 

@@ -16,7 +16,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Serve the moe_control.v1 gRPC API with standard health and reflection, "
         "one supervised worker process per device and a Prometheus /metrics endpoint. Every "
         f"flag can also be set as an environment variable ({ENV_PREFIX}<FLAG>, e.g. "
-        f"{Settings.env_name('port')}); flags win.",
+        f"{Settings.env_name('port')}); flags win. Prints 'moe-control listening for gRPC "
+        "on HOST:PORT' once the port is bound (liveness SERVING), then 'moe-control ready: N "
+        "of M workers ready' once a worker can take calls (readiness SERVING); clients wait "
+        "for the second with --wait-ready.",
     )
     Settings.add_arguments(parser)
     parser.set_defaults(handler=run)

@@ -226,9 +226,22 @@ class Converter:
             events = self._checkpoint(header, header.checkpoint, worker, platform, started)
         else:
             events = self._inline(header, stream, worker, platform, started)
-        async with contextlib.aclosing(events):
-            async for event in events:
-                yield event
+        try:
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    yield event
+        except (asyncio.CancelledError, GeneratorExit):
+            # The caller cancelled or went away while the conversion ran or streamed back.
+            log.info(
+                "conversion cancelled by the caller",
+                extra={
+                    "event": "convert_cancelled",
+                    "mode": "checkpoint" if header.checkpoint is not None else "inline",
+                    "worker": worker.index,
+                    "elapsed_s": round(time.perf_counter() - started, 3),
+                },
+            )
+            raise
 
     def _platform(self, header: ConvertHeader, own: PlatformProfile) -> PlatformProfile:
         """The platform `auto` means: the header's what-if platform, else the worker's."""

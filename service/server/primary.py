@@ -5,7 +5,8 @@ cycle; `--server-processes` N adds N-1 replicas (replica.py). Every process list
 public port (front.py); the replicas forward what needs a worker to the primary's private
 server on a Unix socket (forward.py).
 Start: /metrics, workers, the public server, the private one and the replicas (with more
-than one process), then one line on stdout saying where it listens.
+than one process), then one line on stdout saying where it listens, and one more once the
+server is ready (the first worker ready: readiness SERVING).
 Health: liveness ("") is SERVING while the process runs; readiness (the service's name) as
 readiness.py says, in every process.
 Stop (SIGTERM, SIGINT): health goes NOT_SERVING first so balancers drain, then the public
@@ -109,9 +110,9 @@ class MoeControlServer:
             await self._start_replicas(processes - 1, limits)
         grpc_address = f"{_host_for_url(s.host)}:{self.front.port}"
         log.info(
-            "serving",
+            "listening",
             extra={
-                "event": "serving",
+                "event": "listening",
                 "grpc": grpc_address,
                 "tls": self.front.tls,
                 "mtls": s.tls_client_ca is not None,
@@ -218,10 +219,22 @@ async def _serve(server: MoeControlServer) -> None:
         endpoints = await server.start()
         settle_heap()
         metrics = f"; metrics at {endpoints.metrics_url}" if endpoints.metrics_url else ""
-        print(f"moe-control serving gRPC on {endpoints.grpc_address}{metrics}", flush=True)
+        # Two lines: where it listens (liveness SERVING: probes and --wait-ready clients can
+        # connect), then when it is ready (readiness SERVING: calls that need a worker work).
+        print(f"moe-control listening for gRPC on {endpoints.grpc_address}{metrics}", flush=True)
+        announce = asyncio.create_task(_announce_ready(server))
         await stop.wait()
+        announce.cancel()
     finally:
         await server.stop()
+
+
+async def _announce_ready(server: MoeControlServer) -> None:
+    await server.readiness.became_ready.wait()
+    workers = [] if server.pool is None else server.pool.workers
+    ready = sum(1 for worker in workers if worker.ready)
+    log.info("ready", extra={"event": "ready", "ready_workers": ready, "workers": len(workers)})
+    print(f"moe-control ready: {ready} of {len(workers)} workers ready", flush=True)
 
 
 def run(settings: Settings) -> int:

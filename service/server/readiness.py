@@ -31,6 +31,8 @@ class Readiness:
         self.pool: WorkerPool | None = None
         self.replicas: ReplicaSet | None = None
         self.stopping = False
+        #: Set the first time the server is ready (what `moe-control serve` announces).
+        self.became_ready = asyncio.Event()
         self._restarts_counted: dict[int, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -60,6 +62,8 @@ class Readiness:
             self.metrics.count_worker_restart(worker.index, worker.device)
         self._restarts_counted[worker.index] = worker.restarts
         self.publish()
+        if self.ready:
+            self.became_ready.set()
         task = asyncio.create_task(
             self.health.set(SERVICE_NAME, SERVING if self.ready else NOT_SERVING)
         )

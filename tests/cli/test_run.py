@@ -48,3 +48,16 @@ def test_run_with_a_backend_that_cannot_run_here_fails_clearly(
     status = main(["run", "--backend", "nope", "--experts", "4", "--tokens", "2"])
     assert status == 1
     assert "error:" in capsys.readouterr().err
+
+
+def test_top_k_is_spelled_with_a_hyphen(capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["run", "--top-k", "1", "--experts", "4", "--tokens", "2"])
+    assert status == 0, capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["run", "--top_k", "1"])
+
+
+def test_run_exits_1_over_the_tolerance(capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["run", "--experts", "4", "--tokens", "2", "--tolerance", "0"])
+    assert status == 1
+    assert capsys.readouterr().out.rstrip().endswith("FAIL (> 0)")

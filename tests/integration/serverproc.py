@@ -16,7 +16,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 SERVICE = "moe_control.v1.MoeControlService"
-_LISTENING = re.compile(r"serving gRPC on (\S+?)(?:; metrics at (\S+))?$")
+_LISTENING = re.compile(r"listening for gRPC on (\S+?)(?:; metrics at (\S+))?$")
 
 
 @dataclass
