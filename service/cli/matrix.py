@@ -62,7 +62,8 @@ class Cell:
     #: Why there is no backend: vLLM's error, the invalid fields, the server's error.
     problem: str | None
     exit_code: int
-    answer: Mapping[str, Any]
+    #: The platform the cell was decided for (the preset, with --packages and --env).
+    platform: Mapping[str, Any] | None
 
     @property
     def text(self) -> str:
@@ -85,7 +86,7 @@ class Cell:
             "backend": self.backend,
             "hazards": [dict(h) for h in self.hazards],
             "problem": self.problem,
-            "platform": self.answer.get("platform"),
+            "platform": None if self.platform is None else dict(self.platform),
         }
 
 
@@ -121,14 +122,23 @@ def build_matrix(
         for ruleset in rulesets:
             for gpu in gpus:
                 if model.spec is None:
-                    result, code = dict(model.invalid or {}), 2
+                    result, code, platform = dict(model.invalid or {}), 2, None
                 else:
-                    result, code = answer(spec_for(model.spec, gpu), ruleset)
-                cells.append(_cell(model.label, ruleset, gpu, result, code))
+                    spec = spec_for(model.spec, gpu)
+                    result, code = answer(spec, ruleset)
+                    platform = result.get("platform") or spec.get("platform")
+                cells.append(_cell(model.label, ruleset, gpu, result, code, platform))
     return Matrix(tuple(models), tuple(gpus), tuple(rulesets), tuple(cells))
 
 
-def _cell(model: str, ruleset: str, gpu: str, result: Mapping[str, Any], code: int) -> Cell:
+def _cell(
+    model: str,
+    ruleset: str,
+    gpu: str,
+    result: Mapping[str, Any],
+    code: int,
+    platform: Mapping[str, Any] | None,
+) -> Cell:
     error = result.get("error")
     backend = result.get("backend")
     problem: str | None = None
@@ -146,7 +156,7 @@ def _cell(model: str, ruleset: str, gpu: str, result: Mapping[str, Any], code: i
         {"code": str(h.get("code")), "message": str(h.get("message"))}
         for h in result.get("hazards") or []
     )
-    return Cell(model, ruleset, gpu, outcome, backend, hazards, problem, code, result)
+    return Cell(model, ruleset, gpu, outcome, backend, hazards, problem, code, platform)
 
 
 def render_table(matrix: Matrix) -> str:

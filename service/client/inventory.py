@@ -1,0 +1,102 @@
+"""The server's inventory from the client side: its presets, workers and kept layers, and
+unloading a layer; for `moe-control presets`, `workers`, `layers` and `unload`.
+
+Each call returns plain JSON: messages as protobuf's JSON mapping with the proto's field
+names (every field, zeros included, so a script never meets a missing key), platforms in
+the form the oracle's `PlatformProfile.to_json` gives (the same shape `select --json`
+prints). gRPC errors pass through as `grpc.RpcError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from service.api.codecs import selection as codec
+from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
+from service.client.channel import call_metadata, open_channel
+from service.oracle import PlatformProfile
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """Where the server is and how to call it. `wait_ready`: the call waits (up to
+    `timeout` seconds) for the channel to connect instead of failing UNAVAILABLE at once,
+    so a script can call a server that is still starting."""
+
+    target: str
+    token: str | None = None
+    tls_ca: str | Path | None = None
+    tls_cert: str | Path | None = None
+    tls_key: str | Path | None = None
+    timeout: float = 10.0
+    wait_ready: bool = False
+
+
+def _call(connection: Connection, method: str, request: Message) -> Any:
+    with open_channel(
+        connection.target,
+        tls_ca=connection.tls_ca,
+        tls_cert=connection.tls_cert,
+        tls_key=connection.tls_key,
+    ) as channel:
+        stub: Any = pb_grpc.MoeControlServiceStub(channel)  # type: ignore[no-untyped-call]
+        rpc: Callable[..., Any] = getattr(stub, method)
+        return rpc(
+            request,
+            timeout=connection.timeout,
+            metadata=call_metadata(connection.token),
+            wait_for_ready=connection.wait_ready,
+        )
+
+
+def _json(message: Message) -> dict[str, Any]:
+    out: dict[str, Any] = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return out
+
+
+def profile_json(message: Any) -> dict[str, Any]:
+    """A PlatformProfile message as the oracle's JSON form."""
+    return PlatformProfile.from_json(codec.platform_to_json(message)).to_json()
+
+
+def list_presets(connection: Connection) -> list[dict[str, Any]]:
+    """ListPlatformPresets: `{"name", "profile"}` per preset, in the server's order."""
+    response = _call(connection, "ListPlatformPresets", pb.ListPlatformPresetsRequest())
+    return [{"name": p.name, "profile": profile_json(p.profile)} for p in response.presets]
+
+
+def list_workers(connection: Connection) -> dict[str, Any]:
+    """ListWorkers: `{"ready", "ready_workers", "workers": [...]}`; a worker's "platform"
+    is None until it reported one."""
+    response = _call(connection, "ListWorkers", pb.ListWorkersRequest())
+    workers = []
+    for worker in response.workers:
+        entry = _json(worker)
+        entry["platform"] = profile_json(worker.platform) if worker.HasField("platform") else None
+        workers.append(entry)
+    return {"ready": response.ready, "ready_workers": response.ready_workers, "workers": workers}
+
+
+def list_layers(connection: Connection, worker_index: int | None = None) -> list[dict[str, Any]]:
+    """ListLayers: every kept layer (of one worker when `worker_index` is given)."""
+    request = pb.ListLayersRequest()
+    if worker_index is not None:
+        request.worker_index = worker_index
+    response = _call(connection, "ListLayers", request)
+    return [_json(layer) for layer in response.layers]
+
+
+def unload_layer(connection: Connection, layer_id: str) -> int:
+    """UnloadLayer: the device bytes freed."""
+    response = _call(connection, "UnloadLayer", pb.UnloadLayerRequest(layer_id=layer_id))
+    return int(response.freed_bytes)
