@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from service.api.codecs import selection as codec
@@ -58,10 +59,42 @@ def _call(connection: Connection, method: str, request: Message) -> Any:
 
 
 def _json(message: Message) -> dict[str, Any]:
+    """Every field with the proto's names; 64-bit integers as numbers (protobuf's JSON
+    mapping writes them as strings, which a script would have to convert back)."""
     out: dict[str, Any] = json_format.MessageToDict(
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
+    _int64_as_numbers(message, out)
     return out
+
+
+_INT64_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def _int64_as_numbers(message: Message, out: dict[str, Any]) -> None:
+    for field in message.DESCRIPTOR.fields:
+        if field.name not in out:
+            continue
+        if field.type in _INT64_TYPES:
+            value = out[field.name]
+            out[field.name] = [int(v) for v in value] if isinstance(value, list) else int(value)
+        elif field.message_type is not None and not field.message_type.GetOptions().map_entry:
+            if field.message_type.full_name.startswith("google.protobuf."):
+                continue  # well-known types (Timestamp, Duration) keep their JSON strings
+            value = out[field.name]
+            if isinstance(value, list):
+                for sub_message, sub_out in zip(getattr(message, field.name), value, strict=True):
+                    _int64_as_numbers(sub_message, sub_out)
+            elif isinstance(value, dict):
+                _int64_as_numbers(getattr(message, field.name), value)
 
 
 def profile_json(message: Any) -> dict[str, Any]:
