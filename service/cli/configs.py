@@ -34,7 +34,9 @@ class ModelConfig:
     origin: str
 
 
-def load_model_configs(sources: Sequence[str], *, field_name: str = "--config") -> list[ModelConfig]:
+def load_model_configs(
+    sources: Sequence[str], *, field_name: str = "--config"
+) -> list[ModelConfig]:
     """Every model named by `sources`, in order (a directory's in name order)."""
     models: list[ModelConfig] = []
     for source in sources:
@@ -85,7 +87,9 @@ def _from_file(path: Path, label: str, field_name: str) -> ModelConfig:
     try:
         config = json.loads(path.read_text())
     except OSError as exc:
-        raise InvalidSpecError.single(f"{field_name} {path}", f"cannot read: {exc.strerror}") from None
+        raise InvalidSpecError.single(
+            f"{field_name} {path}", f"cannot read: {exc.strerror}"
+        ) from None
     except json.JSONDecodeError as exc:
         raise InvalidSpecError.single(f"{field_name} {path}", f"not JSON: {exc}") from None
     return ModelConfig(label=label, config=config, origin=str(path))
@@ -94,8 +98,14 @@ def _from_file(path: Path, label: str, field_name: str) -> ModelConfig:
 def _from_hub(repo_id: str, revision: str | None, field_name: str) -> ModelConfig:
     """config.json of a Hub repo, through huggingface_hub (its cache, its offline mode)."""
     try:
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+        # Typed once installed; the ignore keeps mypy quiet where it is not (yet).
+        from huggingface_hub import (  # type: ignore[import-not-found, unused-ignore]
+            hf_hub_download,
+        )
+        from huggingface_hub.errors import (  # type: ignore[import-not-found, unused-ignore]
+            EntryNotFoundError,
+            HfHubHTTPError,
+        )
     except ImportError:
         raise InvalidSpecError.single(
             field_name,

@@ -103,9 +103,7 @@ class Matrix:
         return max((cell.exit_code for cell in self.cells), default=0)
 
     def cell(self, model: str, ruleset: str, gpu: str) -> Cell:
-        return next(
-            c for c in self.cells if (c.model, c.ruleset, c.gpu) == (model, ruleset, gpu)
-        )
+        return next(c for c in self.cells if (c.model, c.ruleset, c.gpu) == (model, ruleset, gpu))
 
 
 def build_matrix(
@@ -127,11 +125,21 @@ def build_matrix(
                     spec = spec_for(model.spec, gpu)
                     result, code = answer(spec, ruleset)
                     platform = result.get("platform") or spec.get("platform")
-                cells.append(_cell(model.label, ruleset, gpu, result, code, platform))
+                cells.append(
+                    _cell(
+                        model=model.label,
+                        ruleset=ruleset,
+                        gpu=gpu,
+                        result=result,
+                        code=code,
+                        platform=platform,
+                    )
+                )
     return Matrix(tuple(models), tuple(gpus), tuple(rulesets), tuple(cells))
 
 
 def _cell(
+    *,
     model: str,
     ruleset: str,
     gpu: str,
@@ -170,7 +178,9 @@ def render_table(matrix: Matrix) -> str:
             texts = [matrix.cell(model.label, ruleset, gpu).text for gpu in matrix.gpus]
             rows.append([model.label, *([ruleset] if by_ruleset else []), *texts])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines = [
+        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
     notes = _notes(matrix, by_ruleset)
     if notes:
         lines.append("")

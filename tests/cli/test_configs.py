@@ -110,6 +110,7 @@ def select_offline(cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
     }
     return subprocess.run(
         [sys.executable, "-m", "service.cli", "select", *args],
+        check=False,
         capture_output=True,
         text=True,
         env=env,

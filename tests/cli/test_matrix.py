@@ -111,8 +111,7 @@ def test_hazards_and_failures_are_marked_and_explained(
         n.startswith("! qwen3-gptq on v100: hazard GPTQ_EMULATION_ZERO_POINT: ") for n in notes
     )
     assert any(
-        n.startswith("FAILS mixtral-awq on v100: ValueError: ") and "capability" in n
-        for n in notes
+        n.startswith("FAILS mixtral-awq on v100: ValueError: ") and "capability" in n for n in notes
     )
 
 
@@ -150,9 +149,13 @@ def test_csv_is_one_row_per_cell(fleet: Path, capsys: pytest.CaptureFixture[str]
 def test_one_config_with_csv_is_a_one_cell_matrix(
     fleet: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["select", "--config", str(fleet / "qwen3-gptq.json"), "--gpu", "a100", "--csv"]) == 0
+    assert (
+        main(["select", "--config", str(fleet / "qwen3-gptq.json"), "--gpu", "a100", "--csv"]) == 0
+    )
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
-    assert [(r["model"], r["gpu"], r["backend"]) for r in rows] == [("qwen3-gptq", "a100", "MARLIN")]
+    assert [(r["model"], r["gpu"], r["backend"]) for r in rows] == [
+        ("qwen3-gptq", "a100", "MARLIN")
+    ]
 
 
 def test_known_ruleset_is_accepted_and_named_in_every_cell(
@@ -182,7 +185,9 @@ def test_unknown_gpu_fails_before_any_cell(fleet: Path, capsys: pytest.CaptureFi
     assert "unknown platform preset 'a1000'" in captured.err
 
 
-def test_a_matrix_needs_gpus_and_configs(fleet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_matrix_needs_gpus_and_configs(
+    fleet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["select", "--config", str(fleet)]) == 2
     assert "--gpu" in capsys.readouterr().err
     spec = tmp_path / "spec.json"

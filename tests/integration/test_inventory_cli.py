@@ -119,7 +119,9 @@ def test_the_matrix_over_grpc_is_the_local_matrix(
 ) -> None:
     (tmp_path / "qwen3.json").write_text(json.dumps(QWEN))
     (tmp_path / "qwen3-desc-act.json").write_text(
-        json.dumps({**QWEN, "quantization_config": {**QWEN["quantization_config"], "desc_act": True}})
+        json.dumps(
+            {**QWEN, "quantization_config": {**QWEN["quantization_config"], "desc_act": True}}
+        )
     )
     args = ["select", "--config", str(tmp_path), "--gpu", "a100,h200,mi300x,v100", "--json"]
     local_status, local = cli_json(args, capsys)
