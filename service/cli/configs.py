@@ -55,9 +55,9 @@ def _load(source: str, field_name: str) -> Iterable[ModelConfig]:
     match = _REPO_ID.match(source)
     if match is None or path.exists():
         raise InvalidSpecError.single(
-            field_name,
-            f"{source!r} is neither a config.json, a directory of configs, nor a Hugging Face "
-            "repo id (Org/Name[@revision])",
+            f"{field_name} {source}",
+            "cannot read: no such file or directory (and not a Hugging Face repo id, "
+            "Org/Name[@revision])",
         )
     return [_from_hub(match["repo"], match["revision"], field_name)]
 

@@ -78,8 +78,8 @@ def test_bad_sources_name_the_flag(tmp_path: Path) -> None:
     assert "holds no config.json" in empty.value.violations[0].description
     with pytest.raises(InvalidSpecError) as neither:
         load_model_configs([str(tmp_path / "missing" / "config.json")])
-    assert neither.value.violations[0].field == "--config"
-    assert "neither a config.json" in neither.value.violations[0].description
+    assert neither.value.violations[0].field == f"--config {tmp_path / 'missing' / 'config.json'}"
+    assert "cannot read: no such file" in neither.value.violations[0].description
 
 
 @pytest.mark.skipif(HAS_HUB, reason="huggingface_hub is installed")
