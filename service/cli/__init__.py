@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
 from service import __version__
 from service.cli import grpc_defaults
+
+#: A reader that went away (`moe-control select ... | head -4`): the status a shell reports
+#: for a tool killed by SIGPIPE, which is how well-behaved Unix tools end there.
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
 #: Sub-command modules, in the order `--help` lists them.
 COMMANDS: tuple[str, ...] = (
@@ -45,6 +51,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its exit status. A closed stdout ends any command quietly with
+    `EXIT_BROKEN_PIPE` (Python ignores SIGPIPE, so the write raises instead)."""
+    try:
+        try:
+            status = _dispatch(argv)
+        finally:
+            sys.stdout.flush()  # inside the guard: a pipe closed at the last write counts too
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    return status
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
     # Before any sub-command module can import grpc (grpc_defaults says why).
     grpc_defaults.apply()
     parser = build_parser()
@@ -55,6 +75,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     status: int = handler(args)
     return status
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's own flush at exit finds no closed
+    pipe and prints nothing (Python's documented recipe for SIGPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file descriptor (a test's capture)
+        pass
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from service.cli.client_flags import add_connection_arguments, connection_from_args
+
 EXIT_OK = 0
 EXIT_UNSUPPORTED = 1
 EXIT_BAD_INPUT = 2
@@ -68,9 +70,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--config", type=Path, help="layer mode: the model's config.json")
     parser.add_argument("--deployment", type=Path, help="layer mode: a deployment spec JSON")
     parser.add_argument("--device", default="cpu", help="local mode: cpu or cuda:N")
-    parser.add_argument("--server", help="convert on a moe-control server at HOST:PORT")
-    parser.add_argument("--token", help="bearer token for --server")
-    parser.add_argument("--tls-ca", help="CA bundle to verify --server over TLS")
+    add_connection_arguments(
+        parser, default_timeout=None, server_help="convert on a moe-control server at HOST:PORT"
+    )
     parser.add_argument("--worker", type=int, help="--server: the worker index to convert on")
     parser.add_argument(
         "--keep-loaded", action="store_true", help="--server layer mode: keep it for RunMoE"
@@ -268,10 +270,8 @@ def _print_checkpoint(summary: Mapping[str, Any], as_json: bool) -> None:
         return
     elapsed = summary["elapsed_s"]
     rate = summary["bytes_in"] / max(elapsed, 1e-9) / GB
-    chosen = summary.get("backend_chosen_by", "")
     print(
-        f"{summary['backend']} ({summary.get('experts_class') or '-'}, chosen by {chosen}): "
-        f"{summary['layers_converted']} layers converted, {summary['layers_skipped']} verified "
+        f"{_target_text(summary)}: {summary['layers_converted']} layers converted, {summary['layers_skipped']} verified "
         f"and kept, in {elapsed:.2f} s"
     )
     print(
@@ -280,6 +280,20 @@ def _print_checkpoint(summary: Mapping[str, Any], as_json: bool) -> None:
     )
     manifest = summary["manifest_path"]
     print(f"  manifest: {manifest}" if manifest else "  (other layer ranges still missing)")
+
+
+def _target_text(summary: Mapping[str, Any]) -> str:
+    """"MARLIN (MarlinExperts, chosen by oracle)": the backend, with the experts class and
+    who chose it when they are known (an unknown one is left out, never printed as None)."""
+    known = [
+        str(part)
+        for part in (
+            summary.get("experts_class"),
+            summary.get("backend_chosen_by") and f"chosen by {summary['backend_chosen_by']}",
+        )
+        if part
+    ]
+    return f"{summary['backend']} ({', '.join(known)})" if known else str(summary["backend"])
 
 
 def _deployment(args: argparse.Namespace, input_file: Path) -> dict[str, Any]:
@@ -398,8 +412,7 @@ def _print_layer(summary: Mapping[str, Any], as_json: bool) -> None:
         print(json.dumps(summary))
         return
     print(
-        f"{summary['backend']} ({summary.get('experts_class') or '-'}, chosen by "
-        f"{summary['backend_chosen_by']}) -> {summary['output']} in {summary['elapsed_s']:.3f} s "
+        f"{_target_text(summary)} -> {summary['output']} in {summary['elapsed_s']:.3f} s "
         f"(conversion {summary['device_time_s']:.3f} s)"
     )
     for tensor in summary["tensors"]:
@@ -426,14 +439,10 @@ def _remote(args: argparse.Namespace, bar: ProgressBar) -> int:
     import grpc
 
     from service.api.codecs import conversion as convert_codec
-    from service.client.convert import (
-        Connection,
-        convert_checkpoint_remote,
-        convert_layer_remote,
-        header_for,
-    )
+    from service.client.convert import convert_checkpoint_remote, convert_layer_remote, header_for
+    from service.client.errors import ServerNotReadyError
 
-    connection = Connection(args.server, token=args.token, tls_ca=args.tls_ca)
+    connection = connection_from_args(args)
     backend = "" if args.backend.lower() == "auto" else args.backend
     try:
         if _is_model_dir(args.input):
@@ -459,10 +468,13 @@ def _remote(args: argparse.Namespace, bar: ProgressBar) -> int:
             )
             return EXIT_OK
         return _remote_layer(args, connection, backend, header_for, convert_layer_remote)
+    except ServerNotReadyError as exc:
+        return _fail(EXIT_SERVER, str(exc))
     except grpc.RpcError as error:
         call: Any = error
         code = call.code().name
-        return _fail(_EXIT_OF_CODE.get(code, EXIT_SERVER), f"{code}: {call.details()}")
+        details = call.details() or "no message from the server"
+        return _fail(_EXIT_OF_CODE.get(code, EXIT_SERVER), f"{code}: {details}")
 
 
 def _remote_layer(

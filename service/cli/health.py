@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import sys
 from typing import Any
+
+from service.cli.client_flags import add_connection_arguments, connection_from_args
 
 SERVICE = "moe_control.v1.MoeControlService"
 
@@ -15,36 +17,38 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="check a server's liveness or readiness (grpc.health.v1)",
         description="Print SERVING or NOT_SERVING for a running server and exit 0 only when "
         f"it is SERVING. Liveness is the empty service name; --ready asks for {SERVICE} "
-        "(SERVING only while every worker is ready).",
+        "(SERVING while a worker is ready). --wait-ready waits until the asked service is "
+        "SERVING.",
     )
-    parser.add_argument("--server", default="localhost:50151", help="HOST:PORT")
+    add_connection_arguments(
+        parser, default_timeout=5.0, server_default="localhost:50151", server_help="HOST:PORT",
+        token=False,
+    )  # fmt: skip
     parser.add_argument("--ready", action="store_true", help=f"readiness ({SERVICE})")
     parser.add_argument("--service", help="any service name (overrides --ready)")
-    parser.add_argument("--tls-ca", type=Path, help="CA bundle to verify the server")
-    parser.add_argument("--tls-cert", type=Path, help="client certificate (mTLS)")
-    parser.add_argument("--tls-key", type=Path, help="client key (mTLS)")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import grpc
 
-    from service.client.health import check_health
+    from service.client.errors import ServerNotReadyError
+    from service.client.health import check_health, unknown_service_message
 
     service = args.service if args.service is not None else (SERVICE if args.ready else "")
     try:
-        status = check_health(
-            args.server,
-            service,
-            tls_ca=args.tls_ca,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            timeout=args.timeout,
-        )
+        status = check_health(connection_from_args(args), service)
+    except ServerNotReadyError as exc:
+        print(f"moe-control health: {exc}", file=sys.stderr)
+        return 1
     except grpc.RpcError as error:
         call: Any = error  # a grpc.Call as well
-        print(f"{call.code().name}: {call.details()}")
+        code = call.code()
+        if code is grpc.StatusCode.NOT_FOUND:
+            message = unknown_service_message(service)
+        else:
+            message = call.details() or "no message from the server"
+        print(f"{code.name}: {message}")
         return 1
     print(status)
     return 0 if status == "SERVING" else 1

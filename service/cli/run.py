@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from service.cli.client_flags import add_connection_arguments, connection_from_args
+
 #: The demo's layer: small enough for Triton's CPU interpreter in a few seconds.
 DEMO_SHAPE = {"experts": 8, "top_k": 2, "hidden": 128, "intermediate": 128, "tokens": 16}
 #: Relative error (Frobenius, against the fp32 reference) a backend must stay under.
@@ -35,18 +37,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "dequantized reference. Locally on a random GPTQ layer; with --server through RunMoE "
         "(--layer-id: a layer the server holds; otherwise a random layer sent inline).",
     )
-    _shape_arguments(run_parser, DEMO_SHAPE)
+    _shape_arguments(run_parser, DEMO_SHAPE, held_layer_wins=True)
     run_parser.add_argument(
-        "--backend", default="EMULATION", help="EMULATION, TRITON, MARLIN or HUMMING"
+        "--backend",
+        help="EMULATION (default), TRITON, MARLIN or HUMMING; --layer-id: default the layer's own",
     )
     run_parser.add_argument("--device", default="cpu", help="local: cpu or cuda:N")
-    run_parser.add_argument("--server", help="call RunMoE on HOST:PORT")
-    run_parser.add_argument("--token", help="bearer token for --server")
-    run_parser.add_argument("--tls-ca", help="CA bundle to verify --server over TLS")
-    run_parser.add_argument("--layer-id", default="", help="--server: a kept layer's id")
+    add_connection_arguments(run_parser, default_timeout=600.0, server_help="call RunMoE on HOST:PORT")
+    run_parser.add_argument(
+        "--layer-id",
+        default="",
+        help="--server: a kept layer's id (its shape comes from the server's ListLayers)",
+    )
     run_parser.add_argument("--validate", action="store_true", help="check inputs for NaN/Inf")
     run_parser.add_argument("--warmup", type=int, default=0, help="untimed iterations")
     run_parser.add_argument("--iterations", type=int, default=1, help="timed iterations")
+    run_parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=TOLERANCE,
+        help=f"largest relative error that passes (default {TOLERANCE:g}); exit 1 above it",
+    )
     run_parser.set_defaults(handler=run)
 
     demo = subparsers.add_parser(
@@ -61,12 +72,33 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     demo.set_defaults(handler=run_demo)
 
 
-def _shape_arguments(parser: argparse.ArgumentParser, shape: dict[str, int]) -> None:
+def _shape_arguments(
+    parser: argparse.ArgumentParser, shape: dict[str, int], *, held_layer_wins: bool = False
+) -> None:
+    """--experts, --top-k, --hidden, --intermediate, --tokens (and the quantization). With
+    `held_layer_wins` they default to None, so a held layer's shape can fill what was not
+    given (`_fill_shape`)."""
     for name, value in shape.items():
-        parser.add_argument(f"--{name}", type=int, default=value, help=f"default {value}")
+        flag = "--" + name.replace("_", "-")
+        default = None if held_layer_wins else value
+        parser.add_argument(flag, dest=name, type=int, default=default, help=f"default {value}")
     parser.add_argument("--bits", type=int, default=4, choices=(4, 8))
     parser.add_argument("--group-size", type=int, default=32, help="-1: channelwise")
     parser.add_argument("--seed", type=int, default=0)
+
+
+def _fill_shape(args: argparse.Namespace, held: dict[str, int] | None = None) -> None:
+    """Give every shape flag left unset its value: the held layer's, else the demo's. A flag
+    given that contradicts the held layer is an error (the server would refuse it)."""
+    for name, value in DEMO_SHAPE.items():
+        given = getattr(args, name)
+        if held is not None and name in held:
+            if given is not None and given != held[name]:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} {given}: the held layer has {held[name]}")
+            setattr(args, name, held[name])
+        elif given is None:
+            setattr(args, name, value)
 
 
 def _interpret_triton_on_cpu() -> None:
@@ -148,10 +180,11 @@ class Row:
     max_abs: float
     relative: float
     note: str = ""
+    tolerance: float = TOLERANCE
 
     @property
     def ok(self) -> bool:
-        return self.relative < TOLERANCE
+        return self.relative < self.tolerance
 
 
 def run_local(example: Example, args: argparse.Namespace, backend: str, device: str) -> Row:
@@ -236,7 +269,7 @@ def render(rows: list[Row]) -> str:
     )
     lines = [header, "-" * len(header)]
     for row in rows:
-        verdict = "ok" if row.ok else f"FAIL (> {TOLERANCE:g})"
+        verdict = "ok" if row.ok else f"FAIL (> {row.tolerance:g})"
         if row.note:
             verdict = row.note
         lines.append(
@@ -252,12 +285,14 @@ def _ms(seconds: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     _interpret_triton_on_cpu()
-    backend = args.backend.strip().upper()
     try:
         if args.server:
-            return _run_remote(args, backend)
+            return _run_remote(args)
+        _fill_shape(args)
+        backend = (args.backend or "EMULATION").strip().upper()
         example = make_example(args)
         row = run_local(example, args, backend, args.device)
+        row.tolerance = args.tolerance
     except Exception as exc:  # a CLI reports, it does not trace back
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -265,15 +300,46 @@ def run(args: argparse.Namespace) -> int:
     return 0 if row.ok else 1
 
 
-def _run_remote(args: argparse.Namespace, backend: str) -> int:
+def _run_remote(args: argparse.Namespace) -> int:
+    """RunMoE with compare_with_reference: the server runs its fp32 reference on the very
+    layer it ran (the held one, or the inline one it converted), so the error printed is the
+    backend's, not a difference between two random layers."""
     import grpc
 
-    from service.client.convert import Connection
-    from service.client.run import deployment_pb, run_remote, run_request, tensor_from_pb
+    from service.client.errors import ServerNotReadyError
+    from service.client.run import held_layer_shape, run_remote
 
-    example = make_example(args)
+    connection = connection_from_args(args)
+    try:
+        if args.layer_id:
+            _fill_shape(args, held_layer_shape(connection, args.layer_id))
+        else:
+            _fill_shape(args)
+        response = run_remote(connection, _remote_request(args))
+    except ServerNotReadyError as exc:
+        print(f"moe-control run: {exc}", file=sys.stderr)
+        return 1
+    except grpc.RpcError as error:
+        call: Any = error
+        print(f"{call.code().name}: {call.details() or 'no message'}", file=sys.stderr)
+        return 1
+    return _report_remote(args, response)
+
+
+def _remote_request(args: argparse.Namespace) -> Any:
+    import torch
+
+    from service.client.run import deployment_pb, run_request
+
     inline = None
-    if not args.layer_id:
+    backend = (args.backend or "").strip().upper()
+    if args.layer_id:
+        gen = torch.Generator().manual_seed(args.seed)
+        hidden = torch.randn(args.tokens, args.hidden, generator=gen).to(torch.bfloat16)
+        logits = torch.randn(args.tokens, args.experts, generator=gen)
+    else:
+        example = make_example(args)
+        hidden, logits = example.hidden, example.logits
         spec = deployment_pb(
             example.quant_config,
             num_experts=args.experts,
@@ -282,34 +348,44 @@ def _run_remote(args: argparse.Namespace, backend: str) -> int:
             intermediate_size=args.intermediate,
         )
         inline = (spec, example.checkpoint)
-    request = run_request(
-        example.hidden,
+        backend = backend or "EMULATION"
+    return run_request(
+        hidden,
         layer_id=args.layer_id,
         inline=inline,
-        router_logits=example.logits,
-        backend=backend if inline is not None or args.backend != "EMULATION" else "",
+        router_logits=logits,
+        backend=backend,
         validate=args.validate,
         compare=True,
         warmup=args.warmup,
         iterations=args.iterations,
     )
-    connection = Connection(args.server, token=args.token, tls_ca=args.tls_ca, timeout=600)
-    try:
-        response = run_remote(connection, request)
-    except grpc.RpcError as error:
-        call: Any = error
-        print(f"{call.code().name}: {call.details()}", file=sys.stderr)
-        return 1
-    out = tensor_from_pb(response.output)
+
+
+def _report_remote(args: argparse.Namespace, response: Any) -> int:
+    """The backend, the time and the error against the server's reference; exit 1 when the
+    relative error (max |out - ref| / max |out|) is over --tolerance."""
+    from service.client.run import tensor_from_pb
+
+    out = tensor_from_pb(response.output).float()
     seconds = response.device_time.ToNanoseconds() / 1e9
-    row = _row(
-        response.backend, 0, convert_s=0.0, forward_s=seconds, out=out, reference=example.reference
+    layer = f"layer {args.layer_id}" if args.layer_id else "an inline layer"
+    kind = f" ({response.experts_class})" if response.experts_class else ""
+    print(
+        f"{response.backend}{kind} on worker {response.worker_index}, {layer}: "
+        f"{args.tokens} tokens, device time {_ms(seconds)}"
     )
-    if args.layer_id:
-        row.note = f"max |err| vs the server's reference: {response.max_abs_error:.2e}"
-    print(f"worker {response.worker_index}, device time {_ms(seconds)}")
-    print(render([row]))
-    return 0 if row.ok or args.layer_id else 1
+    if not response.HasField("max_abs_error"):
+        print("the server sent no comparison with its reference: nothing to check")
+        return 1
+    scale = float(out.abs().max()) if out.numel() else 0.0
+    relative = response.max_abs_error / scale if scale > 0 else float(response.max_abs_error)
+    verdict = "ok" if relative < args.tolerance else f"FAIL (> {args.tolerance:g})"
+    print(
+        f"max |err| vs the server's fp32 reference {response.max_abs_error:.2e}, relative to "
+        f"max |out| {relative:.2e}: {verdict}"
+    )
+    return 0 if relative < args.tolerance else 1
 
 
 def run_demo(args: argparse.Namespace) -> int:

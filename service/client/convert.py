@@ -3,7 +3,8 @@
 `convert_layer_remote` streams one layer's tensors (header, then each tensor's TensorHeader
 and chunks, with their SHA-256) and collects the converted tensors and the summary;
 `convert_checkpoint_remote` sends a path-mode header and hands each progress message to a
-callback. Both raise `grpc.RpcError` as the server answers.
+callback. Both raise `grpc.RpcError` as the server answers (never retried: the
+request stream is consumed), and `ServerNotReadyError` when asked to wait and it is not.
 """
 
 from __future__ import annotations
@@ -13,40 +14,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-
 from service.api.codecs import conversion as convert_codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.api.generated.moe_control.v1 import selection_pb2, tensor_pb2
-from service.client.channel import call_metadata
+from service.client.channel import Connection
 from service.formats.io.streaming import TensorSpec, chunks
 
 DEFAULT_CHUNK = 1024 * 1024
-#: Room for a response chunk plus its message.
-_RECEIVE_LIMIT = 64 * 1024 * 1024
-
-
-@dataclass
-class Connection:
-    server: str
-    token: str | None = None
-    tls_ca: str | None = None
-    timeout: float | None = None
-
-    def stub(self) -> tuple[grpc.Channel, Any]:
-        options = [
-            ("grpc.max_receive_message_length", _RECEIVE_LIMIT),
-            ("grpc.max_send_message_length", _RECEIVE_LIMIT),
-        ]
-        if self.tls_ca is None:
-            channel = grpc.insecure_channel(self.server, options=options)
-        else:
-            with open(self.tls_ca, "rb") as handle:
-                credentials = grpc.ssl_channel_credentials(root_certificates=handle.read())
-            channel = grpc.secure_channel(self.server, credentials, options=options)
-        stub = pb_grpc.MoeControlServiceStub(channel)  # type: ignore[no-untyped-call]
-        return channel, stub
 
 
 @dataclass
@@ -117,15 +91,12 @@ def convert_layer_remote(
     tensors: Mapping[str, tuple[TensorSpec, memoryview]],
     chunk_bytes: int = DEFAULT_CHUNK,
 ) -> LayerResult:
-    channel, stub = connection.stub()
     result = LayerResult()
     buffers: dict[str, bytearray] = {}
     specs: dict[str, TensorSpec] = {}
-    with channel:
-        responses = stub.ConvertWeights(
-            tensor_requests(header, tensors, chunk_bytes),
-            metadata=call_metadata(connection.token),
-            timeout=connection.timeout,
+    with connection.session() as session:
+        responses = session.stream(
+            "ConvertWeights", tensor_requests(header, tensors, chunk_bytes)
         )
         for response in responses:
             kind = response.WhichOneof("message")
@@ -150,13 +121,10 @@ def convert_checkpoint_remote(
     header: pb.ConvertWeightsHeader,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> pb.ConvertSummary:
-    channel, stub = connection.stub()
     summary: pb.ConvertSummary | None = None
-    with channel:
-        for response in stub.ConvertWeights(
-            iter([pb.ConvertWeightsRequest(header=header)]),
-            metadata=call_metadata(connection.token),
-            timeout=connection.timeout,
+    with connection.session() as session:
+        for response in session.stream(
+            "ConvertWeights", [pb.ConvertWeightsRequest(header=header)]
         ):
             kind = response.WhichOneof("message")
             if kind == "progress" and on_progress is not None:

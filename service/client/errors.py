@@ -19,3 +19,20 @@ class RemoteSelectionError(MoeControlError):
         self.result = result
         self.exit_code = exit_code
         super().__init__(f"{code.name}: {json.dumps(result)}")
+
+
+class ServerNotReadyError(MoeControlError):
+    """A client waited for the server's readiness (`--wait-ready`) and the time ran out;
+    `last` is the last health status it saw (or why it saw none)."""
+
+    def __init__(self, service: str, last: str, waited_s: float) -> None:
+        self.service = service
+        self.last = last
+        self.waited_s = waited_s
+        super().__init__(
+            f"not ready after {waited_s:.1f} s: health of {service or 'the server'} is {last}"
+        )
+
+
+class LayerNotHeldError(MoeControlError):
+    """No worker holds the layer asked for; the message lists those that are held."""

@@ -16,8 +16,8 @@ import torch
 from service.api.codecs import conversion as convert_codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import selection_pb2, tensor_pb2
-from service.client.channel import call_metadata
-from service.client.convert import Connection
+from service.client.channel import Connection
+from service.client.errors import LayerNotHeldError
 from service.formats.io.streaming import FROM_TORCH
 
 
@@ -104,9 +104,23 @@ def run_request(
 
 
 def run_remote(connection: Connection, request: pb.RunMoERequest) -> pb.RunMoEResponse:
-    channel, stub = connection.stub()
-    with channel:
-        response: pb.RunMoEResponse = stub.RunMoE(
-            request, metadata=call_metadata(connection.token), timeout=connection.timeout
-        )
+    """One RunMoE (retried as `channel` says: it is idempotent)."""
+    with connection.session() as session:
+        response: pb.RunMoEResponse = session.unary("RunMoE", request)
     return response
+
+
+def held_layer_shape(connection: Connection, layer_id: str) -> dict[str, int]:
+    """The shape of a layer a worker holds, from ListLayers: {"experts", "hidden",
+    "intermediate"} (the keys of `moe-control run`'s shape flags)."""
+    with connection.session() as session:
+        listed: pb.ListLayersResponse = session.unary("ListLayers", pb.ListLayersRequest())
+    for layer in listed.layers:
+        if layer.layer_id == layer_id:
+            return {
+                "experts": layer.num_experts,
+                "hidden": layer.hidden_size,
+                "intermediate": layer.intermediate_size,
+            }
+    held = ", ".join(layer.layer_id for layer in listed.layers) or "none"
+    raise LayerNotHeldError(f"no worker holds layer {layer_id!r} (held: {held})")
