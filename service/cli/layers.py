@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "recently used first per worker; `unload LAYER_ID` drops one.",
     )
     parser.add_argument("--worker", type=int, help="only this worker's layers")
-    remote.add_connection_flags(parser, server_default=remote.DEFAULT_SERVER)
+    remote.add_flags(parser, server_default=remote.DEFAULT_SERVER)
     parser.set_defaults(handler=run)
 
 
@@ -50,11 +50,12 @@ def render_table(layers: list[dict[str, Any]]) -> str:
 def run(args: argparse.Namespace) -> int:
     import grpc
 
+    from service.client.errors import ServerNotReadyError
     from service.client.inventory import list_layers
 
     try:
         layers = list_layers(remote.connection(args), worker_index=args.worker)
-    except (grpc.RpcError, ValueError) as error:
+    except (grpc.RpcError, ServerNotReadyError, ValueError) as error:
         return remote.report_failure(error, as_json=args.json)
     if args.json:
         remote.print_json(layers)

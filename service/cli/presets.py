@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "flashinfer; other devices: none) and env flags. Locally, or with --server as that "
         "server lists them (ListPlatformPresets).",
     )
-    remote.add_connection_flags(parser, server_default=None)
+    remote.add_flags(parser, server_default=None)
     parser.set_defaults(handler=run)
 
 
@@ -54,11 +54,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         import grpc
 
+        from service.client.errors import ServerNotReadyError
         from service.client.inventory import list_presets
 
         try:
             presets = list_presets(remote.connection(args))
-        except (grpc.RpcError, ValueError) as error:
+        except (grpc.RpcError, ServerNotReadyError, ValueError) as error:
             return remote.report_failure(error, as_json=args.json)
     if args.json:
         remote.print_json(presets)

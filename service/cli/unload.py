@@ -16,18 +16,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "the device memory freed. `layers` lists the ids.",
     )
     parser.add_argument("layer_id", metavar="LAYER_ID", help="as `layers` lists it")
-    remote.add_connection_flags(parser, server_default=remote.DEFAULT_SERVER)
+    remote.add_flags(parser, server_default=remote.DEFAULT_SERVER)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import grpc
 
+    from service.client.errors import ServerNotReadyError
     from service.client.inventory import unload_layer
 
     try:
         freed = unload_layer(remote.connection(args), args.layer_id)
-    except (grpc.RpcError, ValueError) as error:
+    except (grpc.RpcError, ServerNotReadyError, ValueError) as error:
         return remote.report_failure(error, as_json=args.json)
     if args.json:
         remote.print_json({"layer_id": args.layer_id, "freed_bytes": freed})

@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="a server's workers: device, state, restarts, layer memory, platform",
         description="List a server's worker processes (ListWorkers) and whether it is ready.",
     )
-    remote.add_connection_flags(parser, server_default=remote.DEFAULT_SERVER)
+    remote.add_flags(parser, server_default=remote.DEFAULT_SERVER)
     parser.set_defaults(handler=run)
 
 
@@ -72,11 +72,12 @@ def _platform_text(platform: dict[str, Any] | None) -> str:
 def run(args: argparse.Namespace) -> int:
     import grpc
 
+    from service.client.errors import ServerNotReadyError
     from service.client.inventory import list_workers
 
     try:
         listing = list_workers(remote.connection(args))
-    except (grpc.RpcError, ValueError) as error:
+    except (grpc.RpcError, ServerNotReadyError, ValueError) as error:
         return remote.report_failure(error, as_json=args.json)
     if args.json:
         remote.print_json(listing)

@@ -4,14 +4,12 @@ unloading a layer; for `moe-control presets`, `workers`, `layers` and `unload`.
 Each call returns plain JSON: messages as protobuf's JSON mapping with the proto's field
 names (every field, zeros included, so a script never meets a missing key), platforms in
 the form the oracle's `PlatformProfile.to_json` gives (the same shape `select --json`
-prints). gRPC errors pass through as `grpc.RpcError`.
+prints). gRPC errors pass through as `grpc.RpcError`; a readiness wait that runs out
+raises `ServerNotReadyError`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
@@ -20,41 +18,15 @@ from google.protobuf.message import Message
 
 from service.api.codecs import selection as codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
-from service.client.channel import call_metadata, open_channel
+from service.client.channel import Connection
 from service.oracle import PlatformProfile
 
 
-@dataclass(frozen=True, slots=True)
-class Connection:
-    """Where the server is and how to call it. `wait_ready`: the call waits (up to
-    `timeout` seconds) for the channel to connect instead of failing UNAVAILABLE at once,
-    so a script can call a server that is still starting."""
-
-    target: str
-    token: str | None = None
-    tls_ca: str | Path | None = None
-    tls_cert: str | Path | None = None
-    tls_key: str | Path | None = None
-    timeout: float = 10.0
-    wait_ready: bool = False
-
-
 def _call(connection: Connection, method: str, request: Message) -> Any:
-    with open_channel(
-        connection.target,
-        tls_ca=connection.tls_ca,
-        tls_cert=connection.tls_cert,
-        tls_key=connection.tls_key,
-    ) as channel:
-        stub: Any = pb_grpc.MoeControlServiceStub(channel)  # type: ignore[no-untyped-call]
-        rpc: Callable[..., Any] = getattr(stub, method)
-        return rpc(
-            request,
-            timeout=connection.timeout,
-            metadata=call_metadata(connection.token),
-            wait_for_ready=connection.wait_ready,
-        )
+    """One call in a session: after the readiness wait when `connection.wait_ready`, under
+    the connection's deadline, retried as the channel's rules say."""
+    with connection.session() as session:
+        return session.unary(method, request)
 
 
 def _json(message: Message) -> dict[str, Any]:

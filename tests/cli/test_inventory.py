@@ -67,18 +67,11 @@ def test_no_server_is_unavailable_at_once(
 def test_wait_ready_waits_up_to_the_timeout(capsys: pytest.CaptureFixture[str]) -> None:
     started = time.monotonic()
     args = ["workers", "--server", closed_port(), "--timeout", "1.5", "--wait-ready"]
-    assert main(args) == 3
+    assert main(args) == 1
     assert time.monotonic() - started >= 1.4
-    assert "error: DEADLINE_EXCEEDED" in capsys.readouterr().err
+    assert "error: NOT_READY: not ready after" in capsys.readouterr().err
 
 
 def test_client_certificate_needs_its_key(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["layers", "--server", closed_port(), "--tls-cert", "cert.pem"]) == 2
     assert "--tls-key" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("timeout", ["0", "-1", "soon"])
-def test_timeout_must_be_positive_seconds(timeout: str) -> None:
-    with pytest.raises(SystemExit) as exited:
-        main(["workers", "--timeout", timeout])
-    assert exited.value.code == 2

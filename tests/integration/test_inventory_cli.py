@@ -4,6 +4,7 @@ server on loopback (a primary and a replica, as the shared fixture starts it).""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +135,14 @@ def test_the_matrix_over_grpc_is_the_local_matrix(
     ]
     # desc_act fails where vLLM refuses it: the failure travels as the local one does.
     assert {c["outcome"] for c in remote["cells"]} == {"chosen", "fails"}
+
+
+def test_wait_ready_answers_once_a_starting_server_is_ready(
+    server_factory: Callable[..., ServerProcess], capsys: pytest.CaptureFixture[str]
+) -> None:
+    starting = server_factory(ready=False)  # called as soon as it listens
+    args = ["workers", "--server", starting.address, "--wait-ready", "--timeout", "60", "--json"]
+    status, listing = cli_json(args, capsys)
+    assert status == 0
+    assert listing["ready"] is True
+    assert listing["workers"][0]["state"] == "WORKER_STATE_READY"
