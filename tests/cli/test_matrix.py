@@ -194,3 +194,12 @@ def test_a_matrix_needs_gpus_and_configs(
     spec.write_text(json.dumps({"hf_quantization_config": QWEN["quantization_config"]}))
     assert main(["select", "--deployment", str(spec), "--gpu", "a100,h100"]) == 2
     assert "needs --config" in capsys.readouterr().err
+
+
+def test_platform_flags_apply_to_every_cell(
+    fleet: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["select", "--config", str(fleet), "--gpu", "h100,h200", "--packages", "none", "--json"]
+    _, matrix = run_json(args, capsys)
+    assert {c["backend"] for c in matrix["cells"]} == {"MARLIN"}  # no humming: Marlin wins
+    assert {tuple(c["platform"]["packages"]) for c in matrix["cells"]} == {()}
