@@ -29,6 +29,11 @@ COMMANDS: tuple[str, ...] = (
     "service.cli.run",
     "service.cli.serve",
     "service.cli.health",
+    "service.cli.presets",
+    "service.cli.workers",
+    "service.cli.layers",
+    "service.cli.unload",
+    "service.cli.rulesets",
 )
 
 

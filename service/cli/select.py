@@ -17,7 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from service.cli import matrix
+from service.cli.configs import load_model_configs
 from service.oracle import (
+    DEFAULT_RULESET,
+    RULESETS,
     InvalidSpecError,
     OracleError,
     SelectionError,
@@ -37,12 +41,30 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="which WNA16 MoE backend vLLM picks, and every other backend's reason",
         description="Answer what vLLM 0.33 selects for a quantized MoE layer. Give "
         "--deployment (a JSON object, or JSON Lines with one spec per line) or --config "
-        "(a model's config.json) with a platform (--gpu).",
+        "(a model's config.json, a model directory, a directory of configs or a Hugging "
+        "Face repo id) with a platform (--gpu). Several models or GPUs give a matrix: models "
+        "by GPUs, each cell the backend, hazards marked.",
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--deployment", type=Path, help="deployment spec file (JSON or JSONL)")
-    source.add_argument("--config", type=Path, help="a model's config.json")
-    parser.add_argument("--gpu", "--platform", dest="gpu", help="platform preset, e.g. h100")
+    source.add_argument(
+        "--config",
+        action="append",
+        metavar="PATH|ORG/NAME[@REV]",
+        help="a model's config.json, its directory, a directory of configs, or a Hugging Face "
+        "repo id (read through huggingface_hub: its cache, HF_HUB_OFFLINE); repeatable",
+    )
+    parser.add_argument(
+        "--gpu",
+        "--platform",
+        dest="gpu",
+        help="platform preset, e.g. h100; several (a100,h100) or 'all' give a matrix",
+    )
+    parser.add_argument(
+        "--ruleset",
+        help=f"the vLLM release's rules to decide by, comma separated (known: "
+        f"{', '.join(sorted(RULESETS))}; default {DEFAULT_RULESET})",
+    )
     parser.add_argument(
         "--packages",
         help=f"installed kernel packages, comma separated ({','.join(KNOWN_PACKAGES)}) or 'none'",
@@ -57,7 +79,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--quantization", "-q", help="vLLM's --quantization")
     parser.add_argument("--moe-backend", help="vLLM's --moe-backend (default auto)")
     parser.add_argument("--enable-lora", action="store_true", default=None)
-    parser.add_argument("--json", action="store_true", help="one JSON object per deployment")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="one JSON object per deployment")
+    output.add_argument("--csv", action="store_true", help="the matrix, one CSV row per cell")
     parser.add_argument("--server", help="ask a moe-control server at HOST:PORT instead")
     parser.add_argument("--token", help="bearer token for --server")
     parser.add_argument("--tls-ca", type=Path, help="CA bundle to verify --server over TLS")
@@ -99,15 +123,6 @@ def _token_counts(text: str) -> tuple[int, ...]:
     if not counts or min(counts) < 1:
         raise argparse.ArgumentTypeError("token counts are positive integers")
     return counts
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except OSError as exc:
-        raise InvalidSpecError.single(str(path), f"cannot read: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise InvalidSpecError.single(str(path), f"not JSON: {exc}") from None
 
 
 def _deployments(path: Path) -> Iterator[Any]:
@@ -171,12 +186,12 @@ def _apply_flags(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     return spec
 
 
-def answer(spec: Any) -> tuple[dict[str, Any], int]:
+def answer(spec: Any, ruleset: str = DEFAULT_RULESET) -> tuple[dict[str, Any], int]:
     """The JSON answer for one spec and the exit status it implies."""
     try:
         if isinstance(spec, InvalidSpecError):
             raise spec
-        return select(spec).to_json(), EXIT_OK
+        return select(spec, ruleset=ruleset).to_json(), EXIT_OK
     except SelectionError as exc:
         return exc.to_json(), EXIT_SELECTION_FAILED
     except InvalidSpecError as exc:
@@ -264,8 +279,17 @@ def run(args: argparse.Namespace) -> int:
             result = {"invalid": [{"field": "--policy", "description": problem}]}
             print(json.dumps(result) if args.json else render_table(result), file=sys.stderr)
             return EXIT_BAD_INPUT
+        gpus = matrix.gpu_names(args.gpu)
+        rulesets = matrix.ruleset_names(args.ruleset)
+        args.gpu = gpus[0] if gpus else None
         if args.config is not None:
-            specs: Iterator[Any] = iter([deployment_from_model_config(_read_json(args.config))])
+            configs = load_model_configs(args.config)
+            if len(configs) > 1 or len(gpus) > 1 or len(rulesets) > 1 or args.csv:
+                return _run_matrix(args, matrix.models_from_configs(configs), gpus, rulesets)
+            specs: Iterator[Any] = iter([deployment_from_model_config(configs[0].config)])
+        elif len(gpus) > 1 or len(rulesets) > 1 or args.csv:
+            problem = "a matrix (several GPUs or rulesets, --csv) needs --config"
+            raise InvalidSpecError.single("--gpu", problem)
         else:
             specs = _deployments(args.deployment)
         status = EXIT_OK
@@ -278,9 +302,9 @@ def run(args: argparse.Namespace) -> int:
             else:
                 spec = _apply_flags(raw, args)
                 if args.server:
-                    result, code = _remote(args, spec)
+                    result, code = _remote(args, spec, rulesets[0])
                 else:
-                    result, code = answer(spec)
+                    result, code = answer(spec, rulesets[0])
             status = max(status, code)
             if args.json:
                 print(json.dumps(result, sort_keys=False))
@@ -296,7 +320,32 @@ def run(args: argparse.Namespace) -> int:
         return code
 
 
-def _remote(args: argparse.Namespace, spec: dict[str, Any]) -> tuple[dict[str, Any], int]:
+def _run_matrix(
+    args: argparse.Namespace,
+    models: list[matrix.MatrixModel],
+    gpus: list[str],
+    rulesets: list[str],
+) -> int:
+    """Models by GPUs (by rulesets): every cell decided as a single `select` decides it."""
+    if not gpus:
+        raise InvalidSpecError.single("--gpu", "required for a matrix: presets or 'all'")
+    if args.policy == "measured":
+        raise InvalidSpecError.single("--policy", "a matrix is static (one worker measures)")
+
+    def spec_for(spec: Any, gpu: str) -> dict[str, Any]:
+        return _apply_flags(spec, argparse.Namespace(**{**vars(args), "gpu": gpu}))
+
+    def decide(spec: Any, ruleset: str) -> tuple[dict[str, Any], int]:
+        return _remote(args, spec, ruleset) if args.server else answer(spec, ruleset)
+
+    table = matrix.build_matrix(models, gpus, rulesets, spec_for=spec_for, answer=decide)
+    print(matrix.render(table, "json" if args.json else "csv" if args.csv else "table"))
+    return table.exit_code
+
+
+def _remote(
+    args: argparse.Namespace, spec: dict[str, Any], ruleset: str = DEFAULT_RULESET
+) -> tuple[dict[str, Any], int]:
     from service.client.errors import RemoteSelectionError
     from service.client.select import remote_select
 
@@ -307,6 +356,7 @@ def _remote(args: argparse.Namespace, spec: dict[str, Any]) -> tuple[dict[str, A
         result = remote_select(
             args.server,
             spec,
+            ruleset=ruleset,
             token=args.token,
             tls_ca=args.tls_ca,
             tls_cert=args.tls_cert,

@@ -209,6 +209,19 @@ def _rocm(name: str, arch: str, major: int, minor: int) -> PlatformProfile:
 
 
 #: Named presets, so `--gpu h100` answers without the device at hand.
+#:
+#: The packages convention: a CUDA preset is a machine with a stock `pip install vllm`, so it
+#: has vLLM's CUDA kernel dependencies (`DEFAULT_CUDA_PACKAGES`: humming and flashinfer); a
+#: ROCm, XPU or CPU preset has none of the optional packages (vLLM's ROCm, XPU and CPU builds
+#: do not bring them). `--packages` (or a spec's "packages") overrides either.
+#:
+#: Capabilities of the added presets, from NVIDIA's CUDA GPU list
+#: (https://developer.nvidia.com/cuda-gpus): GeForce RTX 4090 8.9, GeForce RTX 3090 8.6,
+#: RTX A6000 8.6, L40 8.9; H20 is a Hopper part and Hopper is compute capability 9.0
+#: (NVIDIA's Hopper tuning guide, https://docs.nvidia.com/cuda/hopper-tuning-guide/). MI250X's
+#: LLVM target is gfx90a (AMD's ROCm "GPU hardware specifications" table,
+#: https://rocm.docs.amd.com/en/latest/reference/gpu-arch-specs.html); HIP reports gfx90a as
+#: capability 9.0, as it reports gfx942 as 9.4.
 PLATFORM_PRESETS: Mapping[str, PlatformProfile] = MappingProxyType(
     {
         "v100": _cuda("v100", 7, 0),
@@ -216,15 +229,21 @@ PLATFORM_PRESETS: Mapping[str, PlatformProfile] = MappingProxyType(
         "a10": _cuda("a10", 8, 6),
         "a100": _cuda("a100", 8, 0),
         "l4": _cuda("l4", 8, 9),
+        "l40": _cuda("l40", 8, 9),
         "l40s": _cuda("l40s", 8, 9),
+        "rtx3090": _cuda("rtx3090", 8, 6),
+        "rtxa6000": _cuda("rtxa6000", 8, 6),
+        "rtx4090": _cuda("rtx4090", 8, 9),
         "h100": _cuda("h100", 9, 0),
         "h200": _cuda("h200", 9, 0),
+        "h20": _cuda("h20", 9, 0),
         "gh200": _cuda("gh200", 9, 0),
         "b200": _cuda("b200", 10, 0),
         "gb200": _cuda("gb200", 10, 0),
         "b300": _cuda("b300", 10, 3),
         "rtx5090": _cuda("rtx5090", 12, 0),
         "gb10": _cuda("gb10", 12, 1),
+        "mi250x": _rocm("mi250x", "gfx90a", 9, 0),
         "mi300x": _rocm("mi300x", "gfx942", 9, 4),
         "mi355x": _rocm("mi355x", "gfx950", 9, 5),
         "gfx1100": _rocm("gfx1100", "gfx1100", 11, 0),
@@ -236,7 +255,18 @@ PLATFORM_PRESETS: Mapping[str, PlatformProfile] = MappingProxyType(
 )
 
 #: Spellings users type for the same preset.
-_PRESET_ALIASES = {"rtx-5090": "rtx5090", "5090": "rtx5090", "mi300": "mi300x"}
+_PRESET_ALIASES = {
+    "rtx-5090": "rtx5090",
+    "5090": "rtx5090",
+    "mi300": "mi300x",
+    "rtx-4090": "rtx4090",
+    "4090": "rtx4090",
+    "rtx-3090": "rtx3090",
+    "3090": "rtx3090",
+    "rtx-a6000": "rtxa6000",
+    "a6000": "rtxa6000",
+    "mi250": "mi250x",
+}
 
 
 def preset(name: str, *, field_name: str = "platform") -> PlatformProfile:

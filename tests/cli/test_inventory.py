@@ -1,0 +1,77 @@
+"""`moe-control presets` and `rulesets` locally, and the connection flags every inventory
+command shares (`workers`, `layers`, `unload`) against an address nothing listens on.
+tests/integration/test_inventory_cli.py calls a real server."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from service.cli import main
+from service.oracle import DEFAULT_RULESET, PLATFORM_PRESETS, RULESETS
+
+
+def test_presets_list_every_preset_with_what_it_assumes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["presets", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [p["name"] for p in listed] == list(PLATFORM_PRESETS)
+    by_name = {p["name"]: p["profile"] for p in listed}
+    assert by_name["h200"]["packages"] == ["flashinfer", "humming"]
+    assert by_name["mi250x"]["arch"] == "gfx90a"
+    assert by_name["rtx4090"]["capability"] == "8.9"
+
+
+def test_presets_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["presets"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["PRESET", "DEVICE", "CAPABILITY", "ARCH", "PACKAGES", "ENV"]
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert rows["h20"] == ["h20", "cuda", "9.0", "-", "flashinfer,humming", "-"]
+    assert rows["mi250x"] == ["mi250x", "rocm", "9.0", "gfx90a", "none", "-"]
+    assert len(rows) == len(PLATFORM_PRESETS)
+
+
+def test_rulesets_come_from_the_oracles_registry(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rulesets", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in listed] == list(RULESETS)
+    (default,) = [r for r in listed if r["default"]]
+    assert default["name"] == DEFAULT_RULESET
+    assert default["backends"] == list(RULESETS[DEFAULT_RULESET].backends)
+    assert "marlin" in default["moe_backends"]
+    assert main(["rulesets"]) == 0
+    assert capsys.readouterr().out.startswith(f"{DEFAULT_RULESET} (default)\n")
+
+
+def closed_port() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("command", [["workers"], ["layers"], ["unload", "L1"], ["presets"]])
+def test_no_server_is_unavailable_at_once(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    started = time.monotonic()
+    assert main([*command, "--server", closed_port(), "--timeout", "20", "--json"]) == 3
+    assert time.monotonic() - started < 10
+    assert json.loads(capsys.readouterr().out)["error"]["code"] == "UNAVAILABLE"
+
+
+def test_wait_ready_waits_up_to_the_timeout(capsys: pytest.CaptureFixture[str]) -> None:
+    started = time.monotonic()
+    args = ["workers", "--server", closed_port(), "--timeout", "1.5", "--wait-ready"]
+    assert main(args) == 1
+    assert time.monotonic() - started >= 1.4
+    assert "error: NOT_READY: not ready after" in capsys.readouterr().err
+
+
+def test_client_certificate_needs_its_key(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["layers", "--server", closed_port(), "--tls-cert", "cert.pem"]) == 2
+    assert "--tls-key" in capsys.readouterr().err
