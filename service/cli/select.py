@@ -395,7 +395,8 @@ def _remote(args: argparse.Namespace, spec: dict[str, Any]) -> tuple[dict[str, A
             token_counts=args.tokens,
             refresh=args.refresh,
             measure_worker_index=args.measure_worker,
-            what_would_change=True,
+            # the measured answer says what runs fastest; the change search is static's
+            what_would_change=args.policy == "static",
         )
     except RemoteSelectionError as exc:
         return with_id(spec, exc.result), exc.exit_code
