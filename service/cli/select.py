@@ -257,6 +257,8 @@ def render_table(result: dict[str, Any]) -> str:
         lines.append(f"ruleset: {_text(result.get('ruleset'), 'unknown')}")
     error = result.get("error")
     stage = error["stage"] if error else ""
+    if error and stage == "server":  # no answer came back: only the transport's error
+        return "\n".join([*lines, f"error (server): {error['type']}: {error['message']}"])
     failed = f"- (not built: vLLM failed at stage {stage})"
     lines.append(
         f"quantization: {_text(result.get('quantization'), failed)}"

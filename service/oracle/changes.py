@@ -89,6 +89,14 @@ def _env(name: str, value: str | None, device: str | None = None) -> Apply:
     return apply
 
 
+def _describe(name: str) -> str:
+    """A preset as a user names another GPU generation: "a100 (cuda 8.0)"."""
+    p = PLATFORM_PRESETS[name]
+    assert p.capability is not None
+    major, minor = p.capability
+    return f"{name} ({p.device} {major}.{minor}{', ' + p.arch if p.arch else ''})"
+
+
 def _gpu(name: str) -> Apply:
     target = PLATFORM_PRESETS[name]
 
@@ -333,7 +341,7 @@ CHANGES: tuple[ChangeRule, ...] = (
     ),
     ChangeRule(Change("lora", "lora", "false", "no --enable-lora"), "lora", _lora_off),
     *(
-        ChangeRule(Change("platform", "platform", g, f"a {g} GPU"), "platform", _gpu(g))
+        ChangeRule(Change("platform", "platform", g, f"run on {_describe(g)}"), "platform", _gpu(g))
         for g in _GPU_GENERATIONS
     ),
 )

@@ -159,6 +159,7 @@ def _context(plan: OracleCall, spec: DeploymentSpec, moe: MoEConfig) -> RuleCont
         may_have_zp=plan.may_have_zp,
         may_have_bias=plan.may_have_bias,
         allow_tile_padding=plan.allow_tile_padding,
+        quantization=plan.quantization,
     )
 
 

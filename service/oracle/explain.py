@@ -96,6 +96,21 @@ def _marlin_layer(ctx: RuleContext) -> str:
     )
 
 
+def _moe_wna16_layout(ctx: RuleContext) -> str:
+    if ctx.quantization == "moe_wna16":
+        return (
+            "--quantization moe_wna16 loads the layer in MoeWNA16's own weight layout, which "
+            "this backend does not take; without the flag vLLM keeps the checkpoint's own "
+            "integration"
+        )
+    marlin = _marlin_layer(ctx)
+    return (
+        f"the checkpoint is not MoeWNA16: vLLM's {ctx.quantization} integration handed this "
+        f"layer to MoeWNA16Method because Marlin cannot take it ({marlin}), and it is "
+        "MoeWNA16's layout this backend turns down"
+    )
+
+
 def _device(text: str) -> Callable[[RuleContext], str]:
     return lambda ctx: f"{text}, not {_where(ctx.platform)}"
 
@@ -144,6 +159,7 @@ EXPLANATIONS: tuple[Explanation, ...] = (
     _row("TRITON RDNA3", "EXPERT_BIAS", _integration_bias, _bias_from_integration),
     _row("FLASHINFER_TRTLLM", "ZERO_POINTS_OR_BIAS", _zero_points_or_bias),
     _row("MARLIN BATCHED_MARLIN", "MARLIN_LAYER_UNSUPPORTED", _marlin_layer),
+    _row("MARLIN BATCHED_MARLIN EMULATION", "MOE_WNA16_LAYOUT", _moe_wna16_layout),
 )
 
 _BY_KEY: dict[tuple[str, str], tuple[Explanation, ...]] = {}

@@ -176,3 +176,13 @@ def test_a_failed_answer_prints_its_platform_and_no_none(
     assert "platform: preset cpu-noamx: cpu x86 without AMX" in out
     assert "None" not in out
     assert "to get ZEN_CPU: install zentorch" in out
+
+
+def test_a_transport_error_prints_no_empty_decision_fields() -> None:
+    from service.cli.select import render_table
+
+    result = {
+        "error": {"stage": "server", "type": "UNAVAILABLE", "message": "no worker is ready"},
+        "candidates": [],
+    }
+    assert render_table(result) == "error (server): UNAVAILABLE: no worker is ready"

@@ -87,3 +87,15 @@ def test_an_env_flag_vllm_does_not_read_is_refused_naming_the_ones_it_reads() ->
         select(_spec({"preset": "h100", "env": {"VLLM_BATCH_INVARIANT": "yes"}}))
     assert caught.value.violations[0].field == "platform.env.VLLM_BATCH_INVARIANT"
     assert select(_spec({"preset": "h100", "env": {"VLLM_BATCH_INVARIANT": "1"}})).backend
+
+
+def test_a_moe_wna16_fallback_is_not_blamed_on_the_checkpoint() -> None:
+    """GPTQ on ROCm: Marlin cannot take the layer, so AutoGPTQ hands it to MoeWNA16Method,
+    whose layout MARLIN turns down; vLLM's text names a layout the checkpoint never had."""
+    decision = select(_spec("mi300x"))
+    marlin = _candidate(decision, "MARLIN")
+    assert marlin.reason == "the MoeWNA16 checkpoint layout is not supported"
+    assert "the checkpoint is not MoeWNA16" in marlin.explanation
+    assert "Marlin kernels do not run on ROCm" in marlin.explanation
+    forced = _candidate(select(_spec("a100", quantization="moe_wna16")), "MARLIN")
+    assert "--quantization moe_wna16" in forced.explanation
