@@ -186,43 +186,128 @@ def _apply_flags(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     return spec
 
 
-def answer(spec: Any, ruleset: str = DEFAULT_RULESET) -> tuple[dict[str, Any], int]:
-    """The JSON answer for one spec and the exit status it implies."""
+def answer(
+    spec: Any, ruleset: str = DEFAULT_RULESET, *, what_would_change: bool = True
+) -> tuple[dict[str, Any], int]:
+    """The JSON answer for one spec (its "id" echoed first, what would change the decision
+    included unless asked not to) and the exit status it implies."""
     try:
         if isinstance(spec, InvalidSpecError):
             raise spec
-        return select(spec, ruleset=ruleset).to_json(), EXIT_OK
+        decision = select(spec, ruleset=ruleset, what_would_change=what_would_change)
+        result, code = decision.to_json(), EXIT_OK
     except SelectionError as exc:
-        return exc.to_json(), EXIT_SELECTION_FAILED
+        result, code = exc.to_json(), EXIT_SELECTION_FAILED
     except InvalidSpecError as exc:
         violations = [{"field": v.field, "description": v.description} for v in exc.violations]
-        return {"invalid": violations}, EXIT_BAD_INPUT
+        result, code = {"invalid": violations}, EXIT_BAD_INPUT
+    return with_id(spec, result), code
+
+
+def with_id(spec: Any, result: dict[str, Any]) -> dict[str, Any]:
+    """The answer with the spec's "id" first, so JSON Lines answers match their specs."""
+    if isinstance(spec, dict) and "id" in spec:
+        return {"id": spec["id"], **result}
+    return result
+
+
+def _text(value: Any, missing: str) -> str:
+    """A value for the table; None (JSON null) as what it means, never as "None"."""
+    return missing if value is None or value == "" else str(value)
+
+
+def render_platform(platform: dict[str, Any] | None) -> str:
+    """The platform an answer was decided for, in one line: preset, device, capability or
+    arch, CPU features, the kernel packages it assumes installed and its env flags."""
+    if not platform:
+        return "unknown"
+    parts = [f"preset {platform['preset']}:"] if platform.get("preset") else []
+    device = platform.get("device") or "?"
+    if platform.get("capability"):
+        device += f" {platform['capability']}"
+    if platform.get("arch"):
+        device += f" ({platform['arch']})"
+    if device.startswith("cpu"):
+        device += " x86" if platform.get("x86", True) else " non-x86"
+        device += " with AMX" if platform.get("amx") else " without AMX"
+    parts.append(device)
+    packages = platform.get("packages") or []
+    parts.append(f"packages: {','.join(packages) if packages else 'none'}")
+    env = platform.get("env") or {}
+    parts.append(
+        "env: " + (" ".join(f"{k}={v}" for k, v in sorted(env.items())) if env else "none")
+    )
+    if platform.get("name") and platform.get("name") != platform.get("preset"):
+        parts.append(f"({platform['name']})")
+    return " ".join(parts[:2]) + "  " + "  ".join(parts[2:])
+
+
+def render_changes(hints: list[dict[str, Any]] | None, backends: list[str]) -> list[str]:
+    """ "to get HUMMING: install humming-kernels", one line per smallest change set, and
+    which backends no set of at most two changes helps."""
+    if hints is None:
+        return []
+    lines = []
+    for hint in hints:
+        what = " and ".join(c["text"] for c in hint["changes"])
+        goal = "to get" if hint["outcome"] == "selected" else "to make eligible"
+        lines.append(f"{goal} {hint['backend']}: {what}")
+    helped = {h["backend"] for h in hints}
+    stuck = [b for b in backends if b not in helped]
+    if stuck:
+        lines.append(f"no change of at most two helps: {', '.join(stuck)}")
+    return lines
 
 
 def render_table(result: dict[str, Any]) -> str:
     lines: list[str] = []
     if "invalid" in result:
-        lines.append("invalid deployment spec:")
+        lines.append("invalid deployment spec" + (f" {result['id']}:" if "id" in result else ":"))
         lines.extend(f"  {v['field']}: {v['description']}" for v in result["invalid"])
         return "\n".join(lines)
-    if platform := result.get("server_platform"):
-        lines.append(f"server platform: {json.dumps(platform, sort_keys=True)}")
+    if "id" in result:
+        lines.append(f"id: {result['id']}")
+    platform = result.get("platform")
+    server = result.get("server_platform")
+    own = " (the serving worker's own)" if server and server == platform else ""
+    if platform is not None or "ruleset" in result:
+        lines.append(f"platform: {render_platform(platform)}{own}")
+        lines.append(f"ruleset: {_text(result.get('ruleset'), 'unknown')}")
+    error = result.get("error")
+    stage = error["stage"] if error else ""
+    if error and stage == "server":  # no answer came back: only the transport's error
+        return "\n".join([*lines, f"error (server): {error['type']}: {error['message']}"])
+    failed = f"- (not built: vLLM failed at stage {stage})"
     lines.append(
-        f"quantization: {result.get('quantization')}   moe method: {result.get('moe_method')}"
+        f"quantization: {_text(result.get('quantization'), failed)}"
+        f"   moe method: {_text(result.get('moe_method'), failed)}"
     )
-    if error := result.get("error"):
+    if error:
         lines.append(f"error ({error['stage']}): {error['type']}: {error['message']}")
+    elif result.get("backend") is None:
+        why = result.get("explanation") or "vLLM builds no WNA16 MoE method for this layer"
+        lines.append(f"backend: none ({why})")
     else:
         lines.append(f"backend: {result['backend']}   experts class: {result['experts_class']}")
     candidates = result.get("candidates") or []
     if candidates:
         width = max(len(c["backend"]) for c in candidates)
-        lines.append(f"{'BACKEND'.ljust(width)}  {'VERDICT'.ljust(11)}  REASON")
+        lines.append(f"{'BACKEND'.ljust(width)}  {'VERDICT'.ljust(11)}  REASON (vLLM's)")
         for c in candidates:
-            reason = f"[{c['reason_code']}] {c['reason']}" if c.get("reason") else ""
-            lines.append(f"{c['backend'].ljust(width)}  {c['verdict'].ljust(11)}  {reason}")
+            explanation = c.get("explanation") or ""
+            if c.get("reason"):
+                reason = f"[{c['reason_code']}] {c['reason']}"
+            else:
+                reason, explanation = (f"({explanation})" if explanation else ""), ""
+            row = f"{c['backend'].ljust(width)}  {c['verdict'].ljust(11)}  {reason}"
+            lines.append(row.rstrip())
+            if explanation:
+                # ours, beside vLLM's reason above it, never instead of it
+                lines.append(f"{''.ljust(width)}  {''.ljust(11)}  = {explanation}")
     for hazard in result.get("hazards") or []:
         lines.append(f"hazard {hazard['code']}: {hazard['message']}")
+    losers = [c["backend"] for c in candidates if c["verdict"] != "selected"]
+    lines.extend(render_changes(result.get("what_would_change"), losers))
     if measured := result.get("measured"):
         lines.extend(render_measured(measured))
     return "\n".join(lines)
@@ -336,7 +421,9 @@ def _run_matrix(
         return _apply_flags(spec, argparse.Namespace(**{**vars(args), "gpu": gpu}))
 
     def decide(spec: Any, ruleset: str) -> tuple[dict[str, Any], int]:
-        return _remote(args, spec, ruleset) if args.server else answer(spec, ruleset)
+        if args.server:
+            return _remote(args, spec, ruleset)
+        return answer(spec, ruleset, what_would_change=False)  # a cell shows no hints
 
     table = matrix.build_matrix(models, gpus, rulesets, spec_for=spec_for, answer=decide)
     print(matrix.render(table, "json" if args.json else "csv" if args.csv else "table"))
@@ -365,9 +452,12 @@ def _remote(
             token_counts=args.tokens,
             refresh=args.refresh,
             measure_worker_index=args.measure_worker,
+            # the measured answer says what runs fastest; the change search is static's
+            what_would_change=args.policy == "static",
         )
     except RemoteSelectionError as exc:
-        return exc.result, exc.exit_code
+        return with_id(spec, exc.result), exc.exit_code
+    result = with_id(spec, result)
     if any(h.get("code") == "VLLM_FAILS" for h in result.get("hazards") or []):
         # MEASURED answers where vLLM would fail; the exit status still says vLLM fails.
         return result, EXIT_SELECTION_FAILED

@@ -1,10 +1,11 @@
 """SelectBackend from the client side, for `moe-control select --server`.
 
 `remote_select` sends a deployment spec to a server and returns exactly the JSON object the
-local `moe-control select --json` prints, plus "server_platform" (the serving worker's
-profile). Failures raise `RemoteSelectionError`, whose `result` has the local CLI's error
-shapes: `{"invalid": [...]}` for bad input, the oracle's `SelectionError.to_json()` when vLLM
-would fail the deployment, `{"error": {"stage": "server", ...}}` for transport errors.
+local `moe-control select --json` prints (the platform decided for included), plus
+"server_platform" (the serving worker's profile). Failures raise `RemoteSelectionError`,
+whose `result` has the local CLI's error shapes: `{"invalid": [...]}` for bad input, the
+oracle's `SelectionError.to_json()` when vLLM would fail the deployment,
+`{"error": {"stage": "server", ...}}` for transport errors.
 """
 
 from __future__ import annotations
@@ -23,15 +24,10 @@ from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as
 from service.api.generated.moe_control.v1 import selection_pb2
 from service.client.channel import call_metadata, open_channel
 from service.client.errors import RemoteSelectionError
-from service.oracle import PlatformProfile
 
 EXIT_SELECTION_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_SERVER_ERROR = 3
-
-
-def _profile_json(message: Any) -> dict[str, Any]:
-    return PlatformProfile.from_json(codec.platform_to_json(message)).to_json()
 
 
 def _failure(error: grpc.RpcError) -> RemoteSelectionError:
@@ -74,14 +70,19 @@ def remote_select(
     token_counts: Sequence[int] = (),
     refresh: bool = False,
     measure_worker_index: int | None = None,
+    what_would_change: bool = False,
 ) -> dict[str, Any]:
     """Ask the server at `target` for the decision on `spec` (a deployment spec object).
 
     Without a "platform" in the spec, the server decides for its own worker's platform.
+    "platform" is the platform the answer was decided for, "server_platform" the serving
+    worker's own. `what_would_change`: the answer also says what would change it.
     `measured`: policy MEASURED (the serving worker times every backend it runs at each of
     `token_counts`; the server's defaults when empty); the answer gains "measured".
     """
-    request = pb.SelectBackendRequest(spec_json=json.dumps(spec), ruleset=ruleset)
+    request = pb.SelectBackendRequest(
+        spec_json=json.dumps(spec), ruleset=ruleset, what_would_change=what_would_change
+    )
     if measured:
         from service.api.generated.moe_control.v1 import measured_pb2
 
@@ -98,7 +99,9 @@ def remote_select(
             raise _failure(error) from None
     result = codec.select_response_to_json(response)
     result["server_platform"] = (
-        _profile_json(response.server_platform) if response.HasField("server_platform") else None
+        codec.profile_json(response.server_platform)
+        if response.HasField("server_platform")
+        else None
     )
     if response.HasField("measured"):
         result["measured"] = measured_to_json(response.measured)

@@ -77,13 +77,14 @@ class MeasureOptions:
 @dataclass(slots=True)
 class SelectQuery:
     """One SelectBackend request: the deployment spec (the JSON object the oracle parses),
-    the platform it names (None: worker 0's), the ruleset ("" for the default) and, for
-    policy MEASURED, its options."""
+    the platform it names (None: worker 0's), the ruleset ("" for the default), for
+    policy MEASURED its options, and whether to answer what would change the decision."""
 
     spec: dict[str, Any]
     platform: PlatformChoice | None = None
     ruleset: str = ""
     measure: MeasureOptions | None = None
+    what_would_change: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +166,9 @@ class Selector:
         deployment = parse_deployment(spec, default_platform=default)
         ruleset = query.ruleset or DEFAULT_RULESET
         try:
-            decision = select(deployment, ruleset=ruleset)
+            decision = select(
+                deployment, ruleset=ruleset, what_would_change=query.what_would_change
+            )
         except SelectionError as exc:
             self._metrics.count_rejections(exc.candidates)
             raise

@@ -1,11 +1,19 @@
 """vLLM's WNA16 MoE backend decision as a pure-Python library (no torch, grpc or vLLM).
 
 `select(spec)` answers which backend and experts class vLLM 0.33 gives a MoE layer, with
-every other backend's verdict and vLLM's exact reason text.
+every other backend's verdict, vLLM's exact reason text and an explanation beside it, the
+platform and ruleset it was decided for, and, on request, what would change the decision.
 """
 
-from service.oracle.decision import Candidate, Decision, Hazard, Verdict, WeightKey
-from service.oracle.engine import select
+from service.oracle.decision import (
+    Candidate,
+    Change,
+    ChangeHint,
+    Decision,
+    Hazard,
+    Verdict,
+    WeightKey,
+)
 from service.oracle.errors import (
     ErrorInfo,
     FieldViolation,
@@ -17,6 +25,7 @@ from service.oracle.errors import (
 from service.oracle.model_config import deployment_from_model_config
 from service.oracle.platform import PLATFORM_PRESETS, PlatformProfile, preset
 from service.oracle.rulesets import DEFAULT_RULESET, RULESETS
+from service.oracle.selection import select
 from service.oracle.spec import DeploymentSpec, parse_deployment
 
 __all__ = [
@@ -24,6 +33,8 @@ __all__ = [
     "PLATFORM_PRESETS",
     "RULESETS",
     "Candidate",
+    "Change",
+    "ChangeHint",
     "Decision",
     "DeploymentSpec",
     "ErrorInfo",

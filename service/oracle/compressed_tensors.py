@@ -22,11 +22,11 @@ from service.oracle.quant_key import (
     QuantKey,
 )
 from service.oracle.quant_method import (
-    UNQUANTIZED_METHOD,
     MoEMethodPlan,
     OracleCall,
     OtherMethod,
     WeightArgs,
+    left_unquantized,
     marlin_input_dtype_check,
     vllm_error,
 )
@@ -150,7 +150,9 @@ def ct_moe_method(
         )
     scheme = schemes[0]
     if scheme is None or scheme.weights is None:
-        return OtherMethod(name, UNQUANTIZED_METHOD)
+        return left_unquantized(
+            name, layer, "the ignore list or no config group with weights covers it"
+        )
     weights = scheme.weights
     if weights.strategy not in ("channel", "group") or scheme.has_input_quant or weights.dynamic:
         raise InvalidSpecError.single(
@@ -178,7 +180,12 @@ def ct_moe_method(
         and group_size == 32
         and not spec.lora
     ):
-        return OtherMethod(name, "CompressedTensorsW4A16FlydslMoEMethod")
+        return OtherMethod(
+            name,
+            "CompressedTensorsW4A16FlydslMoEMethod",
+            "--moe-backend flydsl on gfx950 builds the FlyDSL W4A16 MoE method, which does "
+            "not go through the WNA16 backend selection",
+        )
     bits = weights.num_bits
     dtype = SYMMETRIC_TYPES[bits] if weights.symmetric else ASYMMETRIC_TYPES[bits]
     if bits == 4:

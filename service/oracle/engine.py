@@ -8,18 +8,18 @@ would give, so users see why each alternative was not used.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable
 
 from service.oracle.decision import Candidate, Decision, Verdict
-from service.oracle.errors import ErrorInfo, SelectionError
+from service.oracle.errors import ErrorInfo, InvalidSpecError, SelectionError
+from service.oracle.explain import explain_rejection, not_reached
 from service.oracle.hazards import hazards_for
-from service.oracle.moe_config import ROUTING_METHODS, moe_config
+from service.oracle.moe_config import ROUTING_METHODS, MoEConfig, moe_config
 from service.oracle.quant_method import OracleCall, OtherMethod
 from service.oracle.quantization import build_moe_method
 from service.oracle.rulesets import DEFAULT_RULESET, get_ruleset
 from service.oracle.rulesets.base import ExpertsClass, RuleContext, Ruleset
-from service.oracle.spec import DeploymentSpec, parse_deployment
+from service.oracle.spec import DeploymentSpec
 
 _KERNEL = "kernel does not support "
 _TORCH_DTYPES = {
@@ -87,16 +87,29 @@ def _unsupported_message(backend: str, reason: str) -> str:
     return f"{base} since {reason}." if reason else f"{base}."
 
 
+def _rejected(backend: str, code: str, reason: str, ctx: RuleContext) -> Candidate:
+    return Candidate(backend, Verdict.REJECTED, code, reason, explain_rejection(backend, code, ctx))
+
+
+def _activation_format(ctx: RuleContext) -> str:
+    return "batched_experts" if ctx.moe.parallel.use_batched_activation_format else "standard"
+
+
 def _select_backend(
     ruleset: Ruleset, ctx: RuleContext, moe_backend: str
 ) -> tuple[str, str, tuple[Candidate, ...]]:
-    """The backend, its experts class and every candidate; raises vLLM's errors."""
-    fmt = "batched_experts" if ctx.moe.parallel.use_batched_activation_format else "standard"
+    """The backend, its experts class and every candidate; raises vLLM's errors.
+
+    vLLM evaluates backends only until one fits (or only the forced one), so the backends
+    after it are `not_reached` and carry no reason, as vLLM gives none."""
+    fmt = _activation_format(ctx)
     order = ruleset.priority(ctx.platform)
 
-    def would_be(backend: str) -> Candidate:
-        _, code, reason = evaluate_backend(ruleset, backend, ctx, fmt)
-        return Candidate(backend, Verdict.NOT_REACHED, code, reason)
+    def unreached(
+        backends: Iterable[str], winner: str | None, forced: str | None
+    ) -> list[Candidate]:
+        why = not_reached(winner, forced, moe_backend)
+        return [Candidate(b, Verdict.NOT_REACHED, explanation=why) for b in backends]
 
     if moe_backend != "auto":
         forced = ruleset.user_backends.get(moe_backend)
@@ -108,15 +121,14 @@ def _select_backend(
                     f"moe_backend='{moe_backend}' is not supported for WNA16 MoE. "
                     f"Expected one of {list(ruleset.user_backends)}.",
                 ),
-                candidates=tuple(would_be(b) for b in order),
+                candidates=tuple(unreached(order, None, None)),
             )
         experts, code, reason = evaluate_backend(ruleset, forced, ctx, fmt)
-        rest = tuple(would_be(b) for b in order if b != forced)
+        rest = unreached((b for b in order if b != forced), None, forced)
         if experts is None:
-            rejected = Candidate(forced, Verdict.REJECTED, code, reason)
             raise SelectionError(
                 ErrorInfo("backend", "ValueError", _unsupported_message(forced, reason)),
-                candidates=(rejected, *rest),
+                candidates=(_rejected(forced, code, reason, ctx), *rest),
             )
         return forced, experts, (Candidate(forced, Verdict.SELECTED), *rest)
 
@@ -125,9 +137,9 @@ def _select_backend(
         experts, code, reason = evaluate_backend(ruleset, backend, ctx, fmt)
         if experts is not None:
             candidates.append(Candidate(backend, Verdict.SELECTED))
-            candidates.extend(would_be(b) for b in order[index + 1 :])
+            candidates.extend(unreached(order[index + 1 :], backend, None))
             return backend, experts, tuple(candidates)
-        candidates.append(Candidate(backend, Verdict.REJECTED, code, reason))
+        candidates.append(_rejected(backend, code, reason, ctx))
     raise SelectionError(
         ErrorInfo(
             "backend",
@@ -138,15 +150,8 @@ def _select_backend(
     )
 
 
-def decide(spec: DeploymentSpec, ruleset_name: str = DEFAULT_RULESET) -> Decision:
-    """The decision for a parsed spec; raises `SelectionError` where vLLM would fail."""
-    ruleset = get_ruleset(ruleset_name)
-    moe = moe_config(spec)
-    plan = build_moe_method(spec, moe)
-    if isinstance(plan, OtherMethod):
-        return Decision(ruleset.name, plan.quantization, plan.moe_method, None, None)
-    assert isinstance(plan, OracleCall)
-    ctx = RuleContext(
+def _context(plan: OracleCall, spec: DeploymentSpec, moe: MoEConfig) -> RuleContext:
+    return RuleContext(
         moe=moe,
         platform=spec.platform,
         weight_key=plan.weight_key,
@@ -154,7 +159,36 @@ def decide(spec: DeploymentSpec, ruleset_name: str = DEFAULT_RULESET) -> Decisio
         may_have_zp=plan.may_have_zp,
         may_have_bias=plan.may_have_bias,
         allow_tile_padding=plan.allow_tile_padding,
+        quantization=plan.quantization,
     )
+
+
+def decide(spec: DeploymentSpec, ruleset_name: str = DEFAULT_RULESET) -> Decision:
+    """The decision for a parsed spec; raises `SelectionError` where vLLM would fail,
+    with the ruleset and the platform it was decided by and for."""
+    ruleset = get_ruleset(ruleset_name)
+    try:
+        return _decide(spec, ruleset)
+    except SelectionError as exc:
+        exc.ruleset, exc.platform = ruleset.name, spec.platform
+        raise
+
+
+def _decide(spec: DeploymentSpec, ruleset: Ruleset) -> Decision:
+    moe = moe_config(spec)
+    plan = build_moe_method(spec, moe)
+    if isinstance(plan, OtherMethod):
+        return Decision(
+            ruleset.name,
+            plan.quantization,
+            plan.moe_method,
+            None,
+            None,
+            platform=spec.platform,
+            explanation=plan.why,
+        )
+    assert isinstance(plan, OracleCall)
+    ctx = _context(plan, spec, moe)
     try:
         backend, experts, candidates = _select_backend(ruleset, ctx, moe.moe_backend)
     except SelectionError as exc:
@@ -185,14 +219,32 @@ def decide(spec: DeploymentSpec, ruleset_name: str = DEFAULT_RULESET) -> Decisio
         allow_tile_padding=plan.allow_tile_padding,
         candidates=candidates,
         hazards=hazards_for(spec, plan, backend, moe),
+        platform=spec.platform,
     )
 
 
-def select(spec: DeploymentSpec | Mapping[str, Any], *, ruleset: str = DEFAULT_RULESET) -> Decision:
-    """What vLLM would pick for this deployment's MoE layer, and why, exactly.
-
-    Raises `InvalidSpecError` for a malformed spec and `SelectionError` where vLLM itself
-    would fail (with vLLM's exception type and message, and the per-backend verdicts).
-    """
-    parsed = spec if isinstance(spec, DeploymentSpec) else parse_deployment(spec)
-    return decide(parsed, ruleset)
+def outcome(
+    spec: DeploymentSpec, ruleset_name: str = DEFAULT_RULESET
+) -> tuple[str | None, frozenset[str]]:
+    """(the backend vLLM selects or None where it fails, the backends that pass every check
+    of theirs): what the what-would-change search compares across variants."""
+    ruleset = get_ruleset(ruleset_name)
+    try:
+        winner: str | None = _decide(spec, ruleset).backend
+    except (SelectionError, InvalidSpecError):
+        winner = None
+    try:
+        moe = moe_config(spec)
+        plan = build_moe_method(spec, moe)
+    except (SelectionError, InvalidSpecError):
+        return winner, frozenset()
+    if not isinstance(plan, OracleCall):
+        return winner, frozenset()
+    ctx = _context(plan, spec, moe)
+    fmt = _activation_format(ctx)
+    eligible = frozenset(
+        b
+        for b in ruleset.priority(ctx.platform)
+        if evaluate_backend(ruleset, b, ctx, fmt)[0] is not None
+    )
+    return winner, eligible

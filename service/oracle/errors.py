@@ -13,42 +13,28 @@ interceptor, the CLI maps them to exit codes and JSON. Two families matter to us
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from service.errors import MoeControlError
+from service.oracle.invalid import (
+    FieldViolation,
+    InvalidSpecError,
+    OracleError,
+    UnknownRulesetError,
+)
+
+__all__ = [
+    "ErrorInfo",
+    "FieldViolation",
+    "InvalidSpecError",
+    "OracleError",
+    "SelectionError",
+    "UnknownRulesetError",
+]
 
 if TYPE_CHECKING:
-    from service.oracle.decision import Candidate
-
-
-class OracleError(MoeControlError):
-    """Base class of every error the oracle raises on purpose."""
-
-
-@dataclass(frozen=True, slots=True)
-class FieldViolation:
-    """One bad field of a request: its dotted path and what is wrong with it."""
-
-    field: str
-    description: str
-
-
-class InvalidSpecError(OracleError):
-    """The deployment spec is malformed; each violation names a field and the allowed values."""
-
-    def __init__(self, violations: Iterable[FieldViolation]) -> None:
-        self.violations = tuple(violations)
-        super().__init__("; ".join(f"{v.field}: {v.description}" for v in self.violations))
-
-    @classmethod
-    def single(cls, field: str, description: str) -> InvalidSpecError:
-        return cls([FieldViolation(field, description)])
-
-
-class UnknownRulesetError(InvalidSpecError):
-    """The requested ruleset (vLLM release) is not one the oracle carries."""
+    from service.oracle.decision import Candidate, ChangeHint
+    from service.oracle.platform import PlatformProfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +55,11 @@ class ErrorInfo:
 
 
 class SelectionError(OracleError):
-    """vLLM 0.33 itself fails this deployment; the error says where and why, exactly."""
+    """vLLM 0.33 itself fails this deployment; the error says where and why, exactly.
+
+    The engine sets `ruleset` and `platform` (what the failed answer was decided by and
+    for) and, when asked, `what_would_change`.
+    """
 
     def __init__(
         self,
@@ -78,17 +68,30 @@ class SelectionError(OracleError):
         candidates: tuple[Candidate, ...] = (),
         quantization: str | None = None,
         moe_method: str | None = None,
+        ruleset: str | None = None,
+        platform: PlatformProfile | None = None,
+        what_would_change: tuple[ChangeHint, ...] | None = None,
     ) -> None:
         self.error = error
         self.candidates = candidates
         self.quantization = quantization
         self.moe_method = moe_method
+        self.ruleset = ruleset
+        self.platform = platform
+        self.what_would_change = what_would_change
         super().__init__(f"{error.type}: {error.message}")
 
     def to_json(self) -> dict[str, object]:
         return {
+            "ruleset": self.ruleset,
+            "platform": None if self.platform is None else self.platform.to_json(),
             "quantization": self.quantization,
             "moe_method": self.moe_method,
             "error": self.error.to_json(),
             "candidates": [c.to_json() for c in self.candidates],
+            "what_would_change": (
+                None
+                if self.what_would_change is None
+                else [h.to_json() for h in self.what_would_change]
+            ),
         }

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from service.oracle.errors import FieldViolation, InvalidSpecError
+from service.oracle.invalid import FieldViolation, InvalidSpecError
 
 DEVICE_KINDS = ("cuda", "rocm", "xpu", "cpu")
 
@@ -32,6 +32,14 @@ DECISION_ENV_FLAGS: Mapping[str, str] = MappingProxyType(
         "VLLM_MARLIN_INPUT_DTYPE": "Marlin activation quantization (int8 / fp8)",
         "VLLM_CPU_INT4_W4A8": "enables the zentorch DA8W4 MoE path on AMD Zen CPUs (default 1)",
     }
+)
+#: The flags vLLM parses with `bool(int(...))`: any other value makes vLLM fail at start-up.
+INTEGER_ENV_FLAGS = frozenset(
+    {"VLLM_USE_FLASHINFER_MOE_INT4", "VLLM_BATCH_INVARIANT", "VLLM_CPU_INT4_W4A8"}
+)
+#: pip distribution of each optional kernel package (import name -> what to install).
+PACKAGE_DISTRIBUTIONS: Mapping[str, str] = MappingProxyType(
+    {"humming": "humming-kernels", "flashinfer": "flashinfer-python", "zentorch": "zentorch"}
 )
 
 
@@ -69,6 +77,8 @@ class PlatformProfile:
     packages: frozenset[str] = field(default=frozenset())
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     name: str | None = None
+    #: The preset this profile came from (possibly with packages or env overridden).
+    preset: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.env, MappingProxyType):
@@ -112,6 +122,7 @@ class PlatformProfile:
             "packages": sorted(self.packages),
             "env": dict(sorted(self.env.items())),
             "name": self.name,
+            "preset": self.preset,
         }
 
     @classmethod
@@ -119,7 +130,17 @@ class PlatformProfile:
         cls, obj: Mapping[str, Any], *, field_prefix: str = "platform"
     ) -> PlatformProfile:
         """Build a profile from its JSON form; unknown keys and bad values are domain errors."""
-        allowed = {"device", "capability", "arch", "amx", "x86", "packages", "env", "name"}
+        allowed = {
+            "device",
+            "capability",
+            "arch",
+            "amx",
+            "x86",
+            "packages",
+            "env",
+            "name",
+            "preset",
+        }
         violations = [
             FieldViolation(f"{field_prefix}.{key}", f"unknown field; allowed: {sorted(allowed)}")
             for key in obj
@@ -161,6 +182,7 @@ class PlatformProfile:
             )
             env_raw = {}
         env = {k: _env_value(v) for k, v in env_raw.items()}
+        violations.extend(_env_violations(env, f"{field_prefix}.env"))
         capability = None
         if obj.get("capability") is not None:
             try:
@@ -189,7 +211,30 @@ class PlatformProfile:
             packages=packages,
             env=MappingProxyType(env),
             name=obj.get("name"),
+            preset=obj.get("preset"),
         )
+
+
+def _env_violations(env: Mapping[str, str], prefix: str) -> list[FieldViolation]:
+    """A flag vLLM does not read for this decision, or an integer flag that is no integer,
+    is refused (silently accepting it would answer as if it mattered)."""
+    found = []
+    for name, value in env.items():
+        if name not in DECISION_ENV_FLAGS:
+            found.append(
+                FieldViolation(
+                    f"{prefix}.{name}",
+                    "not an environment flag vLLM reads for the WNA16 MoE decision; "
+                    f"the flags it reads: {sorted(DECISION_ENV_FLAGS)}",
+                )
+            )
+        elif name in INTEGER_ENV_FLAGS and not value.strip().lstrip("-").isdigit():
+            found.append(
+                FieldViolation(
+                    f"{prefix}.{name}", f"vLLM reads it as an integer (0 or 1), got {value!r}"
+                )
+            )
+    return found
 
 
 def _env_value(value: str | int | bool) -> str:
@@ -200,12 +245,18 @@ def _env_value(value: str | int | bool) -> str:
 
 def _cuda(name: str, major: int, minor: int) -> PlatformProfile:
     return PlatformProfile(
-        device="cuda", capability=(major, minor), packages=DEFAULT_CUDA_PACKAGES, name=name
+        device="cuda",
+        capability=(major, minor),
+        packages=DEFAULT_CUDA_PACKAGES,
+        name=name,
+        preset=name,
     )
 
 
 def _rocm(name: str, arch: str, major: int, minor: int) -> PlatformProfile:
-    return PlatformProfile(device="rocm", capability=(major, minor), arch=arch, name=name)
+    return PlatformProfile(
+        device="rocm", capability=(major, minor), arch=arch, name=name, preset=name
+    )
 
 
 #: Named presets, so `--gpu h100` answers without the device at hand.
@@ -248,9 +299,9 @@ PLATFORM_PRESETS: Mapping[str, PlatformProfile] = MappingProxyType(
         "mi355x": _rocm("mi355x", "gfx950", 9, 5),
         "gfx1100": _rocm("gfx1100", "gfx1100", 11, 0),
         "gfx1201": _rocm("gfx1201", "gfx1201", 12, 0),
-        "xpu": PlatformProfile(device="xpu", name="xpu"),
-        "cpu": PlatformProfile(device="cpu", amx=True, name="cpu"),
-        "cpu-noamx": PlatformProfile(device="cpu", amx=False, name="cpu-noamx"),
+        "xpu": PlatformProfile(device="xpu", name="xpu", preset="xpu"),
+        "cpu": PlatformProfile(device="cpu", amx=True, name="cpu", preset="cpu"),
+        "cpu-noamx": PlatformProfile(device="cpu", amx=False, name="cpu-noamx", preset="cpu-noamx"),
     }
 )
 

@@ -146,10 +146,23 @@ class OracleCall:
 
 @dataclass(frozen=True, slots=True)
 class OtherMethod:
-    """A MoE method that does not go through the WNA16 oracle (unquantized, FlyDSL)."""
+    """A MoE method that does not go through the WNA16 oracle (unquantized, FlyDSL);
+    `why` says in a user's terms what happened to the layer."""
 
     quantization: str
     moe_method: str
+    why: str = ""
+
+
+def left_unquantized(quantization: str, layer: str, rule: str) -> OtherMethod:
+    """The layer is left unquantized by `rule` (a skip list, an ignore list, a negative
+    dynamic rule): vLLM builds its unquantized MoE method, which uses no WNA16 backend."""
+    return OtherMethod(
+        quantization,
+        UNQUANTIZED_METHOD,
+        f"the layer {layer} is not quantized ({rule}): vLLM builds {UNQUANTIZED_METHOD}, "
+        "which runs the unquantized MoE kernels and uses no WNA16 backend",
+    )
 
 
 MoEMethodPlan = OracleCall | OtherMethod

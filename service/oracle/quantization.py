@@ -24,15 +24,14 @@ from service.oracle.quant_key import (
     K_INT8_STATIC,
 )
 from service.oracle.quant_method import (
-    UNQUANTIZED_METHOD,
     AwqConfig,
     ConfigKeys,
     GptqConfig,
     MoEMethodPlan,
     MoeWNA16Config,
     OracleCall,
-    OtherMethod,
     QuantConfig,
+    left_unquantized,
     marlin_input_dtype_check,
     marlin_supports,
     vllm_error,
@@ -231,7 +230,7 @@ def _parse_moe_wna16(
 
 def _moe_wna16_method(config: MoeWNA16Config, name: str, layer_name: str) -> MoEMethodPlan:
     if any(module in layer_name for module in config.modules_to_not_convert):
-        return OtherMethod(name, UNQUANTIZED_METHOD)
+        return left_unquantized(name, layer_name, "it matches modules_to_not_convert")
     if config.bits == 4:
         key = K_INT4_STATIC_32 if config.group_size == 32 else K_INT4_STATIC
     elif config.bits == 8:
@@ -267,7 +266,7 @@ def _gptq_method(
     if _dynamic_override(config.dynamic, layer) is False:
         # get_quant_method sets the Marlin input dtype on whatever method it built.
         marlin_input_dtype_check(spec.platform, name)
-        return OtherMethod(name, UNQUANTIZED_METHOD)
+        return left_unquantized(name, layer, "a negative '-:' dynamic rule matches it")
     bits, group_size, desc_act, sym = config.bits, config.group_size, config.desc_act, config.sym
     if _dynamic_override(config.dynamic, layer) is not None:
         overrides = _dynamic_override(config.dynamic, layer)
@@ -302,7 +301,7 @@ def _awq_method(
 ) -> MoEMethodPlan:
     layer = spec.layer.name
     if any(module in layer for module in config.modules_to_not_convert):
-        return OtherMethod(name, UNQUANTIZED_METHOD)
+        return left_unquantized(name, layer, "it matches modules_to_not_convert")
     if not marlin_supports(moe, config.group_size, True, spec.platform):
         fallback = _parse_moe_wna16(config.full_config, spec.platform, name, "moe_method")
         return _moe_wna16_method(fallback, name, layer)

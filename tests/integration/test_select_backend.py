@@ -431,3 +431,80 @@ def test_cli_select_over_the_server_matches_local_mode(server: ServerProcess) ->
 
     rc, out = cli("health", "--server", server.address, "--ready")
     assert (rc, out.strip()) == (0, "SERVING")
+
+
+def test_what_would_change_is_answered_on_request_only(stub: Any) -> None:
+    deployment = spec(GPTQ, {"preset": "h200", "packages": []})
+    plain = stub.SelectBackend(pb.SelectBackendRequest(spec_json=json.dumps(deployment)), timeout=5)
+    assert not plain.HasField("what_would_change")
+    asked = stub.SelectBackend(
+        pb.SelectBackendRequest(spec_json=json.dumps(deployment), what_would_change=True),
+        timeout=5,
+    )
+    expected = select(deployment, what_would_change=True).to_json()
+    assert codec.select_response_to_json(asked) == expected
+    humming = [h for h in asked.what_would_change.hints if h.backend == "HUMMING"]
+    assert [c.text for c in humming[0].changes] == ["install humming-kernels"]
+    assert asked.platform.preset == "h200"
+
+
+def test_a_failed_answer_names_its_platform_and_ruleset(stub: Any) -> None:
+    request = pb.SelectBackendRequest(
+        spec_json=json.dumps(spec(GPTQ, "cpu-noamx")), what_would_change=True
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.SelectBackend(request, timeout=5)
+    code, details = rich_error(caught.value)
+    assert code is grpc.StatusCode.FAILED_PRECONDITION
+    failure = unpack(details, selection_pb2.SelectionFailure)
+    assert (failure.ruleset, failure.platform.preset) == ("vllm-0.33", "cpu-noamx")
+    assert any(h.backend == "ZEN_CPU" for h in failure.what_would_change.hints)
+
+
+def test_an_env_flag_vllm_does_not_read_is_invalid_argument_naming_it(stub: Any) -> None:
+    profile = platform_pb2.PlatformProfile(
+        device=platform_pb2.DEVICE_KIND_CUDA,
+        capability=platform_pb2.ComputeCapability(major=9, minor=0),
+        env={"FOO": "1"},
+    )
+    requests = [
+        pb.SelectBackendRequest(
+            spec_json=json.dumps(spec(platform={"preset": "h100", "env": {"FOO": "1"}}))
+        ),
+        pb.SelectBackendRequest(
+            spec_json=json.dumps(spec(platform=None)),
+            platform=selection_pb2.PlatformSelector(profile=profile),
+        ),
+    ]
+    for request in requests:
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.SelectBackend(request, timeout=5)
+        code, details = rich_error(caught.value)
+        assert code is grpc.StatusCode.INVALID_ARGUMENT
+        (violation,) = unpack(details, error_details_pb2.BadRequest).field_violations
+        assert violation.field == "platform.env.FOO"
+        assert "VLLM_BATCH_INVARIANT" in violation.description
+
+
+CLI = (sys.executable, "-m", "service.cli")
+
+
+def test_cli_over_the_server_shows_the_platform_decided_for_not_the_workers(
+    server: ServerProcess,
+) -> None:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(QWEN_CONFIG, handle)
+    done = subprocess.run(
+        [*CLI, "select", "--config", handle.name, "--gpu", "a100", "--server", server.address],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "platform: preset a100: cuda 8.0  packages: flashinfer,humming  env: none"
+    assert not any("cpu" in line for line in lines if "platform" in line)
+    assert "backend: MARLIN   experts class: MarlinExperts" in lines

@@ -34,7 +34,23 @@ def test_a100_gets_marlin_with_every_other_backend_explained() -> None:
     assert verdicts["FLASHINFER_TRTLLM"].reason == "zero points and bias are not supported"
     assert verdicts["FLASHINFER_TRTLLM"].reason_code == "ZERO_POINTS_OR_BIAS"
     assert verdicts["TRITON"].verdict is Verdict.NOT_REACHED
-    assert verdicts["TRITON"].reason == "expert bias is not supported"
+
+
+def test_not_reached_backends_carry_no_reason_as_vllm_gives_none() -> None:
+    """vLLM stops at the first backend that fits (or at the forced one) and never judges
+    the rest: a not_reached row has no reason and no code, only why it was not tried."""
+    decision = select(_spec(platform="a100"))
+    unreached = [c for c in decision.candidates if c.verdict is Verdict.NOT_REACHED]
+    assert [c.backend for c in unreached] == ["BATCHED_MARLIN", "TRITON", "HUMMING", "EMULATION"]
+    assert all((c.reason, c.reason_code) == ("", "") for c in unreached)
+    assert {c.explanation for c in unreached} == {
+        "not tried: MARLIN comes earlier in vLLM's priority order and was selected"
+    }
+    with pytest.raises(SelectionError) as forced:
+        select(_spec(platform="a100", moe_backend="triton"))
+    rest = forced.value.candidates[1:]
+    assert rest and all(c.reason == "" for c in rest)
+    assert rest[0].explanation == "not tried: --moe-backend triton forces TRITON"
 
 
 def test_h200_prefers_humming_and_falls_back_to_marlin_without_it() -> None:

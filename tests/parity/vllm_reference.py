@@ -783,7 +783,10 @@ def _judge(backend: Any, arguments: dict) -> _Verdict:
 
 
 def _candidate(verdict: _Verdict, label: str) -> dict:
-    return {"backend": verdict.backend.name, "verdict": label, "reason": verdict.reason}
+    # vLLM never judges a backend it does not reach (it returns at the first that fits, or
+    # judges only the forced one): such a backend has no reason from vLLM.
+    reason = "" if label == "not_reached" else verdict.reason
+    return {"backend": verdict.backend.name, "verdict": label, "reason": reason}
 
 
 def _auto_candidates(priority: list, arguments: dict) -> tuple[list[dict], _Verdict | None]:

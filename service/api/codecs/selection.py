@@ -28,6 +28,8 @@ from service.dataplane.selection import (
 from service.oracle import (
     PLATFORM_PRESETS,
     Candidate,
+    Change,
+    ChangeHint,
     Decision,
     ErrorInfo,
     InvalidSpecError,
@@ -293,6 +295,7 @@ def _build_platform(profile: PlatformProfile) -> platform_pb2.PlatformProfile:
         packages=platform_pb2.PackageSet(names=sorted(profile.packages)),
         env=dict(profile.env),
         name=profile.name or "",
+        preset=profile.preset or "",
     )
     if profile.capability is not None:
         major, minor = profile.capability
@@ -318,6 +321,8 @@ def platform_to_json(message: platform_pb2.PlatformProfile) -> dict[str, Any]:
         out["env"] = dict(message.env)
     if message.name:
         out["name"] = message.name
+    if message.preset:
+        out["preset"] = message.preset
     return out
 
 
@@ -371,7 +376,11 @@ def select_query(request: pb.SelectBackendRequest) -> SelectQuery:
         )
     # positional: a query is built on every answer that is not a kept one
     return SelectQuery(
-        deployment_to_json(request), platform_choice(request.platform), request.ruleset, measure
+        deployment_to_json(request),
+        platform_choice(request.platform),
+        request.ruleset,
+        measure,
+        request.what_would_change,
     )
 
 
@@ -393,7 +402,7 @@ def failed_static(ruleset: str, exc: SelectionError) -> pb.SelectBackendResponse
     """The static part of a MEASURED answer where vLLM itself would fail the deployment: no
     backend, every candidate with its reason, and the failure as a hazard. The timings
     still say what this worker runs (a static request gets FAILED_PRECONDITION instead)."""
-    return pb.SelectBackendResponse(
+    response = pb.SelectBackendResponse(
         ruleset=ruleset,
         quantization=exc.quantization or "",
         moe_method=exc.moe_method or "",
@@ -404,6 +413,11 @@ def failed_static(ruleset: str, exc: SelectionError) -> pb.SelectBackendResponse
             )
         ],
     )
+    if isinstance(exc.platform, PlatformProfile):
+        response.platform.CopyFrom(platform_to_pb(exc.platform))
+    if exc.what_would_change is not None:
+        hints_to_pb(response.what_would_change, exc.what_would_change)
+    return response
 
 
 def measured_to_pb(message: measured_pb2.MeasuredSelection, measured: MeasuredSelection) -> None:
@@ -439,6 +453,7 @@ def candidate_to_pb(candidate: Candidate) -> selection_pb2.BackendCandidate:
         verdict=_VERDICT_TO_PB[candidate.verdict],
         reason_code=candidate.reason_code,
         reason=candidate.reason,
+        explanation=candidate.explanation,
     )
 
 
@@ -448,7 +463,44 @@ def candidate_from_pb(message: selection_pb2.BackendCandidate) -> Candidate:
         verdict=_VERDICT_FROM_PB[message.verdict],
         reason_code=message.reason_code,
         reason=message.reason,
+        explanation=message.explanation,
     )
+
+
+def hints_to_pb(message: selection_pb2.WhatWouldChange, hints: tuple[ChangeHint, ...]) -> None:
+    """Fill a WhatWouldChange (an empty one still says the search ran)."""
+    message.SetInParent()
+    for hint in hints:
+        message.hints.add(
+            backend=hint.backend,
+            outcome=hint.outcome,
+            changes=[
+                selection_pb2.DecisionChange(kind=c.kind, field=c.field, value=c.value, text=c.text)
+                for c in hint.changes
+            ],
+        )
+
+
+def hints_from_pb(message: selection_pb2.WhatWouldChange) -> tuple[ChangeHint, ...]:
+    return tuple(
+        ChangeHint(
+            hint.backend,
+            hint.outcome,
+            tuple(Change(c.kind, c.field, c.value, c.text) for c in hint.changes),
+        )
+        for hint in message.hints
+    )
+
+
+def _hints_json(holder: Any) -> list[dict[str, Any]] | None:
+    if not holder.HasField("what_would_change"):
+        return None
+    return [h.to_json() for h in hints_from_pb(holder.what_would_change)]
+
+
+def profile_json(message: platform_pb2.PlatformProfile) -> dict[str, Any]:
+    """A PlatformProfile message as exactly the JSON `PlatformProfile.to_json()` gives."""
+    return PlatformProfile.from_json(platform_to_json(message)).to_json()
 
 
 def select_response(
@@ -463,7 +515,10 @@ def select_response(
         candidates=[candidate_to_pb(c) for c in decision.candidates],
         hazards=[selection_pb2.Hazard(code=h.code, message=h.message) for h in decision.hazards],
         platform=platform_to_pb(platform),
+        explanation=decision.explanation,
     )
+    if decision.what_would_change is not None:
+        hints_to_pb(response.what_would_change, decision.what_would_change)
     if decision.backend is not None:
         response.backend = decision.backend
     if decision.experts_class is not None:
@@ -496,6 +551,7 @@ def select_response_to_json(response: pb.SelectBackendResponse) -> dict[str, Any
     key = response.weight_key if response.HasField("weight_key") else None
     return {
         "ruleset": response.ruleset,
+        "platform": profile_json(response.platform) if response.HasField("platform") else None,
         "quantization": response.quantization,
         "moe_method": response.moe_method,
         "backend": _optional(response, "backend"),
@@ -513,6 +569,8 @@ def select_response_to_json(response: pb.SelectBackendResponse) -> dict[str, Any
         "allow_tile_padding": _optional(response, "allow_tile_padding"),
         "candidates": [candidate_to_json(c) for c in response.candidates],
         "hazards": [{"code": h.code, "message": h.message} for h in response.hazards],
+        "explanation": response.explanation,
+        "what_would_change": _hints_json(response),
     }
 
 
@@ -522,7 +580,12 @@ def selection_failure_to_pb(error: SelectionError) -> selection_pb2.SelectionFai
         type=error.error.type,
         message=error.error.message,
         candidates=[candidate_to_pb(c) for c in error.candidates],
+        ruleset=error.ruleset or "",
     )
+    if isinstance(error.platform, PlatformProfile):
+        failure.platform.CopyFrom(platform_to_pb(error.platform))
+    if error.what_would_change is not None:
+        hints_to_pb(failure.what_would_change, error.what_would_change)
     if error.quantization is not None:
         failure.quantization = error.quantization
     if error.moe_method is not None:
@@ -537,4 +600,15 @@ def selection_error_from_pb(failure: selection_pb2.SelectionFailure) -> Selectio
         candidates=tuple(candidate_from_pb(c) for c in failure.candidates),
         quantization=_optional(failure, "quantization"),
         moe_method=_optional(failure, "moe_method"),
+        ruleset=failure.ruleset or None,
+        platform=(
+            PlatformProfile.from_json(platform_to_json(failure.platform))
+            if failure.HasField("platform")
+            else None
+        ),
+        what_would_change=(
+            hints_from_pb(failure.what_would_change)
+            if failure.HasField("what_would_change")
+            else None
+        ),
     )

@@ -28,6 +28,8 @@ class RuleContext:
     may_have_zp: bool
     may_have_bias: bool
     allow_tile_padding: bool
+    #: The resolved quantization method ("auto_gptq", "moe_wna16", ...), for explanations.
+    quantization: str = ""
 
     def env_bool(self, name: str, default: str = "0") -> bool:
         """vLLM's `bool(int(os.getenv(name, default)))`."""

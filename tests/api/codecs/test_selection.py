@@ -143,3 +143,48 @@ def test_deployment_errors_name_the_request_field(
     with pytest.raises(InvalidSpecError) as caught:
         codec.deployment_to_json(request_)
     assert caught.value.violations[0].field == field
+
+
+def test_explanations_platform_and_hints_survive_the_wire() -> None:
+    deployment = parse_deployment(
+        {
+            "hf_quantization_config": GPTQ,
+            "layer": LAYER,
+            "platform": {"preset": "h200", "packages": []},
+        }
+    )
+    decision = select(deployment, what_would_change=True)
+    response = codec.select_response(decision, deployment.platform, None)
+    wire = pb.SelectBackendResponse.FromString(response.SerializeToString())
+    assert wire.platform.preset == "h200"
+    assert wire.HasField("what_would_change")
+    humming = next(c for c in wire.candidates if c.backend == "HUMMING")
+    assert humming.reason == "kernel does not support current device cuda"
+    assert "not installed" in humming.explanation
+    as_json = codec.select_response_to_json(wire)
+    assert as_json == decision.to_json()
+    assert as_json["what_would_change"][0]["changes"][0]["text"] == "install humming-kernels"
+
+
+def test_hints_are_absent_unless_asked_for() -> None:
+    deployment = parse_deployment(
+        {"hf_quantization_config": GPTQ, "layer": LAYER, "platform": "a100"}
+    )
+    wire = codec.select_response(select(deployment), deployment.platform, None)
+    assert not wire.HasField("what_would_change")
+    assert codec.select_response_to_json(wire)["what_would_change"] is None
+    request = pb.SelectBackendRequest(spec_json="{}", what_would_change=True)
+    assert codec.select_query(request).what_would_change is True
+    assert codec.select_query(pb.SelectBackendRequest(spec_json="{}")).what_would_change is False
+
+
+def test_a_failure_carries_its_platform_ruleset_and_hints_over_the_wire() -> None:
+    spec = {"hf_quantization_config": GPTQ, "layer": LAYER, "platform": "cpu-noamx"}
+    with pytest.raises(SelectionError) as caught:
+        select(spec, what_would_change=True)
+    wire = selection_pb2.SelectionFailure.FromString(
+        codec.selection_failure_to_pb(caught.value).SerializeToString()
+    )
+    assert (wire.ruleset, wire.platform.preset) == ("vllm-0.33", "cpu-noamx")
+    assert wire.what_would_change.hints
+    assert codec.selection_error_from_pb(wire).to_json() == caught.value.to_json()

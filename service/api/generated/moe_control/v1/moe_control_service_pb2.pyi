@@ -15,7 +15,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SelectBackendRequest(_message.Message):
-    __slots__ = ("spec", "spec_json", "model_config", "platform", "ruleset", "policy", "token_counts", "measure_worker_index", "refresh")
+    __slots__ = ("spec", "spec_json", "model_config", "platform", "ruleset", "policy", "token_counts", "measure_worker_index", "refresh", "what_would_change")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
     MODEL_CONFIG_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,7 @@ class SelectBackendRequest(_message.Message):
     TOKEN_COUNTS_FIELD_NUMBER: _ClassVar[int]
     MEASURE_WORKER_INDEX_FIELD_NUMBER: _ClassVar[int]
     REFRESH_FIELD_NUMBER: _ClassVar[int]
+    WHAT_WOULD_CHANGE_FIELD_NUMBER: _ClassVar[int]
     spec: _selection_pb2.DeploymentSpec
     spec_json: str
     model_config: _selection_pb2.ModelConfig
@@ -34,10 +35,11 @@ class SelectBackendRequest(_message.Message):
     token_counts: _containers.RepeatedScalarFieldContainer[int]
     measure_worker_index: int
     refresh: bool
-    def __init__(self, spec: _Optional[_Union[_selection_pb2.DeploymentSpec, _Mapping]] = ..., spec_json: _Optional[str] = ..., model_config: _Optional[_Union[_selection_pb2.ModelConfig, _Mapping]] = ..., platform: _Optional[_Union[_selection_pb2.PlatformSelector, _Mapping]] = ..., ruleset: _Optional[str] = ..., policy: _Optional[_Union[_measured_pb2.SelectionPolicy, str]] = ..., token_counts: _Optional[_Iterable[int]] = ..., measure_worker_index: _Optional[int] = ..., refresh: _Optional[bool] = ...) -> None: ...
+    what_would_change: bool
+    def __init__(self, spec: _Optional[_Union[_selection_pb2.DeploymentSpec, _Mapping]] = ..., spec_json: _Optional[str] = ..., model_config: _Optional[_Union[_selection_pb2.ModelConfig, _Mapping]] = ..., platform: _Optional[_Union[_selection_pb2.PlatformSelector, _Mapping]] = ..., ruleset: _Optional[str] = ..., policy: _Optional[_Union[_measured_pb2.SelectionPolicy, str]] = ..., token_counts: _Optional[_Iterable[int]] = ..., measure_worker_index: _Optional[int] = ..., refresh: _Optional[bool] = ..., what_would_change: _Optional[bool] = ...) -> None: ...
 
 class SelectBackendResponse(_message.Message):
-    __slots__ = ("ruleset", "quantization", "moe_method", "backend", "experts_class", "weight_key", "may_have_zp", "may_have_bias", "allow_tile_padding", "candidates", "hazards", "platform", "server_platform", "measured")
+    __slots__ = ("ruleset", "quantization", "moe_method", "backend", "experts_class", "weight_key", "may_have_zp", "may_have_bias", "allow_tile_padding", "candidates", "hazards", "platform", "server_platform", "measured", "explanation", "what_would_change")
     RULESET_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     MOE_METHOD_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +54,8 @@ class SelectBackendResponse(_message.Message):
     PLATFORM_FIELD_NUMBER: _ClassVar[int]
     SERVER_PLATFORM_FIELD_NUMBER: _ClassVar[int]
     MEASURED_FIELD_NUMBER: _ClassVar[int]
+    EXPLANATION_FIELD_NUMBER: _ClassVar[int]
+    WHAT_WOULD_CHANGE_FIELD_NUMBER: _ClassVar[int]
     ruleset: str
     quantization: str
     moe_method: str
@@ -66,7 +70,9 @@ class SelectBackendResponse(_message.Message):
     platform: _platform_pb2.PlatformProfile
     server_platform: _platform_pb2.PlatformProfile
     measured: _measured_pb2.MeasuredSelection
-    def __init__(self, ruleset: _Optional[str] = ..., quantization: _Optional[str] = ..., moe_method: _Optional[str] = ..., backend: _Optional[str] = ..., experts_class: _Optional[str] = ..., weight_key: _Optional[_Union[_selection_pb2.WeightKey, _Mapping]] = ..., may_have_zp: _Optional[bool] = ..., may_have_bias: _Optional[bool] = ..., allow_tile_padding: _Optional[bool] = ..., candidates: _Optional[_Iterable[_Union[_selection_pb2.BackendCandidate, _Mapping]]] = ..., hazards: _Optional[_Iterable[_Union[_selection_pb2.Hazard, _Mapping]]] = ..., platform: _Optional[_Union[_platform_pb2.PlatformProfile, _Mapping]] = ..., server_platform: _Optional[_Union[_platform_pb2.PlatformProfile, _Mapping]] = ..., measured: _Optional[_Union[_measured_pb2.MeasuredSelection, _Mapping]] = ...) -> None: ...
+    explanation: str
+    what_would_change: _selection_pb2.WhatWouldChange
+    def __init__(self, ruleset: _Optional[str] = ..., quantization: _Optional[str] = ..., moe_method: _Optional[str] = ..., backend: _Optional[str] = ..., experts_class: _Optional[str] = ..., weight_key: _Optional[_Union[_selection_pb2.WeightKey, _Mapping]] = ..., may_have_zp: _Optional[bool] = ..., may_have_bias: _Optional[bool] = ..., allow_tile_padding: _Optional[bool] = ..., candidates: _Optional[_Iterable[_Union[_selection_pb2.BackendCandidate, _Mapping]]] = ..., hazards: _Optional[_Iterable[_Union[_selection_pb2.Hazard, _Mapping]]] = ..., platform: _Optional[_Union[_platform_pb2.PlatformProfile, _Mapping]] = ..., server_platform: _Optional[_Union[_platform_pb2.PlatformProfile, _Mapping]] = ..., measured: _Optional[_Union[_measured_pb2.MeasuredSelection, _Mapping]] = ..., explanation: _Optional[str] = ..., what_would_change: _Optional[_Union[_selection_pb2.WhatWouldChange, _Mapping]] = ...) -> None: ...
 
 class ConvertWeightsRequest(_message.Message):
     __slots__ = ("header", "tensor", "chunk")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dmoe_control/v1/platform.proto\x12\x0emoe_control.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"1\n\x11\x43omputeCapability\x12\r\n\x05major\x18\x01 \x01(\r\x12\r\n\x05minor\x18\x02 \x01(\r\"\x1b\n\nPackageSet\x12\r\n\x05names\x18\x01 \x03(\t\"\xc8\x02\n\x0fPlatformProfile\x12*\n\x06\x64\x65vice\x18\x01 \x01(\x0e\x32\x1a.moe_control.v1.DeviceKind\x12\x35\n\ncapability\x18\x02 \x01(\x0b\x32!.moe_control.v1.ComputeCapability\x12\x0c\n\x04\x61rch\x18\x03 \x01(\t\x12\x0b\n\x03\x61mx\x18\x04 \x01(\x08\x12\x10\n\x03x86\x18\x05 \x01(\x08H\x00\x88\x01\x01\x12,\n\x08packages\x18\x06 \x01(\x0b\x32\x1a.moe_control.v1.PackageSet\x12\x35\n\x03\x65nv\x18\x07 \x03(\x0b\x32(.moe_control.v1.PlatformProfile.EnvEntry\x12\x0c\n\x04name\x18\x08 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04_x86\"P\n\x0ePlatformPreset\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x30\n\x07profile\x18\x02 \x01(\x0b\x32\x1f.moe_control.v1.PlatformProfile\"\xff\x02\n\nWorkerInfo\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.moe_control.v1.WorkerState\x12\x0b\n\x03pid\x18\x04 \x01(\x03\x12\x10\n\x08restarts\x18\x05 \x01(\r\x12\x31\n\x08platform\x18\x06 \x01(\x0b\x32\x1f.moe_control.v1.PlatformProfile\x12\x13\n\x0b\x64\x65vice_name\x18\x07 \x01(\t\x12\x1a\n\x12total_memory_bytes\x18\x08 \x01(\x04\x12\x15\n\rtorch_version\x18\t \x01(\t\x12.\n\nready_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10last_exit_reason\x18\x0b \x01(\t\x12\x13\n\x0blayer_bytes\x18\x0c \x01(\x04\x12\x1a\n\x12layer_budget_bytes\x18\r \x01(\x04\x12\x11\n\tlayer_ids\x18\x0e \x03(\t*\x7f\n\nDeviceKind\x12\x1b\n\x17\x44\x45VICE_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10\x44\x45VICE_KIND_CUDA\x10\x01\x12\x14\n\x10\x44\x45VICE_KIND_ROCM\x10\x02\x12\x13\n\x0f\x44\x45VICE_KIND_XPU\x10\x03\x12\x13\n\x0f\x44\x45VICE_KIND_CPU\x10\x04*\x95\x01\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATE_STARTING\x10\x01\x12\x16\n\x12WORKER_STATE_READY\x10\x02\x12\x1b\n\x17WORKER_STATE_RESTARTING\x10\x03\x12\x18\n\x14WORKER_STATE_STOPPED\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dmoe_control/v1/platform.proto\x12\x0emoe_control.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"1\n\x11\x43omputeCapability\x12\r\n\x05major\x18\x01 \x01(\r\x12\r\n\x05minor\x18\x02 \x01(\r\"\x1b\n\nPackageSet\x12\r\n\x05names\x18\x01 \x03(\t\"\xd8\x02\n\x0fPlatformProfile\x12*\n\x06\x64\x65vice\x18\x01 \x01(\x0e\x32\x1a.moe_control.v1.DeviceKind\x12\x35\n\ncapability\x18\x02 \x01(\x0b\x32!.moe_control.v1.ComputeCapability\x12\x0c\n\x04\x61rch\x18\x03 \x01(\t\x12\x0b\n\x03\x61mx\x18\x04 \x01(\x08\x12\x10\n\x03x86\x18\x05 \x01(\x08H\x00\x88\x01\x01\x12,\n\x08packages\x18\x06 \x01(\x0b\x32\x1a.moe_control.v1.PackageSet\x12\x35\n\x03\x65nv\x18\x07 \x03(\x0b\x32(.moe_control.v1.PlatformProfile.EnvEntry\x12\x0c\n\x04name\x18\x08 \x01(\t\x12\x0e\n\x06preset\x18\t \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04_x86\"P\n\x0ePlatformPreset\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x30\n\x07profile\x18\x02 \x01(\x0b\x32\x1f.moe_control.v1.PlatformProfile\"\xff\x02\n\nWorkerInfo\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.moe_control.v1.WorkerState\x12\x0b\n\x03pid\x18\x04 \x01(\x03\x12\x10\n\x08restarts\x18\x05 \x01(\r\x12\x31\n\x08platform\x18\x06 \x01(\x0b\x32\x1f.moe_control.v1.PlatformProfile\x12\x13\n\x0b\x64\x65vice_name\x18\x07 \x01(\t\x12\x1a\n\x12total_memory_bytes\x18\x08 \x01(\x04\x12\x15\n\rtorch_version\x18\t \x01(\t\x12.\n\nready_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10last_exit_reason\x18\x0b \x01(\t\x12\x13\n\x0blayer_bytes\x18\x0c \x01(\x04\x12\x1a\n\x12layer_budget_bytes\x18\r \x01(\x04\x12\x11\n\tlayer_ids\x18\x0e \x03(\t*\x7f\n\nDeviceKind\x12\x1b\n\x17\x44\x45VICE_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10\x44\x45VICE_KIND_CUDA\x10\x01\x12\x14\n\x10\x44\x45VICE_KIND_ROCM\x10\x02\x12\x13\n\x0f\x44\x45VICE_KIND_XPU\x10\x03\x12\x13\n\x0f\x44\x45VICE_KIND_CPU\x10\x04*\x95\x01\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATE_STARTING\x10\x01\x12\x16\n\x12WORKER_STATE_READY\x10\x02\x12\x1b\n\x17WORKER_STATE_RESTARTING\x10\x03\x12\x18\n\x14WORKER_STATE_STOPPED\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,20 +34,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PLATFORMPROFILE_ENVENTRY']._loaded_options = None
   _globals['_PLATFORMPROFILE_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_DEVICEKIND']._serialized_start=961
-  _globals['_DEVICEKIND']._serialized_end=1088
-  _globals['_WORKERSTATE']._serialized_start=1091
-  _globals['_WORKERSTATE']._serialized_end=1240
+  _globals['_DEVICEKIND']._serialized_start=977
+  _globals['_DEVICEKIND']._serialized_end=1104
+  _globals['_WORKERSTATE']._serialized_start=1107
+  _globals['_WORKERSTATE']._serialized_end=1256
   _globals['_COMPUTECAPABILITY']._serialized_start=82
   _globals['_COMPUTECAPABILITY']._serialized_end=131
   _globals['_PACKAGESET']._serialized_start=133
   _globals['_PACKAGESET']._serialized_end=160
   _globals['_PLATFORMPROFILE']._serialized_start=163
-  _globals['_PLATFORMPROFILE']._serialized_end=491
-  _globals['_PLATFORMPROFILE_ENVENTRY']._serialized_start=441
-  _globals['_PLATFORMPROFILE_ENVENTRY']._serialized_end=483
-  _globals['_PLATFORMPRESET']._serialized_start=493
-  _globals['_PLATFORMPRESET']._serialized_end=573
-  _globals['_WORKERINFO']._serialized_start=576
-  _globals['_WORKERINFO']._serialized_end=959
+  _globals['_PLATFORMPROFILE']._serialized_end=507
+  _globals['_PLATFORMPROFILE_ENVENTRY']._serialized_start=457
+  _globals['_PLATFORMPROFILE_ENVENTRY']._serialized_end=499
+  _globals['_PLATFORMPRESET']._serialized_start=509
+  _globals['_PLATFORMPRESET']._serialized_end=589
+  _globals['_WORKERINFO']._serialized_start=592
+  _globals['_WORKERINFO']._serialized_end=975
 # @@protoc_insertion_point(module_scope)

@@ -51,7 +51,7 @@ class PackageSet(_message.Message):
     def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PlatformProfile(_message.Message):
-    __slots__ = ("device", "capability", "arch", "amx", "x86", "packages", "env", "name")
+    __slots__ = ("device", "capability", "arch", "amx", "x86", "packages", "env", "name", "preset")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,7 @@ class PlatformProfile(_message.Message):
     PACKAGES_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    PRESET_FIELD_NUMBER: _ClassVar[int]
     device: DeviceKind
     capability: ComputeCapability
     arch: str
@@ -75,7 +76,8 @@ class PlatformProfile(_message.Message):
     packages: PackageSet
     env: _containers.ScalarMap[str, str]
     name: str
-    def __init__(self, device: _Optional[_Union[DeviceKind, str]] = ..., capability: _Optional[_Union[ComputeCapability, _Mapping]] = ..., arch: _Optional[str] = ..., amx: _Optional[bool] = ..., x86: _Optional[bool] = ..., packages: _Optional[_Union[PackageSet, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ...) -> None: ...
+    preset: str
+    def __init__(self, device: _Optional[_Union[DeviceKind, str]] = ..., capability: _Optional[_Union[ComputeCapability, _Mapping]] = ..., arch: _Optional[str] = ..., amx: _Optional[bool] = ..., x86: _Optional[bool] = ..., packages: _Optional[_Union[PackageSet, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ..., preset: _Optional[str] = ...) -> None: ...
 
 class PlatformPreset(_message.Message):
     __slots__ = ("name", "profile")

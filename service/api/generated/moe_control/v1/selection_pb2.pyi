@@ -173,16 +173,46 @@ class PlatformSelector(_message.Message):
     def __init__(self, preset: _Optional[str] = ..., profile: _Optional[_Union[_platform_pb2.PlatformProfile, _Mapping]] = ..., worker_index: _Optional[int] = ...) -> None: ...
 
 class BackendCandidate(_message.Message):
-    __slots__ = ("backend", "verdict", "reason_code", "reason")
+    __slots__ = ("backend", "verdict", "reason_code", "reason", "explanation")
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     REASON_CODE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    EXPLANATION_FIELD_NUMBER: _ClassVar[int]
     backend: str
     verdict: Verdict
     reason_code: str
     reason: str
-    def __init__(self, backend: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., reason_code: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    explanation: str
+    def __init__(self, backend: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., reason_code: _Optional[str] = ..., reason: _Optional[str] = ..., explanation: _Optional[str] = ...) -> None: ...
+
+class DecisionChange(_message.Message):
+    __slots__ = ("kind", "field", "value", "text")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    field: str
+    value: str
+    text: str
+    def __init__(self, kind: _Optional[str] = ..., field: _Optional[str] = ..., value: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
+
+class ChangeHint(_message.Message):
+    __slots__ = ("backend", "outcome", "changes")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    backend: str
+    outcome: str
+    changes: _containers.RepeatedCompositeFieldContainer[DecisionChange]
+    def __init__(self, backend: _Optional[str] = ..., outcome: _Optional[str] = ..., changes: _Optional[_Iterable[_Union[DecisionChange, _Mapping]]] = ...) -> None: ...
+
+class WhatWouldChange(_message.Message):
+    __slots__ = ("hints",)
+    HINTS_FIELD_NUMBER: _ClassVar[int]
+    hints: _containers.RepeatedCompositeFieldContainer[ChangeHint]
+    def __init__(self, hints: _Optional[_Iterable[_Union[ChangeHint, _Mapping]]] = ...) -> None: ...
 
 class Hazard(_message.Message):
     __slots__ = ("code", "message")
@@ -205,17 +235,23 @@ class WeightKey(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., scale_dtype: _Optional[str] = ..., group_shape: _Optional[_Iterable[int]] = ..., symmetric: _Optional[bool] = ...) -> None: ...
 
 class SelectionFailure(_message.Message):
-    __slots__ = ("stage", "type", "message", "quantization", "moe_method", "candidates")
+    __slots__ = ("stage", "type", "message", "quantization", "moe_method", "candidates", "ruleset", "platform", "what_would_change")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     MOE_METHOD_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    RULESET_FIELD_NUMBER: _ClassVar[int]
+    PLATFORM_FIELD_NUMBER: _ClassVar[int]
+    WHAT_WOULD_CHANGE_FIELD_NUMBER: _ClassVar[int]
     stage: str
     type: str
     message: str
     quantization: str
     moe_method: str
     candidates: _containers.RepeatedCompositeFieldContainer[BackendCandidate]
-    def __init__(self, stage: _Optional[str] = ..., type: _Optional[str] = ..., message: _Optional[str] = ..., quantization: _Optional[str] = ..., moe_method: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[BackendCandidate, _Mapping]]] = ...) -> None: ...
+    ruleset: str
+    platform: _platform_pb2.PlatformProfile
+    what_would_change: WhatWouldChange
+    def __init__(self, stage: _Optional[str] = ..., type: _Optional[str] = ..., message: _Optional[str] = ..., quantization: _Optional[str] = ..., moe_method: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[BackendCandidate, _Mapping]]] = ..., ruleset: _Optional[str] = ..., platform: _Optional[_Union[_platform_pb2.PlatformProfile, _Mapping]] = ..., what_would_change: _Optional[_Union[WhatWouldChange, _Mapping]] = ...) -> None: ...
