@@ -97,21 +97,10 @@ def _from_file(path: Path, label: str, field_name: str) -> ModelConfig:
 
 def _from_hub(repo_id: str, revision: str | None, field_name: str) -> ModelConfig:
     """config.json of a Hub repo, through huggingface_hub (its cache, its offline mode)."""
-    try:
-        # Typed once installed; the ignore keeps mypy quiet where it is not (yet).
-        from huggingface_hub import (  # type: ignore[import-not-found, unused-ignore]
-            hf_hub_download,
-        )
-        from huggingface_hub.errors import (  # type: ignore[import-not-found, unused-ignore]
-            EntryNotFoundError,
-            HfHubHTTPError,
-        )
-    except ImportError:
-        raise InvalidSpecError.single(
-            field_name,
-            f"{repo_id!r} is a Hugging Face repo id; reading it needs the huggingface_hub "
-            "package (pip install huggingface_hub), or pass a local config.json",
-        ) from None
+    # Imported on first use: it is a large import, and only a repo id needs it.
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+
     where = f"{field_name} {repo_id}"
     try:
         local = hf_hub_download(repo_id, CONFIG_FILE, revision=revision)

@@ -4,7 +4,6 @@ library's own layout, offline (no network)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -33,7 +32,6 @@ QWEN3_30B_GPTQ = {
         "sym": True,
     },
 }
-HAS_HUB = importlib.util.find_spec("huggingface_hub") is not None
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -82,13 +80,6 @@ def test_bad_sources_name_the_flag(tmp_path: Path) -> None:
     assert "cannot read: no such file" in neither.value.violations[0].description
 
 
-@pytest.mark.skipif(HAS_HUB, reason="huggingface_hub is installed")
-def test_a_repo_id_without_huggingface_hub_says_what_to_install() -> None:
-    with pytest.raises(InvalidSpecError) as missing:
-        load_model_configs([REPO_ID])
-    assert "needs the huggingface_hub package" in missing.value.violations[0].description
-
-
 def hub_cache(root: Path) -> Path:
     """A cache in huggingface_hub's layout: models--Org--Name/{refs/main, snapshots/REV/}."""
     repo = root / ("models--" + REPO_ID.replace("/", "--"))
@@ -118,7 +109,6 @@ def select_offline(cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.skipif(not HAS_HUB, reason="needs huggingface_hub")
 def test_a_repo_id_is_read_from_the_hub_cache_offline(tmp_path: Path) -> None:
     cache = hub_cache(tmp_path / "hub")
     done = select_offline(cache, "--config", REPO_ID, "--gpu", "a100,h100", "--json")
@@ -131,7 +121,6 @@ def test_a_repo_id_is_read_from_the_hub_cache_offline(tmp_path: Path) -> None:
     assert json.loads(pinned.stdout)["backend"] == "MARLIN"
 
 
-@pytest.mark.skipif(not HAS_HUB, reason="needs huggingface_hub")
 def test_a_repo_not_in_the_cache_offline_is_invalid_input(tmp_path: Path) -> None:
     cache = hub_cache(tmp_path / "hub")
     done = select_offline(cache, "--config", "Qwen/Not-Cached", "--gpu", "a100", "--json")
