@@ -120,7 +120,7 @@ def platform_label(requested: object) -> str:
         requested = requested["preset"]
     if isinstance(requested, str):
         name = preset(requested).name
-        return name if name in PLATFORM_PRESETS else EXPLICIT_PLATFORM
+        return name if name is not None and name in PLATFORM_PRESETS else EXPLICIT_PLATFORM
     return EXPLICIT_PLATFORM
 
 
@@ -327,6 +327,15 @@ class Metrics:
         if child is None:
             child = self._failure_children[key] = self.decision_failures.labels(*key)
         return child
+
+    def prepare_kernels(self, backends: Iterable[str]) -> None:
+        """Create the conversion and forward series of each backend a worker has kernels
+        (and writers) for: bytes in and out, durations, tokens."""
+        for backend in backends:
+            self.convert_bytes.labels(backend, "in")
+            self.convert_bytes.labels(backend, "out")
+            self.convert_seconds.labels(backend)
+            self.run_moe_children(backend)
 
     def prepare_workers(self, workers: Iterable[tuple[int, str]]) -> None:
         """Create each worker's series ((index, device) pairs): not ready, no restarts."""

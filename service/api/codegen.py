@@ -24,14 +24,15 @@ GENERATED_ROOT = Path(__file__).resolve().parent / "generated"
 GENERATED_PACKAGE = "service.api.generated"
 
 
-
 def proto_files(proto_root: Path = PROTO_ROOT) -> list[Path]:
     return sorted(proto_root.rglob("*.proto"))
 
 
 def proto_packages(proto_root: Path = PROTO_ROOT) -> list[str]:
     """The dotted packages of the protos (their directories: buf's PACKAGE_DIRECTORY_MATCH)."""
-    return sorted({".".join(p.parent.relative_to(proto_root).parts) for p in proto_files(proto_root)})
+    return sorted(
+        {".".join(p.parent.relative_to(proto_root).parts) for p in proto_files(proto_root)}
+    )
 
 
 def module_name(proto: Path, proto_root: Path = PROTO_ROOT) -> str:

@@ -2,10 +2,11 @@
 
 One grpc.aio server on the public port. It always serves SelectBackend and
 ListPlatformPresets itself, from the process's SelectionServicer (servicer.py), and standard
-health and reflection (v1 and v1alpha, reflection.py). The other MoeControlService methods need the workers: the primary
-registers its servicer's worker methods (`MoeControlServicer.worker_handlers`); a replica
-registers a Forwarder (forward.py) that passes them to the primary's private server on a
-Unix socket. Each method is registered once.
+health and reflection (v1 and v1alpha, reflection.py). The other MoeControlService methods
+need the workers: the primary registers its servicer's worker methods
+(`MoeControlServicer.worker_handlers`); a replica registers a Forwarder (forward.py) that
+passes them to the primary's private server on a Unix socket. Each method is registered
+once.
 
 Why grpc.aio and not grpc's sync server with a thread pool: both were built and measured
 (bench/RESULTS.md). On a cache hit they cost the same CPU per call; on a cache miss (a full

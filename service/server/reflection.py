@@ -10,8 +10,8 @@ registers itself).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from typing import Any, cast
 
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2 as v1alpha_pb2
@@ -25,7 +25,7 @@ V1ALPHA_SERVICE_NAME: str = reflection.SERVICE_NAME
 REFLECTION_SERVICES = (V1_SERVICE_NAME, V1ALPHA_SERVICE_NAME)
 
 
-class ReflectionV1Servicer(v1_pb2_grpc.ServerReflectionServicer):  # type: ignore[misc]
+class ReflectionV1Servicer(v1_pb2_grpc.ServerReflectionServicer):
     """`grpc.reflection.v1.ServerReflection`, answered by a v1alpha servicer."""
 
     def __init__(self, v1alpha: reflection.aio.ReflectionServicer) -> None:
@@ -38,7 +38,11 @@ class ReflectionV1Servicer(v1_pb2_grpc.ServerReflectionServicer):  # type: ignor
             async for request in request_iterator:
                 yield v1alpha_pb2.ServerReflectionRequest.FromString(request.SerializeToString())
 
-        async for response in self._v1alpha.ServerReflectionInfo(as_v1alpha(), context):
+        # An async generator, which grpcio-reflection annotates as a coroutine's result.
+        answers = cast(
+            AsyncIterable[Any], self._v1alpha.ServerReflectionInfo(as_v1alpha(), context)
+        )
+        async for response in answers:
             yield v1_pb2.ServerReflectionResponse.FromString(response.SerializeToString())
 
 
@@ -47,4 +51,6 @@ def add_reflection(service_names: Iterable[str], server: Any) -> None:
     listing `service_names` and the reflection services themselves."""
     v1alpha = reflection.aio.ReflectionServicer((*service_names, *REFLECTION_SERVICES))
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(v1alpha, server)  # type: ignore[no-untyped-call]
-    v1_pb2_grpc.add_ServerReflectionServicer_to_server(ReflectionV1Servicer(v1alpha), server)
+    v1_pb2_grpc.add_ServerReflectionServicer_to_server(  # type: ignore[no-untyped-call]
+        ReflectionV1Servicer(v1alpha), server
+    )
