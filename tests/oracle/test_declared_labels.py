@@ -68,9 +68,13 @@ def raised_errors() -> set[tuple[str | None, str | None]]:
     found = set()
     for path in ORACLE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-                if node.func.id in ("vllm_error", "ErrorInfo") and len(node.args) >= 2:
-                    found.add((_constant(node.args[0]), _constant(node.args[1])))
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("vllm_error", "ErrorInfo")
+                and len(node.args) >= 2
+            ):
+                found.add((_constant(node.args[0]), _constant(node.args[1])))
     return found
 
 

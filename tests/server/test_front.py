@@ -8,9 +8,9 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health
-from prometheus_client.parser import text_string_to_metric_families
 from grpc_reflection.v1alpha import reflection_pb2 as v1alpha_pb2
 from grpc_reflection.v1alpha import reflection_pb2_grpc as v1alpha_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from service.api.generated.grpc.reflection.v1 import reflection_pb2 as v1_pb2
 from service.api.generated.grpc.reflection.v1 import reflection_pb2_grpc as v1_pb2_grpc
@@ -28,7 +28,7 @@ class Pool:
 
     generation = 0
     layer_budget_bytes = 0
-    workers: list[Any] = []
+    workers: tuple[Any, ...] = ()
 
     def default_profile(self) -> Any:
         return None
