@@ -6,6 +6,13 @@ and py-grpc-prometheus spell them) so existing dashboards and alerts work. Label
 backends, reason codes, integrations, gRPC methods and codes, worker indices; never ids,
 paths or shapes.
 
+Every labelled series whose label values are known at start is created at zero with the
+collectors (`Metrics.__init__`; the workers' when the pool is known, `prepare_workers`): a
+fresh server's first scrape lists them, prometheus_client's multiprocess mode (which reports
+only the series a process created) included, and `increase()` sees the first event. Each
+list comes from its one source: the ruleset's backends and reason codes, the oracle's
+integrations, stages and exception types, the methods the server registers.
+
 Each `Metrics` owns its own `CollectorRegistry`, so tests and several servers in one process
 do not collide. A server of several processes (`--server-processes`, replica.py) runs them in
 prometheus_client's multiprocess mode: every process writes its values to files in one
@@ -35,7 +42,17 @@ from prometheus_client import (
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from service import __version__
-from service.oracle import DEFAULT_RULESET, Candidate, Decision
+from service.oracle import (
+    DEFAULT_RULESET,
+    PLATFORM_PRESETS,
+    RULESETS,
+    Candidate,
+    Decision,
+    SelectionError,
+    preset,
+)
+from service.oracle.errors import STAGES, VLLM_EXCEPTIONS
+from service.oracle.quantization import INTEGRATIONS
 
 #: From 100 µs (a SelectBackend answer) to 10 min (a whole-checkpoint conversion).
 RPC_BUCKETS = (
@@ -83,6 +100,28 @@ RUN_MOE_BUCKETS = (
 
 #: The backend label of a decision that builds no WNA16 method (layer left unquantized).
 NO_BACKEND = "none"
+#: The platform label of a decision on a platform the request spelled out (not a preset).
+EXPLICIT_PLATFORM = "explicit"
+#: The platform label of a decision on a serving worker's own platform (the default one,
+#: or a worker the request names).
+WORKER_PLATFORM = "worker"
+#: The reason label of a rejection without a code.
+NO_REASON = "UNSPECIFIED"
+
+
+def platform_label(requested: object) -> str:
+    """The `platform` label of a decision whose request named `requested` (the spec's
+    "platform" value; None: the serving worker's): a preset's own name for a preset (by
+    name, or as {"preset": name}), else `explicit`. Only called after the spec parsed, so a
+    name is a known preset."""
+    if requested is None:
+        return WORKER_PLATFORM
+    if isinstance(requested, dict) and set(requested) == {"preset"}:
+        requested = requested["preset"]
+    if isinstance(requested, str):
+        name = preset(requested).name
+        return name if name is not None and name in PLATFORM_PRESETS else EXPLICIT_PLATFORM
+    return EXPLICIT_PLATFORM
 
 
 def _version(distribution: str) -> str:
@@ -117,8 +156,9 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.multiprocess = multiprocess_dir is not None
         # Label children resolved once (the label sets are small and bounded).
-        self._selection_children: dict[tuple[str, str], Any] = {}
+        self._selection_children: dict[tuple[str, str, str, str], Any] = {}
         self._rejection_children: dict[tuple[str, str], Any] = {}
+        self._failure_children: dict[tuple[str, str], Any] = {}
         self._run_moe_children: dict[str, tuple[Any, Any]] = {}
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -147,15 +187,22 @@ class Metrics:
         # -- decisions
         self.backend_selections = Counter(
             "moe_control_backend_selections_total",
-            "WNA16 MoE backend decisions, by chosen backend and vLLM integration "
-            "(the resolved quantization method).",
-            ["backend", "integration"],
+            "WNA16 MoE backend decisions, by chosen backend, vLLM integration (the resolved "
+            "quantization method), platform (a preset's name, explicit, or worker) and ruleset.",
+            ["backend", "integration", "platform", "ruleset"],
             registry=r,
         )
         self.backend_rejections = Counter(
             "moe_control_backend_rejections_total",
             "Backends rejected while deciding, by backend and stable reason code.",
             ["backend", "reason"],
+            registry=r,
+        )
+        self.decision_failures = Counter(
+            "moe_control_decision_failures_total",
+            "Decisions vLLM itself would refuse, by stage of its start-up path and vLLM's "
+            "exception type.",
+            ["stage", "error"],
             registry=r,
         )
 
@@ -240,36 +287,96 @@ class Metrics:
             ["backend"],
             registry=r,
         )
+        self._prepare_decisions()
+
+    def _prepare_decisions(self) -> None:
+        """Create every decision series at zero: selections on the serving worker's own
+        platform for each ruleset's backends (and `none`) and each integration; rejections
+        for each ruleset's backends and reason codes; failures for each stage and vLLM
+        exception type. Selections on presets and explicit platforms (what-if answers)
+        appear with their first use: per preset, they would multiply the series by the
+        number of presets."""
+        for ruleset in RULESETS.values():
+            for backend in (*ruleset.backends, NO_BACKEND):
+                for integration in INTEGRATIONS:
+                    self._selection_child(backend, integration, WORKER_PLATFORM, ruleset.name)
+            for backend in ruleset.backends:
+                for reason in ruleset.reason_codes:
+                    self._rejection_child(backend, reason)
+        for stage in STAGES:
+            for error in VLLM_EXCEPTIONS:
+                self._failure_child(stage, error)
+
+    def _selection_child(self, backend: str, integration: str, platform: str, ruleset: str) -> Any:
+        key = (backend, integration, platform, ruleset)
+        child = self._selection_children.get(key)
+        if child is None:
+            child = self._selection_children[key] = self.backend_selections.labels(*key)
+        return child
+
+    def _rejection_child(self, backend: str, reason: str) -> Any:
+        key = (backend, reason)
+        child = self._rejection_children.get(key)
+        if child is None:
+            child = self._rejection_children[key] = self.backend_rejections.labels(*key)
+        return child
+
+    def _failure_child(self, stage: str, error: str) -> Any:
+        key = (stage, error)
+        child = self._failure_children.get(key)
+        if child is None:
+            child = self._failure_children[key] = self.decision_failures.labels(*key)
+        return child
+
+    def prepare_kernels(self, backends: Iterable[str]) -> None:
+        """Create the conversion and forward series of each backend a worker has kernels
+        (and writers) for: bytes in and out, durations, tokens."""
+        for backend in backends:
+            self.convert_bytes.labels(backend, "in")
+            self.convert_bytes.labels(backend, "out")
+            self.convert_seconds.labels(backend)
+            self.run_moe_children(backend)
+
+    def prepare_workers(self, workers: Iterable[tuple[int, str]]) -> None:
+        """Create each worker's series ((index, device) pairs): not ready, no restarts."""
+        for worker, device in workers:
+            self.set_worker_ready(worker, device, False)
+            self.worker_restarts.labels(str(worker), device).inc(0)
 
     # -----------------------------------------------------------------------------------
 
     def rejection_counters(self, candidates: Iterable[Candidate]) -> tuple[Any, ...]:
         """The counter children one decision's rejections increment, one per rejection."""
-        found: list[Any] = []
-        for candidate in candidates:
-            if candidate.verdict == "rejected":
-                key = (candidate.backend, candidate.reason_code or "UNSPECIFIED")
-                child = self._rejection_children.get(key)
-                if child is None:
-                    child = self._rejection_children[key] = self.backend_rejections.labels(*key)
-                found.append(child)
-        return tuple(found)
+        return tuple(
+            self._rejection_child(candidate.backend, candidate.reason_code or NO_REASON)
+            for candidate in candidates
+            if candidate.verdict == "rejected"
+        )
 
-    def decision_counters(self, decision: Decision) -> tuple[Any, ...]:
+    def decision_counters(self, decision: Decision, platform: str) -> tuple[Any, ...]:
         """The counter children a decision increments (a cached answer keeps them, so
-        counting it again is one `inc()` each)."""
-        key = (decision.backend or NO_BACKEND, decision.quantization)
-        child = self._selection_children.get(key)
-        if child is None:
-            child = self._selection_children[key] = self.backend_selections.labels(*key)
+        counting it again is one `inc()` each); `platform` as `platform_label` says."""
+        child = self._selection_child(
+            decision.backend or NO_BACKEND, decision.quantization, platform, decision.ruleset
+        )
         return (child, *self.rejection_counters(decision.candidates))
+
+    def failure_counters(self, failure: SelectionError) -> tuple[Any, ...]:
+        """The counter children a failed decision increments: its stage and exception
+        type, and its rejections."""
+        child = self._failure_child(failure.error.stage, failure.error.type)
+        return (child, *self.rejection_counters(failure.candidates))
 
     def count_rejections(self, candidates: Iterable[Candidate]) -> None:
         for child in self.rejection_counters(candidates):
             child.inc()
 
-    def count_decision(self, decision: Decision) -> None:
-        for child in self.decision_counters(decision):
+    def count_failure(self, failure: SelectionError) -> None:
+        for child in self.failure_counters(failure):
+            child.inc()
+
+    def count_decision(self, decision: Decision, platform: str) -> None:
+        for child in self.decision_counters(decision, platform):
             child.inc()
 
     def run_moe_children(self, backend: str) -> tuple[Any, Any]:

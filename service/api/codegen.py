@@ -1,8 +1,9 @@
 """Generate the Python code and `.pyi` stubs of the contract in `protos/` (`make protos`).
 
 grpcio-tools writes imports that mirror the proto paths (`from moe_control.v1 import x_pb2`);
-the generated package lives at `service.api.generated`, so those imports are rewritten to
-`from service.api.generated.moe_control.v1 import x_pb2`. The checked-in code must equal what
+the generated package lives at `service.api.generated`, so the imports of every package under
+`protos/` (ours, and gRPC's reflection v1, which grpcio-reflection does not ship) are rewritten
+to `from service.api.generated.moe_control.v1 import x_pb2`. The checked-in code must equal what
 this module writes (tests/api/test_codegen.py regenerates into a temporary directory).
 
 Needs the dev extra (grpcio-tools, pinned to the grpcio of the oldest runtime we serve on).
@@ -22,11 +23,22 @@ GENERATED_ROOT = Path(__file__).resolve().parent / "generated"
 #: The Python package the generated modules live in.
 GENERATED_PACKAGE = "service.api.generated"
 
-_IMPORT = re.compile(r"^from moe_control\.v1 import ", re.MULTILINE)
-
 
 def proto_files(proto_root: Path = PROTO_ROOT) -> list[Path]:
     return sorted(proto_root.rglob("*.proto"))
+
+
+def proto_packages(proto_root: Path = PROTO_ROOT) -> list[str]:
+    """The dotted packages of the protos (their directories: buf's PACKAGE_DIRECTORY_MATCH)."""
+    return sorted(
+        {".".join(p.parent.relative_to(proto_root).parts) for p in proto_files(proto_root)}
+    )
+
+
+def module_name(proto: Path, proto_root: Path = PROTO_ROOT) -> str:
+    """The generated message module of one proto (`service.api.generated.<package>.x_pb2`)."""
+    parts = proto.relative_to(proto_root).with_suffix("").parts
+    return ".".join((GENERATED_PACKAGE, *parts)) + "_pb2"
 
 
 def generate(out_dir: Path, proto_root: Path = PROTO_ROOT) -> list[Path]:
@@ -47,10 +59,12 @@ def generate(out_dir: Path, proto_root: Path = PROTO_ROOT) -> list[Path]:
         *protos,
     ]
     subprocess.run(command, check=True, cwd=proto_root)
+    packages = "|".join(re.escape(package) for package in proto_packages(proto_root))
+    generated_import = re.compile(rf"^from ({packages}) import ", re.MULTILINE)
     written: list[Path] = []
     for path in sorted(out_dir.rglob("*_pb2*.py*")):
         text = path.read_text()
-        fixed = _IMPORT.sub(f"from {GENERATED_PACKAGE}.moe_control.v1 import ", text)
+        fixed = generated_import.sub(rf"from {GENERATED_PACKAGE}.\1 import ", text)
         if fixed != text:
             path.write_text(fixed)
         written.append(path.relative_to(out_dir))

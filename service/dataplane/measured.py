@@ -274,10 +274,10 @@ class MeasuredPolicy:
 
         except SelectionError as exc:
             answer = SelectAnswer(query.ruleset or DEFAULT_RULESET, failure=exc)
-            candidates = exc.candidates
+            failure = exc
 
             def recount() -> None:
-                selector.count_rejections(candidates)
+                selector.count_failure(failure)
 
         job = make_job(query, self._workers)
         started = time.perf_counter()

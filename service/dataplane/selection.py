@@ -4,8 +4,9 @@ A decision is a pure function of the deployment, the ruleset and the platform; t
 is the request's (a preset, a profile, a worker's) or else worker 0's. The workers are seen
 through `PlatformSource`, which the pool and a replica's view of it both provide: its
 `generation` moves on whenever any worker changed, so whoever keeps answers (the API's
-answer cache) knows when they are stale. Every decision is counted in the metrics, and a
-failed one counts its rejections; a caller that serves a kept answer again recounts it
+answer cache) knows when they are stale. Every decision is counted in the metrics (under its
+platform's label: a preset's name, `explicit`, or `worker`), and a failed one counts its
+stage, exception type and rejections; a caller that serves a kept answer again recounts it
 with the counters returned beside the answer.
 """
 
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from service.metrics import Metrics
+from service.metrics import WORKER_PLATFORM, Metrics, platform_label
 from service.oracle import (
     DEFAULT_RULESET,
     Decision,
@@ -164,19 +165,22 @@ class Selector:
                 "name a preset or a platform for a what-if answer"
             )
         deployment = parse_deployment(spec, default_platform=default)
+        named_worker = query.platform is not None and query.platform.worker_index is not None
+        platform = WORKER_PLATFORM if named_worker else platform_label(spec.get("platform"))
         ruleset = query.ruleset or DEFAULT_RULESET
         try:
             decision = select(
                 deployment, ruleset=ruleset, what_would_change=query.what_would_change
             )
         except SelectionError as exc:
-            self._metrics.count_rejections(exc.candidates)
+            self._metrics.count_failure(exc)
             raise
-        counters = self._metrics.decision_counters(decision)
+        counters = self._metrics.decision_counters(decision, platform)
         for counter in counters:
             counter.inc()
         return SelectAnswer(ruleset, decision, deployment.platform, default), counters
 
-    def count_rejections(self, candidates: Any) -> None:
-        """Count a failed decision's rejections again (a kept answer served again)."""
-        self._metrics.count_rejections(candidates)
+    def count_failure(self, failure: SelectionError) -> None:
+        """Count a failed decision again, its rejections with it (a kept answer served
+        again)."""
+        self._metrics.count_failure(failure)

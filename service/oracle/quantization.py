@@ -63,6 +63,8 @@ _CONFIG_CLASS = {
     "moe_wna16": "moe_wna16",
     "compressed-tensors": "compressed-tensors",
 }
+#: Every resolved method name (a decision's `quantization`: the vLLM integration).
+INTEGRATIONS = tuple(_CONFIG_CLASS)
 
 
 def _gptq_desc_act_error(desc_act: Any, group_size: Any, dynamic: Mapping[str, Any]) -> str | None:

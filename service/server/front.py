@@ -2,10 +2,11 @@
 
 One grpc.aio server on the public port. It always serves SelectBackend and
 ListPlatformPresets itself, from the process's SelectionServicer (servicer.py), and standard
-health and reflection. The other MoeControlService methods need the workers: the primary
-registers its servicer's worker methods (`MoeControlServicer.worker_handlers`); a replica
-registers a Forwarder (forward.py) that passes them to the primary's private server on a
-Unix socket. Each method is registered once.
+health and reflection (v1 and v1alpha, reflection.py). The other MoeControlService methods
+need the workers: the primary registers its servicer's worker methods
+(`MoeControlServicer.worker_handlers`); a replica registers a Forwarder (forward.py) that
+passes them to the primary's private server on a Unix socket. Each method is registered
+once.
 
 Why grpc.aio and not grpc's sync server with a thread pool: both were built and measured
 (bench/RESULTS.md). On a cache hit they cost the same CPU per call; on a cache miss (a full
@@ -21,17 +22,17 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from service.api.interceptors.chain import InterceptorChain
 from service.api.interceptors.limits import Limits
 from service.api.interceptors.registrar import HandlerRegistrar
 from service.api.servicer import SERVICE_NAME, SelectionServicer
 from service.metrics import Metrics
+from service.server.reflection import add_reflection
 from service.settings import Settings
 
-#: What server reflection lists.
-REFLECTED = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
+#: What server reflection lists (beside the reflection services themselves).
+REFLECTED = (SERVICE_NAME, health.SERVICE_NAME)
 #: MoeControlService methods every process answers itself (the rest need the workers).
 LOCAL_METHODS = SelectionServicer.METHODS
 
@@ -86,9 +87,7 @@ async def start_front(
     registrar.add_registered_method_handlers(SERVICE_NAME, selection.handlers())
     worker_methods(registrar)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registrar)  # type: ignore[arg-type]
-    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(  # type: ignore[no-untyped-call]
-        reflection.aio.ReflectionServicer(REFLECTED), registrar
-    )
+    add_reflection(REFLECTED, registrar)
     registrar.install()
     address = f"{settings.host}:{port}"
     credentials = server_credentials(settings)

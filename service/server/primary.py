@@ -32,6 +32,7 @@ from prometheus_client import start_http_server
 from service import __version__
 from service.api.interceptors.limits import Limits
 from service.api.servicer import SERVICE_NAME, MoeControlServicer
+from service.kernels.registry import RUNNABLE
 from service.logs import configure_logging
 from service.metrics import Metrics, enable_multiprocess
 from service.pool.config import SupervisorConfig
@@ -68,6 +69,8 @@ class MoeControlServer:
     ) -> None:
         self.settings = settings
         self.metrics = metrics if metrics is not None else Metrics()
+        # Conversions and forwards run here (a replica forwards them): their series too.
+        self.metrics.prepare_kernels(RUNNABLE)
         self.health = health.aio.HealthServicer()
         self.readiness = Readiness(self.health, self.metrics)
         self.pool: WorkerPool | None = None

@@ -37,10 +37,10 @@ class Readiness:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self, pool: WorkerPool) -> None:
-        """Alive and not ready yet, every worker's gauge at 0, until the pool says more."""
+        """Alive and not ready yet, every worker's series created (not ready, no restarts),
+        until the pool says more."""
         self.pool = pool
-        for worker in pool.workers:
-            self.metrics.set_worker_ready(worker.index, worker.device, False)
+        self.metrics.prepare_workers((worker.index, worker.device) for worker in pool.workers)
         await self.health.set(health.OVERALL_HEALTH, SERVING)
         await self.health.set(SERVICE_NAME, NOT_SERVING)
 

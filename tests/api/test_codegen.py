@@ -30,9 +30,9 @@ def test_generated_code_matches_protos(tmp_path: Path) -> None:
 
 def test_generated_modules_import_as_a_package() -> None:
     for proto in codegen.proto_files():
-        stem = proto.stem
-        module = importlib.import_module(f"service.api.generated.moe_control.v1.{stem}_pb2")
-        assert module.DESCRIPTOR.package == "moe_control.v1"
+        module = importlib.import_module(codegen.module_name(proto))
+        package = ".".join(proto.relative_to(codegen.PROTO_ROOT).parent.parts)
+        assert module.DESCRIPTOR.package == package
     grpc_module = importlib.import_module(
         "service.api.generated.moe_control.v1.moe_control_service_pb2_grpc"
     )

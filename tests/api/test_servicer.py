@@ -58,13 +58,15 @@ def ask(selection: SelectionServicer, data: bytes) -> pb.SelectBackendResponse:
     return pb.SelectBackendResponse.FromString(payload)
 
 
-def selections(metrics: Metrics) -> dict[tuple[str, str], float]:
-    out: dict[tuple[str, str], float] = {}
+def selections(metrics: Metrics) -> dict[tuple[str, ...], float]:
+    """The selection series counted above zero (every other one is there at zero)."""
+    out: dict[tuple[str, ...], float] = {}
     for family in metrics.registry.collect():
         if family.name == "moe_control_backend_selections":
             for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    key = (sample.labels["backend"], sample.labels["integration"])
+                if sample.name.endswith("_total") and sample.value:
+                    labels = sample.labels
+                    key = (labels["backend"], labels["integration"], labels["platform"])
                     out[key] = sample.value
     return out
 
@@ -80,7 +82,7 @@ def test_repeated_requests_are_answered_from_the_cache_and_still_counted() -> No
     assert codec.select_response_to_json(first) == expected.to_json()
     assert selection.cache is not None
     assert (selection.cache.hits, selection.cache.misses) == (1, 1)
-    assert selections(metrics) == {(str(expected.backend), expected.quantization): 2.0}
+    assert selections(metrics) == {(str(expected.backend), expected.quantization, "worker"): 2.0}
 
 
 def test_a_worker_change_invalidates_kept_answers() -> None:

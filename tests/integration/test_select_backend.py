@@ -366,6 +366,8 @@ def test_metrics_move_with_the_right_labels(server: ServerProcess, stub: Any) ->
         name="moe_control_backend_selections_total",
         backend=str(decision.backend),
         integration=decision.quantization,
+        platform="a100",
+        ruleset=decision.ruleset,
     )
     handled = dict(
         name="grpc_server_handled_total",

@@ -98,3 +98,19 @@ def test_readiness_follows_the_workers_and_tells_the_replicas() -> None:
         "ready": False,
         "profile": None,
     }
+
+
+def test_every_workers_series_exist_before_its_first_change() -> None:
+    async def started() -> Metrics:
+        metrics = Metrics()
+        readiness = Readiness(health.aio.HealthServicer(), metrics)
+        await readiness.start(FakePool([FakeWorker(0, "cpu"), FakeWorker(1, "cuda:0")]))  # type: ignore[arg-type]
+        return metrics
+
+    metrics = asyncio.run(started())
+    for worker, device in (("0", "cpu"), ("1", "cuda:0")):
+        # increase() sees a worker's first restart only when the series was there before it
+        assert (
+            sample(metrics, "moe_control_worker_restarts_total", worker=worker, device=device) == 0
+        )
+        assert sample(metrics, "moe_control_worker_ready", worker=worker, device=device) == 0

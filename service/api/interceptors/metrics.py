@@ -2,11 +2,14 @@
 `grpc_server_handled_total` (by code), `grpc_server_handling_seconds`, and for streaming
 methods `grpc_server_msg_received_total` / `grpc_server_msg_sent_total`.
 
-Outermost in the chain, so every end is counted under the code the client sees: OK, the
-status of an abort (an error mapped by `status`, a refusal by `auth`, a handler's own),
-CANCELLED. Streamed messages are counted next to the handler (`messages`), so a call
-refused before its handler ran counted none, as before. Not installed where the calls are
-counted by another process (the primary's private endpoint for the replicas' calls).
+Every method's series exist from its registration (the methods are the ones the servicers
+register, generated from their service descriptors), `grpc_server_handled_total` for every
+status code among them. Outermost in the chain, so every end is counted under the code the
+client sees: OK, the status of an abort (an error mapped by `status`, a refusal by `auth`,
+a handler's own), CANCELLED. Streamed messages are counted next to the handler
+(`messages`), so a call refused before its handler ran counted none, as before. Not
+installed where the calls are counted by another process (the primary's private endpoint
+for the replicas' calls).
 """
 
 from __future__ import annotations
@@ -25,8 +28,15 @@ _OK = grpc.StatusCode.OK.name
 _CANCELLED = grpc.StatusCode.CANCELLED.name
 
 
+#: Every status code a call can end with: each method's handled series are created for all
+#: of them (as go-grpc-prometheus's InitializeMetrics does), so a method's first error is an
+#: increase from zero, and error ratios have data before the first error.
+CODES = tuple(code.name for code in grpc.StatusCode)
+
+
 class MethodMetrics:
-    """Label children of one method, resolved once."""
+    """Label children of one method, resolved once, when the method is registered: so its
+    series, every code's, are on /metrics at zero before its first call."""
 
     def __init__(self, metrics: Metrics, method: Method) -> None:
         labels = (method.grpc_type, method.service, method.name)
@@ -36,7 +46,9 @@ class MethodMetrics:
         self.sent = metrics.grpc_msg_sent.labels(*labels)
         self._handled = metrics.grpc_handled
         self._labels = labels
-        self._by_code: dict[str, Any] = {}
+        self._by_code: dict[str, Any] = {
+            code: self._handled.labels(*labels, code) for code in CODES
+        }
 
     def handled(self, code: str, seconds: float) -> None:
         child = self._by_code.get(code)

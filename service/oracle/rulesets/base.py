@@ -86,3 +86,13 @@ class Ruleset:
     #: Maps the user's `--moe-backend` string to a backend.
     user_backends: dict[str, str]
     priority: Callable[[PlatformProfile], tuple[str, ...]]
+    #: Every reason code an experts class's checks answer (the engine's common checks and
+    #: the classes' own), declared so that metrics can list the codes before any decision.
+    class_check_codes: tuple[str, ...] = ()
+
+    @property
+    def reason_codes(self) -> tuple[str, ...]:
+        """Every reason code a rejection can carry: the class checks' and the structural
+        rules', each once."""
+        structural = (rule.code for rule in self.structural_rules)
+        return tuple(dict.fromkeys((*self.class_check_codes, *structural)))

@@ -486,4 +486,22 @@ RULESET = Ruleset(
         "rdna3": "RDNA3",
     },
     priority=priority,
+    class_check_codes=(
+        # FusedMoEExperts.is_supported_config, in its order (service.oracle.engine)
+        "DEVICE",
+        "NON_GATED",
+        "ACTIVATION",
+        "QUANT_SCHEME",
+        "PARALLEL_CONFIG",
+        "ROUTING_METHOD",
+        "ROUTER_LOGITS_DTYPE",
+        "ACTIVATION_FORMAT",
+        "BATCH_INVARIANCE",
+        "LORA",
+        # the classes' own checks (above)
+        "EXPERT_COUNT",
+        "HUMMING_GEMM_TYPE",
+        "BF16_REQUIRED",
+        "TOP_K_TOO_SMALL",
+    ),
 )
