@@ -5,7 +5,12 @@ local `moe-control select --json` prints (the platform decided for included), pl
 "server_platform" (the serving worker's profile). Failures raise `RemoteSelectionError`,
 whose `result` has the local CLI's error shapes: `{"invalid": [...]}` for bad input, the
 oracle's `SelectionError.to_json()` when vLLM would fail the deployment,
-`{"error": {"stage": "server", ...}}` for transport errors.
+`{"error": {"stage": "server", ...}}` for transport errors (DEADLINE_EXCEEDED among them:
+`RemoteSelectionError.code` says which).
+
+The call goes through a `service.client.channel.Session`: its deadline is the whole command's
+(a matrix or a JSON Lines file asks many questions in one session), and an UNAVAILABLE answer
+carrying the server's RetryInfo is retried (SelectBackend is idempotent).
 """
 
 from __future__ import annotations
@@ -20,9 +25,8 @@ from grpc_status import rpc_status
 
 from service.api.codecs import selection as codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.api.generated.moe_control.v1 import selection_pb2
-from service.client.channel import call_metadata, open_channel
+from service.client.channel import Connection, Session
 from service.client.errors import RemoteSelectionError
 
 EXIT_SELECTION_FAILED = 1
@@ -57,7 +61,7 @@ def _failure(error: grpc.RpcError) -> RemoteSelectionError:
 
 
 def remote_select(
-    target: str,
+    server: str | Connection | Session,
     spec: Mapping[str, Any],
     *,
     token: str | None = None,
@@ -65,14 +69,19 @@ def remote_select(
     tls_cert: str | Path | None = None,
     tls_key: str | Path | None = None,
     ruleset: str = "",
-    timeout: float = 30.0,
+    timeout: float | None = 30.0,
     measured: bool = False,
     token_counts: Sequence[int] = (),
     refresh: bool = False,
     measure_worker_index: int | None = None,
     what_would_change: bool = False,
 ) -> dict[str, Any]:
-    """Ask the server at `target` for the decision on `spec` (a deployment spec object).
+    """Ask the server for the decision on `spec` (a deployment spec object).
+
+    `server`: an open `Session` (its deadline and retries apply; the CLI's way, one session
+    for every question of a command), a `Connection` (a session is opened for this call) or
+    HOST:PORT (a `Connection` from `token`, the `tls_*` files and `timeout`, which are
+    ignored otherwise). A `Connection` with `wait_ready` may raise `ServerNotReadyError`.
 
     Without a "platform" in the spec, the server decides for its own worker's platform.
     "platform" is the platform the answer was decided for, "server_platform" the serving
@@ -91,12 +100,23 @@ def remote_select(
         request.refresh = refresh
         if measure_worker_index is not None:
             request.measure_worker_index = measure_worker_index
-    with open_channel(target, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key) as channel:
-        stub: Any = pb_grpc.MoeControlServiceStub(channel)  # type: ignore[no-untyped-call]
-        try:
-            response = stub.SelectBackend(request, timeout=timeout, metadata=call_metadata(token))
-        except grpc.RpcError as error:
-            raise _failure(error) from None
+    if isinstance(server, Session):
+        response = _call(server, request)
+    else:
+        connection = (
+            server
+            if isinstance(server, Connection)
+            else Connection(
+                server,
+                token=token,
+                tls_ca=tls_ca,
+                tls_cert=tls_cert,
+                tls_key=tls_key,
+                timeout=timeout,
+            )
+        )
+        with connection.session() as session:
+            response = _call(session, request)
     result = codec.select_response_to_json(response)
     result["server_platform"] = (
         codec.profile_json(response.server_platform)
@@ -106,6 +126,13 @@ def remote_select(
     if response.HasField("measured"):
         result["measured"] = measured_to_json(response.measured)
     return result
+
+
+def _call(session: Session, request: pb.SelectBackendRequest) -> Any:
+    try:
+        return session.unary("SelectBackend", request)
+    except grpc.RpcError as error:
+        raise _failure(error) from None
 
 
 def measured_to_json(message: Any) -> dict[str, Any]:
