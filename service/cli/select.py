@@ -6,6 +6,11 @@ asks a running moe-control server instead (same output, plus the server's platfo
 on the layer's shape, and prints each token count's fastest backend beside vLLM's choice:
 which backend is fastest depends on the shape and the token count, vLLM's priority list
 does not look at either.
+
+With `--server`, every question of one command (each JSON Lines spec, each matrix cell) goes
+through one session (`service.client.channel`): `--timeout` bounds the whole command
+(`--wait-ready` included), and UNAVAILABLE answers carrying the server's RetryInfo are
+retried. Measuring is slow, so `--policy measured` has a longer default deadline.
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.cli import matrix
+from service.cli.client_flags import add_connection_arguments, connection_from_args
 from service.cli.configs import load_model_configs
 from service.oracle import (
     DEFAULT_RULESET,
@@ -30,9 +37,25 @@ from service.oracle import (
 )
 from service.oracle.platform import KNOWN_PACKAGES, preset
 
+if TYPE_CHECKING:
+    from service.client.channel import Session
+
 EXIT_OK = 0
 EXIT_SELECTION_FAILED = 1
+#: Also: the server was not ready within --timeout (--wait-ready), as health/run/convert say.
+EXIT_NOT_READY = 1
 EXIT_BAD_INPUT = 2
+#: The server failed the call: unreachable, out of time, refused.
+EXIT_SERVER_ERROR = 3
+
+#: The whole command's default deadline with --server (a static answer takes milliseconds).
+DEFAULT_TIMEOUT_S = 30.0
+#: The default with --policy measured: the server's worker times every backend it runs at
+#: every token count (seconds each on a CPU worker, the largest counts the slowest).
+MEASURED_TIMEOUT_S = 300.0
+#: The token counts a server times when the request names none (the server's
+#: `service.dataplane.measured.DEFAULT_TOKENS`, which this local tool does not import).
+SERVER_DEFAULT_TOKENS = (1, 16, 256, 4096)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -82,19 +105,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="one JSON object per deployment")
     output.add_argument("--csv", action="store_true", help="the matrix, one CSV row per cell")
-    parser.add_argument("--server", help="ask a moe-control server at HOST:PORT instead")
-    parser.add_argument("--token", help="bearer token for --server")
-    parser.add_argument("--tls-ca", type=Path, help="CA bundle to verify --server over TLS")
-    parser.add_argument(
-        "--tls-cert", type=Path, help="client certificate chain for --server with mTLS"
+    add_connection_arguments(
+        parser,
+        default_timeout=DEFAULT_TIMEOUT_S,
+        server_help="ask a moe-control server at HOST:PORT instead of answering locally",
     )
-    parser.add_argument("--tls-key", type=Path, help="private key of --tls-cert")
+    for action in parser._actions:  # one default per policy, resolved in run()
+        if action.dest == "timeout":
+            action.default = None
+            action.help = (
+                "seconds the whole command may take with --server, --wait-ready included "
+                f"(default {DEFAULT_TIMEOUT_S:g}; {MEASURED_TIMEOUT_S:g} with --policy "
+                "measured, which times every backend at each token count and can take a "
+                "minute or more)"
+            )
     parser.add_argument(
         "--policy",
         choices=POLICIES,
         default="static",
         help="static: vLLM's rules only; measured (needs --server): the serving worker also "
-        "times every backend it runs at each token count (cached by the server)",
+        "times every backend it runs at each token count (cached by the server; a fresh "
+        f"measurement can take a minute or more, default --timeout {MEASURED_TIMEOUT_S:g})",
     )
     parser.add_argument(
         "--tokens",
@@ -288,7 +319,8 @@ def render_table(result: dict[str, Any]) -> str:
         why = result.get("explanation") or "vLLM builds no WNA16 MoE method for this layer"
         lines.append(f"backend: none ({why})")
     else:
-        lines.append(f"backend: {result['backend']}   experts class: {result['experts_class']}")
+        experts_class = _text(result.get("experts_class"), "-")
+        lines.append(f"backend: {result['backend']}   experts class: {experts_class}")
     candidates = result.get("candidates") or []
     if candidates:
         width = max(len(c["backend"]) for c in candidates)
@@ -324,31 +356,38 @@ def _seconds(value: float | None) -> str:
 
 def render_measured(measured: dict[str, Any]) -> list[str]:
     """The measured table: per token count the fastest backend, vLLM's choice and both
-    times, then every backend's time or why it did not run."""
-    source = (
-        "from the server's cache"
-        if measured["from_cache"]
-        else f"measured now in {measured['measure_seconds']:.2f} s"
-    )
+    times, then every backend's time or why it did not run. A missing value prints as "-"
+    (or is left out), never as "None"."""
+    if measured.get("from_cache"):
+        source = "from the server's cache"
+    elif measured.get("measure_seconds") is not None:
+        source = f"measured now in {measured['measure_seconds']:.2f} s"
+    else:
+        source = "measured now"
+    worker = _text(measured.get("worker_index"), "?")
+    device = f" ({measured['device_name']})" if measured.get("device_name") else ""
     lines = [
-        f"measured on worker {measured['worker_index']} ({measured['device_name']}), {source}",
+        f"measured on worker {worker}{device}, {source}",
         f"{'TOKENS':>6}  {'FASTEST':<15}{'TIME':>10}  {'vLLM CHOICE':<15}{'TIME':>10}  SPEEDUP",
     ]
     reasons: dict[str, str] = {}
-    for bucket in measured["buckets"]:
-        speedup = bucket["speedup"]
+    for bucket in measured.get("buckets") or []:
+        speedup = bucket.get("speedup")
         lines.append(
-            f"{bucket['tokens']:>6}  {bucket['fastest_backend'] or '-':<15}"
-            f"{_seconds(bucket['fastest_seconds']):>10}  {bucket['static_backend'] or '-':<15}"
-            f"{_seconds(bucket['static_seconds']):>10}  "
+            f"{_text(bucket.get('tokens'), '-'):>6}  "
+            f"{_text(bucket.get('fastest_backend'), '-'):<15}"
+            f"{_seconds(bucket.get('fastest_seconds')):>10}  "
+            f"{_text(bucket.get('static_backend'), '-'):<15}"
+            f"{_seconds(bucket.get('static_seconds')):>10}  "
             + (f"{speedup:.2f}x" if speedup is not None else "-")
         )
         times = []
-        for timing in bucket["timings"]:
-            if timing["device_seconds"] is not None:
-                times.append(f"{timing['backend']} {_seconds(timing['device_seconds'])}")
+        for timing in bucket.get("timings") or []:
+            backend = _text(timing.get("backend"), "?")
+            if timing.get("device_seconds") is not None:
+                times.append(f"{backend} {_seconds(timing['device_seconds'])}")
             else:
-                reasons.setdefault(timing["backend"], timing["error"] or "did not run")
+                reasons.setdefault(backend, timing.get("error") or "did not run")
         if times:
             lines.append(f"{'':>6}  timed: {', '.join(times)}")
     for backend, reason in reasons.items():
@@ -357,20 +396,103 @@ def render_measured(measured: dict[str, Any]) -> list[str]:
     return lines
 
 
+def measuring_notice(tokens: tuple[int, ...], timeout: float | None, refresh: bool) -> str:
+    """The line printed (on stderr) before a measured call: what the server is about to do
+    and how long the client waits."""
+    from service.kernels.registry import RUNNABLE  # the backends a worker times (no torch)
+
+    counts = ",".join(str(n) for n in tokens or SERVER_DEFAULT_TOKENS)
+    which = "" if tokens else " (the server's default)"
+    cached = "" if refresh else " unless the server has them cached"
+    limit = "no limit" if timeout is None else f"{timeout:g} s"
+    return (
+        f"measuring {len(RUNNABLE)} backends ({', '.join(RUNNABLE)}) at token counts "
+        f"{counts}{which} on the server's worker; this can take a minute or more{cached} "
+        f"(--timeout {limit})"
+    )
+
+
+def deadline_message(args: argparse.Namespace) -> str:
+    """The one line said when the server did not answer within --timeout."""
+    limit = f"{args.timeout:g} s" if args.timeout is not None else "the deadline"
+    why = (
+        "measuring every backend at each token count took longer"
+        if args.policy == "measured"
+        else "the server did not answer in time"
+    )
+    return (
+        f"moe-control select: no answer within {limit} (DEADLINE_EXCEEDED): {why}; "
+        "allow more with --timeout SECONDS (the whole command's limit)"
+    )
+
+
+class _OutOfTimeError(Exception):
+    """The command's deadline passed: every later call would fail the same way."""
+
+
+class _Server:
+    """One session for every question a command asks, opened at the first (so a bad flag or
+    spec is reported before any wait for the server)."""
+
+    def __init__(self, args: argparse.Namespace, stack: ExitStack) -> None:
+        self.args = args
+        self.stack = stack
+        self.opened: Session | None = None
+
+    def session(self) -> Session:
+        if self.opened is None:
+            self.opened = self.stack.enter_context(connection_from_args(self.args).session())
+        return self.opened
+
+
+def _tls_problem(args: argparse.Namespace) -> dict[str, Any] | None:
+    if args.server and (args.tls_cert is None) != (args.tls_key is None):
+        problem = "give --tls-cert and --tls-key together (the client certificate for mTLS)"
+        return {"invalid": [{"field": "--tls-cert", "description": problem}]}
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.policy == "measured" and not args.server:
+        problem = "--policy measured needs --server (a worker times the backends)"
+        result = {"invalid": [{"field": "--policy", "description": problem}]}
+        print(json.dumps(result) if args.json else render_table(result), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if (invalid := _tls_problem(args)) is not None:
+        print(json.dumps(invalid) if args.json else render_table(invalid))
+        return EXIT_BAD_INPUT
+    if args.timeout is None:
+        args.timeout = MEASURED_TIMEOUT_S if args.policy == "measured" else DEFAULT_TIMEOUT_S
+    if not args.server:
+        return _run(args, None)
+    from service.client.errors import ServerNotReadyError
+
     try:
-        if args.policy == "measured" and not args.server:
-            problem = "--policy measured needs --server (a worker times the backends)"
-            result = {"invalid": [{"field": "--policy", "description": problem}]}
-            print(json.dumps(result) if args.json else render_table(result), file=sys.stderr)
-            return EXIT_BAD_INPUT
+        with ExitStack() as stack:
+            return _run(args, _Server(args, stack))
+    except ServerNotReadyError as exc:
+        print(f"moe-control select: {exc}", file=sys.stderr)
+        return EXIT_NOT_READY
+    except _OutOfTimeError:
+        message = deadline_message(args)
+        if args.json:
+            error = {"stage": "server", "type": "DEADLINE_EXCEEDED", "message": message}
+            print(json.dumps({"error": error, "candidates": []}))
+        else:
+            print(message, file=sys.stderr)
+        return EXIT_SERVER_ERROR
+
+
+def _run(args: argparse.Namespace, server: _Server | None) -> int:
+    try:
         gpus = matrix.gpu_names(args.gpu)
         rulesets = matrix.ruleset_names(args.ruleset)
         args.gpu = gpus[0] if gpus else None
         if args.config is not None:
             configs = load_model_configs(args.config)
             if len(configs) > 1 or len(gpus) > 1 or len(rulesets) > 1 or args.csv:
-                return _run_matrix(args, matrix.models_from_configs(configs), gpus, rulesets)
+                models = matrix.models_from_configs(configs)
+                return _run_matrix(args, server, models, gpus, rulesets)
             specs: Iterator[Any] = iter([deployment_from_model_config(configs[0].config)])
         elif len(gpus) > 1 or len(rulesets) > 1 or args.csv:
             problem = "a matrix (several GPUs or rulesets, --csv) needs --config"
@@ -386,8 +508,8 @@ def run(args: argparse.Namespace) -> int:
                 result, code = answer(InvalidSpecError.single("", "a spec must be a JSON object"))
             else:
                 spec = _apply_flags(raw, args)
-                if args.server:
-                    result, code = _remote(args, spec, rulesets[0])
+                if server is not None:
+                    result, code = _remote(args, server, spec, rulesets[0])
                 else:
                     result, code = answer(spec, rulesets[0])
             status = max(status, code)
@@ -407,11 +529,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_matrix(
     args: argparse.Namespace,
+    server: _Server | None,
     models: list[matrix.MatrixModel],
     gpus: list[str],
     rulesets: list[str],
 ) -> int:
-    """Models by GPUs (by rulesets): every cell decided as a single `select` decides it."""
+    """Models by GPUs (by rulesets): every cell decided as a single `select` decides it
+    (with --server, every cell in the one session, under the one --timeout)."""
     if not gpus:
         raise InvalidSpecError.single("--gpu", "required for a matrix: presets or 'all'")
     if args.policy == "measured":
@@ -421,8 +545,8 @@ def _run_matrix(
         return _apply_flags(spec, argparse.Namespace(**{**vars(args), "gpu": gpu}))
 
     def decide(spec: Any, ruleset: str) -> tuple[dict[str, Any], int]:
-        if args.server:
-            return _remote(args, spec, ruleset)
+        if server is not None:
+            return _remote(args, server, spec, ruleset)
         return answer(spec, ruleset, what_would_change=False)  # a cell shows no hints
 
     table = matrix.build_matrix(models, gpus, rulesets, spec_for=spec_for, answer=decide)
@@ -431,31 +555,35 @@ def _run_matrix(
 
 
 def _remote(
-    args: argparse.Namespace, spec: dict[str, Any], ruleset: str = DEFAULT_RULESET
+    args: argparse.Namespace,
+    server: _Server,
+    spec: dict[str, Any],
+    ruleset: str = DEFAULT_RULESET,
 ) -> tuple[dict[str, Any], int]:
+    import grpc
+
     from service.client.errors import RemoteSelectionError
     from service.client.select import remote_select
 
-    if (args.tls_cert is None) != (args.tls_key is None):
-        problem = "give --tls-cert and --tls-key together (the client certificate for mTLS)"
-        return {"invalid": [{"field": "--tls-cert", "description": problem}]}, EXIT_BAD_INPUT
+    measured = args.policy == "measured"
     try:
+        session = server.session()
+        if measured:
+            print(measuring_notice(args.tokens, args.timeout, args.refresh), file=sys.stderr)
         result = remote_select(
-            args.server,
+            session,
             spec,
             ruleset=ruleset,
-            token=args.token,
-            tls_ca=args.tls_ca,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            measured=args.policy == "measured",
+            measured=measured,
             token_counts=args.tokens,
             refresh=args.refresh,
             measure_worker_index=args.measure_worker,
             # the measured answer says what runs fastest; the change search is static's
-            what_would_change=args.policy == "static",
+            what_would_change=not measured,
         )
     except RemoteSelectionError as exc:
+        if exc.code is grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise _OutOfTimeError from None
         return with_id(spec, exc.result), exc.exit_code
     result = with_id(spec, result)
     if any(h.get("code") == "VLLM_FAILS" for h in result.get("hazards") or []):

@@ -186,3 +186,146 @@ def test_a_transport_error_prints_no_empty_decision_fields() -> None:
         "candidates": [],
     }
     assert render_table(result) == "error (server): UNAVAILABLE: no worker is ready"
+
+
+# ---------------------------------------------------------------------------------------
+# --server: the shared client flags, the measured policy's deadline, progress and table
+
+
+def test_select_has_the_shared_client_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["select", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for flag in ("--server", "--token", "--tls-ca", "--tls-cert", "--tls-key"):
+        assert flag in help_text
+    assert "--wait-ready" in help_text
+    assert "--timeout TIMEOUT" in help_text
+    assert "(default 30; 300 with --policy measured" in help_text
+
+
+@pytest.mark.parametrize(("policy", "expected"), [("static", 30.0), ("measured", 300.0)])
+def test_the_default_deadline_depends_on_the_policy(
+    monkeypatch: pytest.MonkeyPatch, config_path: Path, policy: str, expected: float
+) -> None:
+    from service.cli import select as select_cli
+
+    seen: dict[str, object] = {}
+
+    def fake_run(args: object, server: object) -> int:
+        seen["timeout"] = getattr(args, "timeout", None)
+        seen["connection"] = select_cli.connection_from_args(args)  # type: ignore[arg-type]
+        return 0
+
+    monkeypatch.setattr(select_cli, "_run", fake_run)
+    argv = ["select", "--config", str(config_path), "--server", "127.0.0.1:1"]
+    assert main([*argv, "--policy", policy]) == 0
+    assert seen["timeout"] == expected
+    assert main([*argv, "--policy", policy, "--timeout", "7", "--wait-ready"]) == 0
+    connection = seen["connection"]
+    assert getattr(connection, "timeout", None) == 7.0
+    assert getattr(connection, "wait_ready", None) is True
+
+
+def test_the_measuring_notice_says_what_and_how_long() -> None:
+    from service.cli.select import measuring_notice
+    from service.kernels.registry import RUNNABLE
+
+    line = measuring_notice((), 300.0, refresh=False)
+    assert line.startswith(f"measuring {len(RUNNABLE)} backends (")
+    assert "at token counts 1,16,256,4096 (the server's default) on the server's worker" in line
+    assert "this can take a minute or more" in line and line.endswith("(--timeout 300 s)")
+    assert "\n" not in line
+    assert "token counts 8,1 on" in measuring_notice((8, 1), 5.0, refresh=True)
+
+
+def test_the_notice_names_the_servers_real_default_token_counts() -> None:
+    from service.cli.select import SERVER_DEFAULT_TOKENS
+    from service.dataplane.measured import DEFAULT_TOKENS
+
+    assert SERVER_DEFAULT_TOKENS == DEFAULT_TOKENS
+
+
+def test_a_measured_table_with_missing_values_prints_no_none() -> None:
+    from service.cli.select import render_measured, render_table
+
+    measured = {
+        "worker_index": 0,
+        "device_name": "",
+        "from_cache": False,
+        "measured_time": None,
+        "measure_seconds": None,
+        "versions": {},
+        "buckets": [
+            {
+                "tokens": 16,
+                "fastest_backend": None,
+                "fastest_seconds": None,
+                "static_backend": None,
+                "static_seconds": None,
+                "speedup": None,
+                "timings": [{"backend": "MARLIN", "device_seconds": None, "error": None}],
+            }
+        ],
+    }
+    lines = render_measured(measured)
+    assert lines[0] == "measured on worker 0, measured now"
+    assert lines[2].split() == ["16", "-", "-", "-", "-", "-"]
+    assert lines[-1] == "not run: MARLIN: did not run"
+    result = {"backend": "CPU", "experts_class": None, "candidates": [], "measured": measured}
+    assert "None" not in render_table(result)
+
+
+def test_a_measured_table_with_times() -> None:
+    from service.cli.select import render_measured
+
+    measured = {
+        "worker_index": 1,
+        "device_name": "cpu",
+        "from_cache": True,
+        "measure_seconds": 0.0,
+        "buckets": [
+            {
+                "tokens": 1,
+                "fastest_backend": "EMULATION",
+                "fastest_seconds": 2.5e-4,
+                "static_backend": "CPU",
+                "static_seconds": 5e-4,
+                "speedup": 2.0,
+                "timings": [
+                    {"backend": "EMULATION", "device_seconds": 2.5e-4, "error": None},
+                    {"backend": "MARLIN", "device_seconds": None, "error": "MARLIN: needs CUDA"},
+                ],
+            }
+        ],
+    }
+    assert render_measured(measured) == [
+        "measured on worker 1 (cpu), from the server's cache",
+        "TOKENS  FASTEST              TIME  vLLM CHOICE          TIME  SPEEDUP",
+        "     1  EMULATION          250 us  CPU                500 us  2.00x",
+        "        timed: EMULATION 250 us",
+        "not run: MARLIN: needs CUDA",
+    ]
+
+
+@pytest.mark.parametrize("policy", ["static", "measured"])
+def test_the_deadline_message_is_one_line_naming_timeout(policy: str) -> None:
+    import argparse
+
+    from service.cli.select import deadline_message
+
+    message = deadline_message(argparse.Namespace(timeout=0.05, policy=policy))
+    assert "\n" not in message and "None" not in message
+    assert "no answer within 0.05 s (DEADLINE_EXCEEDED)" in message
+    assert "--timeout SECONDS" in message
+    assert ("measuring" in message) == (policy == "measured")
+
+
+def test_half_a_client_certificate_is_refused_before_any_call(
+    config_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cert = tmp_path / "client.pem"
+    cert.write_text("not used")
+    argv = ["select", "--config", str(config_path), "--server", "127.0.0.1:1", "--json"]
+    assert main([*argv, "--tls-cert", str(cert)]) == 2
+    (violation,) = json.loads(capsys.readouterr().out)["invalid"]
+    assert violation["field"] == "--tls-cert" and "--tls-key" in violation["description"]

@@ -1,6 +1,8 @@
 """remote_select's failures, as the CLI prints them: a refused spec as the local CLI's
 `{"invalid": [...]}` (exit 2), anything else as a server error (exit 3), from a real
-in-process server answering with the service's own error table."""
+in-process server answering with the service's own error table; and its calls go through
+the shared `Connection`/`Session`: retried on UNAVAILABLE carrying RetryInfo, bounded by the
+session's deadline (DEADLINE_EXCEEDED, exit 3)."""
 
 from __future__ import annotations
 
@@ -11,20 +13,45 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from service.api.errors import status_for
+from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+from service.client.channel import Connection
 from service.client.errors import RemoteSelectionError
 from service.client.select import EXIT_BAD_INPUT, EXIT_SERVER_ERROR, remote_select
 from service.oracle import InvalidSpecError
 
 SERVICE = "moe_control.v1.MoeControlService"
+#: SelectBackend calls the fake server has seen, by the marker in their spec.
+CALLS: dict[str, int] = {}
+
+
+def _restarting() -> status_pb2.Status:
+    """UNAVAILABLE with the RetryInfo a server sends while its worker restarts."""
+    info = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(nanos=50_000_000))
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    return status_pb2.Status(
+        code=code_pb2.UNAVAILABLE, message="worker 0 is restarting", details=[detail]
+    )
 
 
 async def _refuse(request: bytes, context: Any) -> bytes:
+    for marker in (b"bad", b"flaky", b"slow"):
+        if marker in request:
+            CALLS[marker.decode()] = CALLS.get(marker.decode(), 0) + 1
     if b"bad" in request:
         error = InvalidSpecError.single("layer.top_k", "required")
         await context.abort_with_status(rpc_status.to_status(status_for(error)))
+    if b"flaky" in request:
+        if CALLS["flaky"] <= 2:
+            await context.abort_with_status(rpc_status.to_status(_restarting()))
+        return bytes(pb.SelectBackendResponse(backend="MARLIN").SerializeToString())
+    if b"slow" in request:
+        await asyncio.sleep(5)
     await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker is ready")
     raise AssertionError("abort returned")
 
@@ -78,3 +105,34 @@ def test_other_failures_are_server_errors(target: str) -> None:
         "type": "UNAVAILABLE",
         "message": "no worker is ready",
     }
+
+
+def test_unavailable_with_retry_info_is_retried(target: str) -> None:
+    CALLS.pop("flaky", None)
+    result = remote_select(Connection(target, timeout=10), {"flaky": True})
+    assert result["backend"] == "MARLIN"
+    assert CALLS["flaky"] == 3  # two refusals, then the answer
+
+
+def test_unavailable_without_retry_info_is_not_retried(target: str) -> None:
+    CALLS.pop("bad", None)
+    with pytest.raises(RemoteSelectionError):
+        remote_select(target, {"bad": True}, timeout=10)
+    assert CALLS["bad"] == 1
+
+
+def test_one_session_asks_many_questions_under_its_deadline(target: str) -> None:
+    CALLS.pop("flaky", None)
+    with Connection(target, timeout=10).session() as session:
+        first = remote_select(session, {"flaky": 1})
+        second = remote_select(session, {"flaky": 2})
+    assert first["backend"] == second["backend"] == "MARLIN"
+    assert CALLS["flaky"] == 4
+
+
+def test_the_session_deadline_bounds_the_call(target: str) -> None:
+    with pytest.raises(RemoteSelectionError) as late:
+        remote_select(Connection(target, timeout=0.3), {"slow": True})
+    assert late.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert late.value.exit_code == EXIT_SERVER_ERROR
+    assert late.value.result["error"]["type"] == "DEADLINE_EXCEEDED"
