@@ -11,10 +11,17 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from service.process import ENVIRONMENT, SETTINGS
+from service.process import (
+    ENVIRONMENT,
+    RUNTIME_PREFIX,
+    SETTINGS,
+    make_runtime_dir,
+    sweep_runtime_dirs,
+)
 
 CODE = "import json; from service.process import tune_malloc; print(json.dumps(tune_malloc()))"
 GLIBC = sys.platform.startswith("linux") and bool(os.confstr("CS_GNU_LIBC_VERSION"))
@@ -44,3 +51,21 @@ def test_both_settings_are_applied() -> None:
 def test_an_operators_setting_wins() -> None:
     env = {k: v for k, v in os.environ.items() if k not in NAMES}
     assert applied({**env, "MALLOC_ARENA_MAX": "8"}) == ["MALLOC_MMAP_THRESHOLD_"]
+
+
+def test_runtime_dirs_of_dead_servers_are_swept(tmp_path: Path) -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
+                          capture_output=True, check=True)  # fmt: skip
+    dead = tmp_path / f"{RUNTIME_PREFIX}{int(gone.stdout)}-abc"
+    (dead / "metrics").mkdir(parents=True)
+    alive = tmp_path / f"{RUNTIME_PREFIX}{os.getpid()}-def"
+    alive.mkdir()
+    other = tmp_path / "moe-control-segments-xyz"
+    other.mkdir()
+    assert sweep_runtime_dirs(str(tmp_path)) == [str(dead)]
+    fresh = Path(make_runtime_dir(str(tmp_path)))
+    assert fresh.name.startswith(f"{RUNTIME_PREFIX}{os.getpid()}-")
+    assert oct(fresh.stat().st_mode & 0o777) == "0o700"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [alive.name, other.name, fresh.name]
+    )

@@ -91,27 +91,3 @@ def test_server_processes_default_to_the_usable_cores(tmp_path: Path) -> None:
     options = dict(Settings().grpc_options(reuseport=True))
     assert options["grpc.so_reuseport"] == 1
     assert dict(Settings().grpc_options())["grpc.so_reuseport"] == 0
-
-
-def test_runtime_dirs_of_dead_servers_are_swept(tmp_path: Path) -> None:
-    import os
-    import subprocess
-    import sys
-
-    from service.process import RUNTIME_PREFIX, make_runtime_dir, sweep_runtime_dirs
-
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
-                          capture_output=True, check=True)  # fmt: skip
-    dead = tmp_path / f"{RUNTIME_PREFIX}{int(gone.stdout)}-abc"
-    (dead / "metrics").mkdir(parents=True)
-    alive = tmp_path / f"{RUNTIME_PREFIX}{os.getpid()}-def"
-    alive.mkdir()
-    other = tmp_path / "moe-control-segments-xyz"
-    other.mkdir()
-    assert sweep_runtime_dirs(str(tmp_path)) == [str(dead)]
-    fresh = Path(make_runtime_dir(str(tmp_path)))
-    assert fresh.name.startswith(f"{RUNTIME_PREFIX}{os.getpid()}-")
-    assert oct(fresh.stat().st_mode & 0o777) == "0o700"
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [alive.name, other.name, fresh.name]
-    )
