@@ -12,6 +12,7 @@ same bytes: the original date is kept when nothing else differs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import sys
@@ -22,13 +23,14 @@ from tests.parity.grid import generate
 from tests.parity.records import (
     RECORDS_DIR,
     Record,
+    file_hash,
     grid_hash,
     load,
     record_path,
     ruleset_for,
     to_bytes,
 )
-from tests.parity.runner import run_reference, vllm_version
+from tests.parity.runner import REFERENCE, run_reference, vllm_version
 
 
 def today() -> str:
@@ -51,9 +53,7 @@ def settle_date(fresh: Record, path: Path) -> Record:
     except (OSError, ValueError, KeyError):
         return fresh
     if previous.same_answers(fresh):
-        return Record(
-            fresh.ruleset, fresh.vllm_version, fresh.grid_sha256, previous.date, fresh.answers
-        )
+        return dataclasses.replace(fresh, date=previous.date)
     return fresh
 
 
@@ -81,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ruleset=ruleset_for(version),
         vllm_version=version,
         grid_sha256=grid_hash(specs),
+        harness_sha256=file_hash(REFERENCE),
         date=today(),
         answers=tuple(answers),
     )

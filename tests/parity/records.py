@@ -6,9 +6,11 @@ release; each release's answers are recorded once (`make parity-record VLLM=X.Y.
 
 The file is gzip'd JSON Lines: a header line, then one answer per grid scenario in grid
 order. The header carries the grid's hash (so a grid that changed after recording is
-caught), the release's own `vllm.__version__`, the day of recording and the command that
-regenerates it. Bytes are reproducible: sorted keys, no whitespace, gzip with no name and
-mtime 0, and a re-record that changes nothing keeps the original date.
+caught), the release's own `vllm.__version__`, the day of recording, the command that
+regenerates it and, as provenance only, the hash of the harness that answered (a harness
+change is caught live for the release CI runs; other releases are re-recorded by hand).
+Bytes are reproducible: sorted keys, no whitespace, gzip with no name and mtime 0, and a
+re-record that changes nothing keeps the original date.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ def grid_hash(specs: Sequence[dict[str, Any]]) -> str:
     return hashlib.sha256(canonical(list(specs)).encode("ascii")).hexdigest()
 
 
+def file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def ruleset_for(version: str) -> str:
     """The ruleset a vLLM release answers as: `0.33.0` and `0.33.1` are both `vllm-0.33`."""
     major, minor, *_ = version.lstrip("v").split(".")
@@ -60,6 +66,7 @@ class Record:
     ruleset: str
     vllm_version: str
     grid_sha256: str
+    harness_sha256: str
     date: str
     answers: tuple[dict[str, Any], ...]
 
@@ -73,13 +80,15 @@ class Record:
             "ruleset": self.ruleset,
             "vllm_version": self.vllm_version,
             "grid_sha256": self.grid_sha256,
+            "harness_sha256": self.harness_sha256,
             "scenarios": len(self.answers),
             "date": self.date,
             "command": self.command,
         }
 
     def same_answers(self, other: Record) -> bool:
-        """True when only the date could tell the two apart."""
+        """True when the answers, the release and the grid are the same (date and harness
+        aside)."""
         return (self.ruleset, self.vllm_version, self.grid_sha256, self.answers) == (
             other.ruleset,
             other.vllm_version,
@@ -122,6 +131,7 @@ def from_bytes(data: bytes) -> Record:
         ruleset=header["ruleset"],
         vllm_version=header["vllm_version"],
         grid_sha256=header["grid_sha256"],
+        harness_sha256=header["harness_sha256"],
         date=header["date"],
         answers=answers,
     )
@@ -131,6 +141,8 @@ def load(path: Path) -> Record:
     record = from_bytes(path.read_bytes())
     if path.name != f"{record.ruleset}{SUFFIX}":
         raise ValueError(f"{path.name} holds the record of {record.ruleset}")
+    if ruleset_for(record.vllm_version) != record.ruleset:
+        raise ValueError(f"{path.name}: vLLM {record.vllm_version} is not {record.ruleset}")
     return record
 
 
