@@ -13,7 +13,7 @@ PORT ?= 50151
 METRICS_PORT ?= 9464
 LOG_LEVEL ?= WARNING
 
-.PHONY: soak fuzz-long run test lint typecheck unit parity install install-vllm clean help bench protos proto-lint load-bench gpu-test bench-gpu gpu-multi
+.PHONY: soak fuzz-long run test lint typecheck unit parity parity-record install install-vllm clean help bench protos proto-lint load-bench gpu-test bench-gpu gpu-multi
 
 help:
 	@echo "make run   - install on first use and serve on $(HOST):$(PORT) (metrics on :$(METRICS_PORT))"
@@ -61,6 +61,26 @@ unit: $(VENV)/.stamp
 
 parity: $(VENV)/.stamp $(VLLM_VENV)/.stamp
 	MOE_CONTROL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/pytest -q -m parity
+
+# Parity records (tests/parity/records/): one release's answers to the whole grid, recorded
+# once from that release's own code and checked in, so `make test` compares every ruleset
+# without building an environment per release. VLLM=$(VLLM_VERSION) records from .venv-vllm, the
+# environment the live test runs (the live test asserts it still gives the record); any other
+# release gets its own .venv-vllm-X.Y.Z (about 8 GB), less the CUDA builds of torchvision,
+# torchaudio and torchcodec that pip pulls in and that do not load against the CPU torch
+# (nothing on the decision path needs them).
+VLLM ?= $(VLLM_VERSION)
+RECORD_VENV := $(if $(filter $(VLLM_VERSION),$(VLLM)),$(VLLM_VENV),$(VLLM_VENV)-$(VLLM))
+
+$(VLLM_VENV)-%/.stamp:
+	$(PYTHON) -m venv $(VLLM_VENV)-$*
+	$(VLLM_VENV)-$*/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)-$*/bin/pip install --quiet vllm==$*
+	$(VLLM_VENV)-$*/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+parity-record: $(VENV)/.stamp $(RECORD_VENV)/.stamp
+	$(BIN)/python -m tests.parity.record --python $(abspath $(RECORD_VENV))/bin/python --release $(VLLM)
 
 # The contract: regenerate the checked-in Python code and .pyi stubs from protos/
 # (grpcio-tools is pinned in the dev extra; tests/api/test_codegen.py fails on drift).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.oracle import InvalidSpecError, SelectionError, select
+from service.oracle import DEFAULT_RULESET, InvalidSpecError, SelectionError, select
 
 #: The fields both sides give and that must agree exactly.
 COMPARED = (
@@ -20,10 +20,10 @@ COMPARED = (
 )
 
 
-def ours(spec: dict[str, Any]) -> dict[str, Any]:
-    """The oracle's answer to a normalised spec, shaped like the reference's."""
+def ours(spec: dict[str, Any], ruleset: str = DEFAULT_RULESET) -> dict[str, Any]:
+    """The oracle's answer to a normalised spec under `ruleset`, shaped like the reference's."""
     try:
-        result = select({k: v for k, v in spec.items() if k != "id"}).to_json()
+        result = select({k: v for k, v in spec.items() if k != "id"}, ruleset=ruleset).to_json()
     except SelectionError as exc:
         result = exc.to_json()
     except InvalidSpecError as exc:
