@@ -2,8 +2,9 @@
 
 `vllm serve --moe-backend X` checks X against these names (its `MoEBackend` literal) before
 any quantization code runs; the WNA16 selection later maps only some of them to a backend
-(`Ruleset.user_backends`). The lists differ between releases (RDNA3 is not one of 0.29's
-names, for example), so every release's table carries its own, in the literal's order.
+(`Ruleset.user_backends`). The lists differ between releases (the release sheet has `rdna3`
+refused by KernelConfig up to 0.29), so every release's table carries its own, in the
+literal's order.
 """
 
 from __future__ import annotations
