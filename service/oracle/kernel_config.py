@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from service.oracle.errors import ErrorInfo, SelectionError
 
+
 def normalise_moe_backend(name: str) -> str:
     """The value vLLM's `--moe-backend` converter hands on: lower case, `-` as `_`."""
     return name.lower().replace("-", "_")
