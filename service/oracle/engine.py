@@ -8,12 +8,14 @@ would give, so users see why each alternative was not used.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 from service.oracle.decision import Candidate, Decision, Verdict
 from service.oracle.errors import ErrorInfo, InvalidSpecError, SelectionError
 from service.oracle.explain import explain_rejection, not_reached
 from service.oracle.hazards import hazards_for
+from service.oracle.kernel_config import parse_moe_backend
 from service.oracle.moe_config import ROUTING_METHODS, MoEConfig, moe_config
 from service.oracle.quant_method import OracleCall, OtherMethod
 from service.oracle.quantization import build_moe_method
@@ -175,6 +177,9 @@ def decide(spec: DeploymentSpec, ruleset_name: str = DEFAULT_RULESET) -> Decisio
 
 
 def _decide(spec: DeploymentSpec, ruleset: Ruleset) -> Decision:
+    # `vllm serve` parses --moe-backend before anything else looks at the deployment.
+    backend_name = parse_moe_backend(spec.moe_backend, ruleset.kernel_config_moe_backends)
+    spec = dataclasses.replace(spec, moe_backend=backend_name)
     moe = moe_config(spec)
     plan = build_moe_method(spec, moe)
     if isinstance(plan, OtherMethod):

@@ -38,16 +38,17 @@ if TYPE_CHECKING:
 
 
 #: Where in vLLM's start-up path a `SelectionError` arises (`ErrorInfo.stage`).
-STAGES = ("quantization", "capability", "moe_method", "backend")
+STAGES = ("kernel_config", "quantization", "capability", "moe_method", "backend")
 #: The exception classes vLLM raises there (`ErrorInfo.type`).
-VLLM_EXCEPTIONS = ("ValueError", "NotImplementedError", "AssertionError")
+VLLM_EXCEPTIONS = ("ValueError", "NotImplementedError", "AssertionError", "ArgumentError")
 
 
 @dataclass(frozen=True, slots=True)
 class ErrorInfo:
     """What vLLM would raise: where in its start-up path, which exception class, which text.
 
-    `stage` is one of `STAGES`: "quantization" (resolving or parsing the quantization config),
+    `stage` is one of `STAGES`: "kernel_config" (`vllm serve` refusing a `--moe-backend`
+    name), "quantization" (resolving or parsing the quantization config),
     "capability" (the quant method's minimum compute capability), "moe_method" (building the
     MoE quant method) and "backend" (the WNA16 backend selection itself).
     """

@@ -124,6 +124,27 @@ FORCED_BACKENDS = (
     "rdna3",
     "cutlass",
 )
+#: `--moe-backend` spellings as a user types them: vLLM's parser lower-cases them and turns
+#: `-` into `_` before checking KernelConfig's names; some are KernelConfig names the WNA16
+#: selection refuses (`deep_gemm`, `aiter`, `flydsl`), some are no KernelConfig name at all.
+SPELLED_BACKENDS = (
+    "TRITON",
+    "Marlin",
+    "HUMMING",
+    "AUTO",
+    "flashinfer-trtllm",
+    "FlashInfer-TRTLLM",
+    "RDNA3",
+    "deep_gemm",
+    "DEEP-GEMM",
+    "batched-triton",
+    "aiter",
+    "flydsl",
+    "bogus",
+    "triton ",
+    "-triton",
+    "marlin_moe",
+)
 
 
 def _platforms() -> Iterator[tuple[str, dict[str, Any]]]:
@@ -234,6 +255,21 @@ def generate() -> list[dict[str, Any]]:
                 platform_map[pname],
                 _layer(MODEL_SHAPES["mixtral-8x7b"]),
                 moe_backend=backend,
+            )
+        )
+    # 2b. `--moe-backend` spellings: vLLM's parser normalises or refuses them.
+    for name, pname, qname in itertools.product(
+        SPELLED_BACKENDS, ("a100", "h200", "gfx1100", "cpu"), ("gptq-int4-g128", "ct-int4-g32")
+    ):
+        _, quant, flag = quant_map[qname]
+        specs.append(
+            _spec(
+                f"{pname}|{qname}|spelled-{name!r}",
+                quant,
+                flag,
+                platform_map[pname],
+                _layer(MODEL_SHAPES["mixtral-8x7b"]),
+                moe_backend=name,
             )
         )
     # 3. Every real model shape and the expert-count edge on the main GPUs.

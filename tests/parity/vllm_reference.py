@@ -57,17 +57,24 @@ arguments; the per-backend candidate list is recomputed with vLLM's
 and ``is_supported_config``, and checked against what the real call returned (a mismatch
 is reported as a ``harness_error``).
 
-Deliberate departures from a full ``vllm serve``: the spec's ``moe_backend`` string is
-handed to the oracle unnormalised (written into the ``KernelConfig`` after validation, which
-would lower-case it and reject names outside ``MoEBackend``), so unknown names reach
-``map_wna16_backend``. ``VllmConfig`` is built with ``optimization_level=0`` (the default
-level imports compiled fusion passes; compilation plays no part in MoE selection), and a
-``LoRAConfig`` is attached after construction (its validation needs a real ``ModelConfig``).
+The spec's ``moe_backend`` takes the path ``vllm serve --moe-backend`` takes: vLLM's own
+argument parser (``EngineArgs.add_cli_args`` on a ``FlexibleArgumentParser``, built once, with
+``exit_on_error`` off so that a refusal is an exception rather than an exit) converts it
+(lower case, ``-`` to ``_``) and checks it against the choices derived from KernelConfig's
+``MoEBackend`` literal. A refused name is recorded as stage ``kernel_config`` with argparse's
+``ArgumentError`` and its exact message; an accepted one is assigned to the ``KernelConfig``
+as ``EngineArgs.create_engine_config`` assigns it (only when it is not ``auto``).
+
+Deliberate departures from a full ``vllm serve``: ``VllmConfig`` is built with
+``optimization_level=0`` (the default level imports compiled fusion passes; compilation plays
+no part in MoE selection), and a ``LoRAConfig`` is attached after construction (its
+validation needs a real ``ModelConfig``).
 The model dtype is the spec's layer dtype; the worker's device-dtype check is not run.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import contextlib
 import copy
@@ -646,7 +653,33 @@ def _build_quant_config(model_config: types.SimpleNamespace) -> Any:
         raise _VllmRaisedError(stage, exc) from exc
 
 
-def _build_vllm_config(spec: dict) -> Any:
+_SERVE_PARSER: list[argparse.ArgumentParser] = []
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    """vLLM's own engine argument parser, as ``vllm serve`` builds it (once: it is slow).
+
+    Its defaults read the current platform, so it is built with a spec's platform bound."""
+    if not _SERVE_PARSER:
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        parser = EngineArgs.add_cli_args(FlexibleArgumentParser(prog="vllm serve"))
+        parser.exit_on_error = False
+        _SERVE_PARSER.append(parser)
+    return _SERVE_PARSER[0]
+
+
+def _parse_moe_backend(spec: dict) -> str:
+    """``--moe-backend`` as vLLM's parser converts and checks it."""
+    try:
+        args = _serve_parser().parse_args([f"--moe-backend={spec['moe_backend']}"])
+    except argparse.ArgumentError as exc:
+        raise _VllmRaisedError("kernel_config", exc) from exc
+    return args.moe_backend
+
+
+def _build_vllm_config(spec: dict, moe_backend: str) -> Any:
     from vllm.config import KernelConfig, LoRAConfig, ParallelConfig, VllmConfig
 
     parallel = spec["parallel"]
@@ -658,14 +691,16 @@ def _build_vllm_config(spec: dict) -> Any:
     }
     if parallel.get("all2all_backend") is not None:
         kwargs["all2all_backend"] = parallel["all2all_backend"]
+    kernel_config = KernelConfig()
+    if moe_backend != "auto":  # as EngineArgs.create_engine_config assigns it
+        kernel_config.moe_backend = moe_backend
     vllm_config = VllmConfig(
         optimization_level=0,
         parallel_config=ParallelConfig(**kwargs),
-        kernel_config=KernelConfig(),
+        kernel_config=kernel_config,
     )
     # LoRAConfig is verified against a ModelConfig, which the spec does not have.
     object.__setattr__(vllm_config, "lora_config", LoRAConfig() if spec.get("lora") else None)
-    object.__setattr__(vllm_config.kernel_config, "moe_backend", spec["moe_backend"])
     return vllm_config
 
 
@@ -719,12 +754,12 @@ def _factory_kwargs(spec: dict, quant_config: Any) -> dict:
     }
 
 
-def _build_moe_method(spec: dict, quant_config: Any) -> Any:
+def _build_moe_method(spec: dict, moe_backend: str, quant_config: Any) -> Any:
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
 
     try:
-        vllm_config = _build_vllm_config(spec)
+        vllm_config = _build_vllm_config(spec, moe_backend)
         with set_current_vllm_config(vllm_config):
             FusedMoEFactory(**_factory_kwargs(spec, quant_config))
     except _StopAtWeightsError:
@@ -933,11 +968,12 @@ def answer(world: _World, spec: dict) -> dict:
     world.enter(spec)
     quantization = None
     try:
+        moe_backend = _parse_moe_backend(spec)
         model_config = _model_config_stand_in(spec)
         _resolve_quantization(model_config)
         quantization = model_config.quantization
         quant_config = _build_quant_config(model_config)
-        method = _build_moe_method(spec, quant_config)
+        method = _build_moe_method(spec, moe_backend, quant_config)
     except _VllmRaisedError as failure:
         return _failure(spec.get("id"), quantization, failure)
     return _success(spec.get("id"), quantization, method)

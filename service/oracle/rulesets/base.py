@@ -85,6 +85,8 @@ class Ruleset:
     structural_rules: tuple[StructuralRule, ...]
     #: Maps the user's `--moe-backend` string to a backend.
     user_backends: dict[str, str]
+    #: Every name KernelConfig accepts for `moe_backend` (its `MoEBackend` literal).
+    kernel_config_moe_backends: tuple[str, ...]
     priority: Callable[[PlatformProfile], tuple[str, ...]]
     #: Every reason code an experts class's checks answer (the engine's common checks and
     #: the classes' own), declared so that metrics can list the codes before any decision.

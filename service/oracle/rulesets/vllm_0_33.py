@@ -32,6 +32,7 @@ from service.oracle.rulesets.base import (
     Ruleset,
     StructuralRule,
 )
+from service.oracle.rulesets.kernel_names import MOE_BACKENDS_0_33
 
 NAME = "vllm-0.33"
 
@@ -485,6 +486,7 @@ RULESET = Ruleset(
         "emulation": "EMULATION",
         "rdna3": "RDNA3",
     },
+    kernel_config_moe_backends=MOE_BACKENDS_0_33,
     priority=priority,
     class_check_codes=(
         # FusedMoEExperts.is_supported_config, in its order (service.oracle.engine)

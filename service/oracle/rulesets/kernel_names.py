@@ -1,0 +1,38 @@
+"""The names `KernelConfig` accepts for `moe_backend`, per vLLM release, as data.
+
+`vllm serve --moe-backend X` checks X against these names (its `MoEBackend` literal) before
+any quantization code runs; the WNA16 selection later maps only some of them to a backend
+(`Ruleset.user_backends`). The lists differ between releases (the release sheet has `rdna3`
+refused by KernelConfig up to 0.29), so every release's table carries its own, in the
+literal's order.
+"""
+
+from __future__ import annotations
+
+#: vLLM 0.33.0's `vllm.config.kernel.MoEBackend`, in declaration order.
+MOE_BACKENDS_0_33: tuple[str, ...] = (
+    "auto",
+    "triton",
+    "batched_triton",
+    "deep_gemm",
+    "deep_gemm_mega_moe",
+    "cutlass",
+    "flashinfer_trtllm",
+    "flashinfer_cutlass",
+    "flashinfer_cutedsl",
+    "flashinfer_moe_ep_cutedsl",
+    "flashinfer_b12x",
+    "b12x",
+    "flashinfer_moe_ep_mega_deep_gemm",
+    "marlin",
+    "humming",
+    "triton_unfused",
+    "aiter",
+    "aiter_mega_moe",
+    "aiter_triton_mxfp4_bf16",
+    "aiter_triton_mxfp4_mxfp4",
+    "flydsl",
+    "hpc",
+    "emulation",
+    "rdna3",
+)
