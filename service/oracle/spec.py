@@ -15,6 +15,7 @@ from typing import Any
 
 from service.oracle.errors import FieldViolation, InvalidSpecError
 from service.oracle.platform import PlatformProfile, preset
+from service.oracle.releases import resolve_ruleset
 
 #: vLLM's `MoEActivation` values; the `_no_mul` ones are the non-gated (no act-and-mul) forms.
 ACTIVATIONS = (
@@ -359,9 +360,6 @@ def _parse_ruleset(value: Any, violations: list[FieldViolation]) -> str | None:
     if not isinstance(value, str):
         violations.append(FieldViolation("ruleset", "must be a string such as 'vllm-0.33'"))
         return None
-    # Imported here: the rulesets are built from the oracle's configs, which import this.
-    from service.oracle.rulesets import resolve_ruleset
-
     try:
         return resolve_ruleset(value)
     except InvalidSpecError as exc:

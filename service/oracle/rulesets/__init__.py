@@ -1,18 +1,17 @@
-"""Rulesets by name: one per vLLM release the oracle reproduces, and the one resolver that
-turns what a user writes ("vllm-0.33", "0.33", "0.33.0", "v0.33.0") into a ruleset.
+"""Rulesets by name: one per vLLM release the oracle reproduces (`releases.RELEASES` names
+them, with the releases each answers for), and their listing.
 
-Every place a ruleset name enters (the deployment spec's `ruleset`, the request field, the
-CLI's `--ruleset`) goes through `resolve_ruleset`, so they all accept the same forms and
-refuse an unknown one with the same error, which lists the known ones.
+Names enter through `resolve_ruleset` (service.oracle.releases), re-exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
-from service.oracle.errors import UnknownRulesetError
-from service.oracle.rulesets.base import Release, Ruleset, version_tuple
+from service.oracle.releases import DEFAULT_RULESET, RELEASES, Release, resolve_ruleset
+from service.oracle.rulesets.base import Ruleset
 from service.oracle.rulesets.vllm_0_33 import RULESET as VLLM_0_33
 
 __all__ = [
@@ -21,67 +20,38 @@ __all__ = [
     "Release",
     "Ruleset",
     "get_ruleset",
+    "listing",
     "resolve_ruleset",
 ]
 
-#: Every ruleset, by its name, oldest release first.
+#: Every ruleset, by its name, in the order of the release table (oldest first); every
+#: row of that table has its ruleset here (tests/oracle/test_rulesets.py).
 RULESETS: Mapping[str, Ruleset] = MappingProxyType(
-    {r.name: r for r in sorted((VLLM_0_33,), key=lambda r: version_tuple(r.release.first) or ())}
+    {r.name: r for r in sorted((VLLM_0_33,), key=lambda r: list(RELEASES).index(r.name))}
 )
-#: The newest release's ruleset: what a request that names none is decided by.
-DEFAULT_RULESET: str = next(reversed(RULESETS))
-
-#: Prefixes a release may be written with ("vllm-0.33", "vllm==0.33.0", "v0.33.0").
-_PREFIXES = ("vllm==", "vllm-", "vllm", "v")
-
-
-def _release_number(text: str) -> tuple[int, ...] | None:
-    """The release number a name spells, without prefix or local label ("+cu129")."""
-    for prefix in _PREFIXES:
-        if text.startswith(prefix):
-            text = text[len(prefix) :].lstrip("v")
-            break
-    return version_tuple(text.split("+", 1)[0])
-
-
-def _lookup(text: str) -> Ruleset | None:
-    key = text.strip().lower()
-    if key in RULESETS:
-        return RULESETS[key]
-    number = _release_number(key)
-    if number is None:
-        return None
-    for ruleset in RULESETS.values():
-        release = ruleset.release
-        if len(number) == 2 and ".".join(map(str, number)) == release.series:
-            return ruleset
-        if len(number) == 3 and release.contains(number):
-            return ruleset
-    return None
-
-
-def resolve_ruleset(name: str, *, field: str = "ruleset") -> str:
-    """The canonical name of the ruleset `name` means; "" means the default.
-
-    Accepted: a ruleset's name ("vllm-0.33"), its minor series ("0.33"), or any release
-    number inside its range, bare or with a `v` or `vllm-` prefix ("0.33.0", "v0.33.1",
-    "vllm-0.33.0", a local label such as "+cu129" ignored), in any case. Anything else is
-    `UnknownRulesetError` on `field`, listing the known rulesets and their ranges.
-    """
-    if not name.strip():
-        return DEFAULT_RULESET
-    ruleset = _lookup(name)
-    if ruleset is None:
-        newest = RULESETS[DEFAULT_RULESET]
-        raise UnknownRulesetError.naming(
-            field,
-            name,
-            [f"{r.name} (vLLM {r.release.range_text})" for r in RULESETS.values()],
-            [newest.name, newest.release.series, newest.release.first, f"v{newest.release.first}"],
-        )
-    return ruleset.name
 
 
 def get_ruleset(name: str, *, field: str = "ruleset") -> Ruleset:
-    """The ruleset `name` resolves to (`resolve_ruleset`)."""
+    """The ruleset `name` resolves to (`resolve_ruleset`: any spelling of its release)."""
     return RULESETS[resolve_ruleset(name, field=field)]
+
+
+def listing() -> list[dict[str, Any]]:
+    """Every ruleset as plain JSON, oldest release first: its name, whether it is the
+    default, the vLLM releases it answers for, that release's torch and humming-kernels
+    pins, its backends and the `--moe-backend` values it accepts. `moe-control rulesets`
+    prints this; ListRulesets carries the same, field for field."""
+    return [
+        {
+            "name": r.name,
+            "default": r.name == DEFAULT_RULESET,
+            "vllm": r.release.range_text,
+            "first_version": r.release.first,
+            "below_version": r.release.below,
+            "torch": r.release.torch,
+            "humming_kernels": r.release.humming_kernels,
+            "backends": list(r.backends),
+            "moe_backends": sorted(r.user_backends),
+        }
+        for r in RULESETS.values()
+    ]

@@ -15,6 +15,9 @@ from service.oracle.moe_config import MoEConfig, MoEParallelConfig
 from service.oracle.platform import PlatformProfile
 from service.oracle.quant_key import QuantKey
 from service.oracle.quant_method import QuantConfig
+from service.oracle.releases import Release
+
+__all__ = ["Check", "ExpertsClass", "Release", "RuleContext", "Ruleset", "StructuralRule"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,58 +78,12 @@ class ExpertsClass:
     extra_checks: tuple[Check, ...] = ()
 
 
-def version_tuple(text: str) -> tuple[int, ...] | None:
-    """A release number's parts ("0.33.1" -> (0, 33, 1)); None when `text` is not one."""
-    parts = text.split(".")
-    if not all(part.isdigit() and part.isascii() for part in parts):
-        return None
-    return tuple(int(part) for part in parts)
-
-
-@dataclass(frozen=True, slots=True)
-class Release:
-    """Which vLLM releases a ruleset answers for, and what those releases pin.
-
-    `first` is the release whose source the ruleset reproduces and `below` the first one
-    it does not answer for (exclusive). A patch release inside the range is taken to carry
-    its series' rules (0.27.1's selection code is 0.27.0's, byte for byte), so a pod
-    reporting it resolves here; a patch that changes the rules gets a ruleset of its own
-    and narrows this range. The pins are the `Requires-Dist` of `first`'s wheel.
-    """
-
-    first: str
-    below: str
-    #: `Requires-Dist: torch==...`: the torch build the release's kernels were built for.
-    torch: str
-    #: `Requires-Dist: humming-kernels[cu13]==...`: what HUMMING's checks were written for.
-    humming_kernels: str
-
-    def __post_init__(self) -> None:
-        first, below = version_tuple(self.first), version_tuple(self.below)
-        if first is None or below is None or not first < below:
-            raise ValueError(f"bad release range {self.first!r} .. <{self.below!r}")
-
-    @property
-    def series(self) -> str:
-        """The minor series ("0.33"), the short name a user types."""
-        return ".".join(self.first.split(".")[:2])
-
-    @property
-    def range_text(self) -> str:
-        return f">={self.first},<{self.below}"
-
-    def contains(self, version: tuple[int, ...]) -> bool:
-        """Whether a full release number (major.minor.patch) falls inside the range."""
-        first, below = version_tuple(self.first), version_tuple(self.below)
-        assert first is not None and below is not None
-        return first <= version < below
-
-
 @dataclass(frozen=True, slots=True)
 class Ruleset:
     """vLLM's WNA16 MoE backend rules for one release."""
 
     name: str
+    #: The vLLM releases it answers for and their pins (`releases.RELEASES[name]`).
     release: Release
     backends: tuple[str, ...]
     experts_classes: dict[str, tuple[ExpertsClass, ...]]

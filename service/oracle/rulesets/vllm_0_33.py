@@ -26,9 +26,9 @@ from service.oracle.quant_method import (
     WeightArgs,
     marlin_supports,
 )
+from service.oracle.releases import RELEASES
 from service.oracle.rulesets.base import (
     ExpertsClass,
-    Release,
     RuleContext,
     Ruleset,
     StructuralRule,
@@ -464,7 +464,7 @@ def priority(platform: PlatformProfile) -> tuple[str, ...]:
 
 RULESET = Ruleset(
     name=NAME,
-    release=Release(first="0.33.0", below="0.34", torch="2.14.0", humming_kernels="0.1.19"),
+    release=RELEASES[NAME],
     backends=(
         "MARLIN",
         "BATCHED_MARLIN",
