@@ -16,7 +16,7 @@ root, keeps two converted layers loaded, then runs asyncio clients for `--second
   the returned tensors checked against their SHA-256; sometimes kept loaded, run, listed and
   unloaded) and path mode (the whole checkpoint under the data root, sometimes resumed);
 - RunMoE on the kept layers (router logits or given top-k) and with inline weights;
-- GetPlatform, ListPlatformPresets, ListWorkers, ListLayers, and health checks;
+- GetPlatform, ListPlatformPresets, ListRulesets, ListWorkers, ListLayers, and health checks;
 - a prober that provokes every configured limit on purpose, in turn: a request over
   `--max-receive-message-bytes` (unary, and one chunk of a stream), an answer over
   `--max-send-message-bytes`, more tokens than `--run-max-tokens`, inline weights over
@@ -142,6 +142,7 @@ METHODS = (
     "RunMoE (inline)",
     "GetPlatform",
     "ListPlatformPresets",
+    "ListRulesets",
     "ListWorkers",
     "ListLayers",
     "UnloadLayer",
@@ -871,6 +872,10 @@ class Soak:
             if len(pb.ListPlatformPresetsResponse.FromString(raw).presets) < 10:
                 raise WrongAnswerError("ListPlatformPresets: too few")
 
+        def rulesets(raw: bytes) -> None:
+            if not any(r.is_default for r in pb.ListRulesetsResponse.FromString(raw).rulesets):
+                raise WrongAnswerError("ListRulesets: no default")
+
         def workers(raw: bytes) -> None:
             answer = pb.ListWorkersResponse.FromString(raw)
             if not answer.ready or [w.restarts for w in answer.workers] != [0]:
@@ -884,6 +889,7 @@ class Soak:
         rows: list[tuple[str, Callable[[bytes], None]]] = [
             ("GetPlatform", platform),
             ("ListPlatformPresets", presets),
+            ("ListRulesets", rulesets),
             ("ListWorkers", workers),
             ("ListLayers", layers),
         ]

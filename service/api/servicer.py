@@ -3,7 +3,8 @@
 Every method is registered once, from one table per servicer (`handlers()`):
 
 * `SelectionServicer` answers the methods every server process serves itself, with or
-  without workers (SelectBackend, ListPlatformPresets). SelectBackend is registered on
+  without workers (SelectBackend, ListPlatformPresets, ListRulesets: a replica answers
+  them as the primary would, from the same oracle). SelectBackend is registered on
   bytes: a repeated request is answered from the cache of whole answers
   (codecs/answer_cache.py) without parsing it; only a miss parses, decides and encodes.
 * `MoeControlServicer` is the primary's: the selection methods (its own
@@ -25,6 +26,7 @@ from typing import Any, TypeAlias
 import grpc
 
 from service.api.codecs import conversion, workers
+from service.api.codecs import rulesets as rulesets_codec
 from service.api.codecs import run as run_codec
 from service.api.codecs import selection as codec
 from service.api.codecs.answer_cache import AnswerCache, CachedAnswer
@@ -58,10 +60,10 @@ def _as_bytes(reply: bytes) -> bytes:
 
 
 class SelectionServicer:
-    """SelectBackend and the preset list for one server process."""
+    """SelectBackend, the preset list and the ruleset list for one server process."""
 
     #: The methods it serves (what every process answers itself).
-    METHODS = ("SelectBackend", "ListPlatformPresets")
+    METHODS = ("SelectBackend", "ListPlatformPresets", "ListRulesets")
 
     def __init__(
         self, platforms: PlatformSource, metrics: Metrics, *, cache_bytes: int = 32 * MIB
@@ -73,6 +75,7 @@ class SelectionServicer:
         #: is not served. Its answers bypass `cache`.
         self.measured: MeasuredAnswerer | None = None
         self.presets = codec.presets_response()
+        self.rulesets = rulesets_codec.rulesets_response()
 
     async def SelectBackend(self, data: bytes, context: Any) -> bytes:
         """On the wire form: a kept answer when there is one, else decide and keep it.
@@ -101,6 +104,11 @@ class SelectionServicer:
     ) -> pb.ListPlatformPresetsResponse:
         return self.presets
 
+    async def ListRulesets(
+        self, request: pb.ListRulesetsRequest, context: Any
+    ) -> pb.ListRulesetsResponse:
+        return self.rulesets
+
     def handlers(self) -> dict[str, Handler]:
         """Its methods' handlers, by name (SelectBackend on bytes both ways)."""
         return {
@@ -109,6 +117,11 @@ class SelectionServicer:
                 self.ListPlatformPresets,
                 pb.ListPlatformPresetsRequest,
                 pb.ListPlatformPresetsResponse.SerializeToString,
+            ),
+            "ListRulesets": _unary(
+                self.ListRulesets,
+                pb.ListRulesetsRequest,
+                pb.ListRulesetsResponse.SerializeToString,
             ),
         }
 

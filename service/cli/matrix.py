@@ -25,6 +25,7 @@ from service.oracle import (
     InvalidSpecError,
     deployment_from_model_config,
     preset,
+    resolve_ruleset,
 )
 
 #: Marks a cell whose chosen path has a known hazard; the hazards are listed under the table.
@@ -281,13 +282,11 @@ def gpu_names(text: str | None) -> list[str]:
 
 
 def ruleset_names(text: str | None) -> list[str]:
-    """`--ruleset`: one or several comma separated names of the oracle's rulesets."""
+    """`--ruleset`: one or several comma separated rulesets, each in any form the oracle's
+    resolver accepts ("vllm-0.33", "0.33", "v0.33.0"), as their canonical names."""
     if text is None:
         return [DEFAULT_RULESET]
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [name for name in names if name not in RULESETS]
-    if unknown or not names:
-        raise InvalidSpecError.single(
-            "--ruleset", f"unknown rulesets {unknown}; known: {sorted(RULESETS)}"
-        )
+    names = [resolve_ruleset(part, field="--ruleset") for part in text.split(",") if part.strip()]
+    if not names:
+        raise InvalidSpecError.single("--ruleset", f"name a ruleset; known: {list(RULESETS)}")
     return list(dict.fromkeys(names))

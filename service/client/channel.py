@@ -41,7 +41,15 @@ READINESS_SERVICE: str = pb.DESCRIPTOR.services_by_name["MoeControlService"].ful
 #: its request stream cannot be replayed) and UnloadLayer (a repeat answers NOT_FOUND) are
 #: not retried.
 IDEMPOTENT_METHODS = frozenset(
-    {"SelectBackend", "RunMoE", "GetPlatform", "ListPlatformPresets", "ListWorkers", "ListLayers"}
+    {
+        "SelectBackend",
+        "RunMoE",
+        "GetPlatform",
+        "ListPlatformPresets",
+        "ListRulesets",
+        "ListWorkers",
+        "ListLayers",
+    }
 )
 #: Retries of one call, at most.
 DEFAULT_MAX_RETRIES = 3

@@ -1,5 +1,6 @@
-"""The server's inventory from the client side: its presets, workers and kept layers, and
-unloading a layer; for `moe-control presets`, `workers`, `layers` and `unload`.
+"""The server's inventory from the client side: its presets, rulesets, workers and kept
+layers, and unloading a layer; for `moe-control presets`, `rulesets`, `workers`, `layers`
+and `unload`.
 
 Each call returns plain JSON: messages as protobuf's JSON mapping with the proto's field
 names (every field, zeros included, so a script never meets a missing key), platforms in
@@ -16,6 +17,7 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
+from service.api.codecs import rulesets as rulesets_codec
 from service.api.codecs import selection as codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.client.channel import Connection
@@ -77,6 +79,12 @@ def list_presets(connection: Connection) -> list[dict[str, Any]]:
     """ListPlatformPresets: `{"name", "profile"}` per preset, in the server's order."""
     response = _call(connection, "ListPlatformPresets", pb.ListPlatformPresetsRequest())
     return [{"name": p.name, "profile": profile_json(p.profile)} for p in response.presets]
+
+
+def list_rulesets(connection: Connection) -> list[dict[str, Any]]:
+    """ListRulesets: each ruleset as `moe-control rulesets --json` prints it locally."""
+    response = _call(connection, "ListRulesets", pb.ListRulesetsRequest())
+    return rulesets_codec.rulesets_from_pb(response)
 
 
 def list_workers(connection: Connection) -> dict[str, Any]:

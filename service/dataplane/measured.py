@@ -273,7 +273,7 @@ class MeasuredPolicy:
                     counter.inc()
 
         except SelectionError as exc:
-            answer = SelectAnswer(query.ruleset or DEFAULT_RULESET, failure=exc)
+            answer = SelectAnswer(exc.ruleset or DEFAULT_RULESET, failure=exc)
             failure = exc
 
             def recount() -> None:

@@ -23,6 +23,7 @@ from service.oracle import (
     PlatformProfile,
     SelectionError,
     parse_deployment,
+    resolve_ruleset,
     select,
 )
 from service.pool.errors import WorkerUnavailableError
@@ -167,7 +168,8 @@ class Selector:
         deployment = parse_deployment(spec, default_platform=default)
         named_worker = query.platform is not None and query.platform.worker_index is not None
         platform = WORKER_PLATFORM if named_worker else platform_label(spec.get("platform"))
-        ruleset = query.ruleset or DEFAULT_RULESET
+        # the request's field wins over the spec's own; with neither, the newest release
+        ruleset = resolve_ruleset(query.ruleset or deployment.ruleset or DEFAULT_RULESET)
         try:
             decision = select(
                 deployment, ruleset=ruleset, what_would_change=query.what_would_change

@@ -24,7 +24,7 @@ from service.oracle.errors import (
 )
 from service.oracle.model_config import deployment_from_model_config
 from service.oracle.platform import PLATFORM_PRESETS, PlatformProfile, preset
-from service.oracle.rulesets import DEFAULT_RULESET, RULESETS
+from service.oracle.rulesets import DEFAULT_RULESET, RULESETS, Release, Ruleset, resolve_ruleset
 from service.oracle.selection import select
 from service.oracle.spec import DeploymentSpec, parse_deployment
 
@@ -43,6 +43,8 @@ __all__ = [
     "InvalidSpecError",
     "OracleError",
     "PlatformProfile",
+    "Release",
+    "Ruleset",
     "SelectionError",
     "UnknownRulesetError",
     "Verdict",
@@ -50,5 +52,6 @@ __all__ = [
     "deployment_from_model_config",
     "parse_deployment",
     "preset",
+    "resolve_ruleset",
     "select",
 ]

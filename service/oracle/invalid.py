@@ -39,3 +39,19 @@ class InvalidSpecError(OracleError):
 
 class UnknownRulesetError(InvalidSpecError):
     """The requested ruleset (vLLM release) is not one the oracle carries."""
+
+    @classmethod
+    def naming(
+        cls, field: str, name: str, known: Iterable[str], forms: Iterable[str]
+    ) -> UnknownRulesetError:
+        """The error for `name` on `field`: the `known` rulesets, and the `forms` one of
+        them may be written in (every accepted spelling of one release)."""
+        spellings = " or ".join(repr(form) for form in forms)
+        return cls(
+            [
+                FieldViolation(
+                    field,
+                    f"unknown ruleset {name!r}; known: {', '.join(known)} (written as {spellings})",
+                )
+            ]
+        )

@@ -15,6 +15,7 @@ from typing import Any
 
 from service.oracle.errors import FieldViolation, InvalidSpecError
 from service.oracle.platform import PlatformProfile, preset
+from service.oracle.releases import resolve_ruleset
 
 #: vLLM's `MoEActivation` values; the `_no_mul` ones are the non-gated (no act-and-mul) forms.
 ACTIVATIONS = (
@@ -115,10 +116,15 @@ class DeploymentSpec:
     parallel: ParallelSpec = field(default_factory=ParallelSpec)
     lora: bool = False
     moe_backend: str = "auto"
+    #: The ruleset the spec names, resolved to its canonical name; None: the caller's
+    #: choice (a request field, `--ruleset`), else the newest release.
+    ruleset: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The normalised JSON form: every field present, the platform explicit."""
+        """The normalised JSON form: every field present, the platform explicit (the
+        ruleset only where the spec names one, so a spec that does not stays as it was)."""
         routing = self.layer.routing
+        named = {} if self.ruleset is None else {"ruleset": self.ruleset}
         return {
             "hf_quantization_config": dict(self.hf_quantization_config),
             "quantization": self.quantization,
@@ -152,6 +158,7 @@ class DeploymentSpec:
             "lora": self.lora,
             "platform": self.platform.to_json(),
             "moe_backend": self.moe_backend,
+            **named,
         }
 
 
@@ -242,6 +249,7 @@ _TOP_FIELDS = (
     "platform",
     "moe_backend",
     "lora",
+    "ruleset",
     "id",
 )
 _LAYER_FIELDS = (
@@ -345,6 +353,20 @@ def _parse_platform(value: Any, violations: list[FieldViolation]) -> PlatformPro
     return None
 
 
+def _parse_ruleset(value: Any, violations: list[FieldViolation]) -> str | None:
+    """`ruleset`: the vLLM release that decides, in any form the resolver accepts."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        violations.append(FieldViolation("ruleset", "must be a string such as 'vllm-0.33'"))
+        return None
+    try:
+        return resolve_ruleset(value)
+    except InvalidSpecError as exc:
+        violations.extend(exc.violations)
+        return None
+
+
 def parse_deployment(
     obj: Mapping[str, Any], *, default_platform: PlatformProfile | None = None
 ) -> DeploymentSpec:
@@ -394,6 +416,7 @@ def parse_deployment(
         violations.append(FieldViolation("moe_backend", "must be a non-empty string"))
         moe_backend = "auto"
     lora = top.bool_("lora", False)
+    ruleset = _parse_ruleset(obj.get("ruleset"), violations)
     if parallel.enable_eplb and not parallel.enable_expert_parallel:
         violations.append(
             FieldViolation("parallel.enable_eplb", "needs enable_expert_parallel: true")
@@ -415,4 +438,5 @@ def parse_deployment(
         parallel=parallel,
         lora=lora,
         moe_backend=moe_backend,
+        ruleset=ruleset,
     )

@@ -1,7 +1,7 @@
 """The public gRPC server of each server process (the primary's and each replica's).
 
-One grpc.aio server on the public port. It always serves SelectBackend and
-ListPlatformPresets itself, from the process's SelectionServicer (servicer.py), and standard
+One grpc.aio server on the public port. It always serves SelectBackend, ListPlatformPresets
+and ListRulesets itself, from the process's SelectionServicer (servicer.py), and standard
 health and reflection (v1 and v1alpha, reflection.py). The other MoeControlService methods
 need the workers: the primary registers its servicer's worker methods
 (`MoeControlServicer.worker_handlers`); a replica registers a Forwarder (forward.py) that

@@ -7,9 +7,9 @@ cycle) and N-1 replicas. All N listen on the same port with SO_REUSEPORT, and th
 spreads connections among them.
 
 A replica runs the same public server as the primary (front.py): it answers
-SelectBackend, ListPlatformPresets, health and reflection itself and forwards every other
-MoeControlService call, as bytes (forward.py), to the primary's private server on a
-Unix socket, which serves it without counting it again. Its view of the workers
+SelectBackend, ListPlatformPresets, ListRulesets, health and reflection itself and forwards
+every other MoeControlService call, as bytes (forward.py), to the primary's private server
+on a Unix socket, which serves it without counting it again. Its view of the workers
 (readiness, profiles) is what the primary writes to its stdin, one JSON object a line, on
 every worker change; readiness is the primary's. Metrics use prometheus_client's
 multiprocess mode (metrics.py), so /metrics counts every process's calls.

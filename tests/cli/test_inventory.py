@@ -48,13 +48,34 @@ def test_rulesets_come_from_the_oracles_registry(capsys: pytest.CaptureFixture[s
     assert capsys.readouterr().out.startswith(f"{DEFAULT_RULESET} (default)\n")
 
 
+def test_rulesets_show_each_releases_range_and_pins(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rulesets", "--json"]) == 0
+    (entry,) = [r for r in json.loads(capsys.readouterr().out) if r["name"] == "vllm-0.33"]
+    assert (entry["vllm"], entry["first_version"], entry["below_version"]) == (
+        ">=0.33.0,<0.34",
+        "0.33.0",
+        "0.34",
+    )
+    assert (entry["torch"], entry["humming_kernels"]) == ("2.14.0", "0.1.19")
+    assert main(["rulesets"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:4] == [
+        "vllm-0.33 (default)",
+        "  vllm: >=0.33.0,<0.34",
+        "  torch: 2.14.0",
+        "  humming-kernels: 0.1.19",
+    ]
+
+
 def closed_port() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return f"127.0.0.1:{sock.getsockname()[1]}"
 
 
-@pytest.mark.parametrize("command", [["workers"], ["layers"], ["unload", "L1"], ["presets"]])
+@pytest.mark.parametrize(
+    "command", [["workers"], ["layers"], ["unload", "L1"], ["presets"], ["rulesets"]]
+)
 def test_no_server_is_unavailable_at_once(
     command: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:

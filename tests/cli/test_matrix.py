@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from service.cli import main
-from service.oracle import PLATFORM_PRESETS, RULESETS
+from service.oracle import DEFAULT_RULESET, PLATFORM_PRESETS, RULESETS
 
 QWEN = {
     "model_type": "qwen3_moe",
@@ -175,7 +175,16 @@ def test_unknown_ruleset_is_refused_with_the_known_ones(
     args = ["select", "--config", str(fleet), "--gpu", "a100", "--ruleset", "vllm-0.33,vllm-9"]
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "--ruleset" in err and "vllm-9" in err and str(sorted(RULESETS)) in err
+    assert "--ruleset" in err and "vllm-9" in err and all(name in err for name in RULESETS)
+
+
+def test_ruleset_flag_takes_every_spelling_of_a_release(
+    fleet: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["select", "--config", str(fleet), "--gpu", "a100", "--json"]
+    _, matrix = run_json([*args, "--ruleset", "v0.33.0,0.33,VLLM-0.33"], capsys)
+    assert matrix["rulesets"] == [DEFAULT_RULESET]
+    assert {c["ruleset"] for c in matrix["cells"]} == {DEFAULT_RULESET}
 
 
 def test_unknown_gpu_fails_before_any_cell(fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:

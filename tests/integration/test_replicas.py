@@ -118,6 +118,7 @@ def test_every_process_serves_every_rpc_and_metrics_sum_them(server_factory: Fac
             stub = pb_grpc.MoeControlServiceStub(channel)
             assert stub.SelectBackend(request, timeout=5).backend == "MARLIN"
             assert stub.ListPlatformPresets(pb.ListPlatformPresetsRequest(), timeout=5).presets
+            assert stub.ListRulesets(pb.ListRulesetsRequest(), timeout=5).rulesets
             workers = stub.ListWorkers(pb.ListWorkersRequest(), timeout=5)  # forwarded
             assert workers.ready and workers.workers[0].pid > 0
             try:

@@ -81,6 +81,7 @@ VALID_UNARY = {
     "RunMoE": pb.RunMoERequest(layer_id="x", backend="TRITON").SerializeToString(),
     "GetPlatform": pb.GetPlatformRequest(worker_index=0).SerializeToString(),
     "ListPlatformPresets": b"",
+    "ListRulesets": b"",
     "ListWorkers": b"",
     "ListLayers": pb.ListLayersRequest(worker_index=0).SerializeToString(),
     "UnloadLayer": pb.UnloadLayerRequest(layer_id="no-such-layer").SerializeToString(),

@@ -23,6 +23,7 @@ UNARY = (
     "RunMoE",
     "GetPlatform",
     "ListPlatformPresets",
+    "ListRulesets",
     "ListWorkers",
     "ListLayers",
     "UnloadLayer",

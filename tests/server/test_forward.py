@@ -152,6 +152,16 @@ def test_the_contract_methods_and_their_shapes() -> None:
     assert prefix + "SelectBackend" not in methods
 
 
+def test_a_replica_answers_the_oracle_reads_itself_and_forwards_the_rest() -> None:
+    from service.server.front import LOCAL_METHODS
+
+    forwarded = service_methods(exclude=LOCAL_METHODS)
+    prefix = "/moe_control.v1.MoeControlService/"
+    for local in ("SelectBackend", "ListPlatformPresets", "ListRulesets"):
+        assert local in LOCAL_METHODS and prefix + local not in forwarded
+    assert prefix + "ListWorkers" in forwarded and prefix + "ConvertWeights" in forwarded
+
+
 def test_no_deadline_stays_no_deadline() -> None:
     from service.server.forward import remaining
 

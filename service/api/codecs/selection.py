@@ -37,6 +37,7 @@ from service.oracle import (
     SelectionError,
     Verdict,
     deployment_from_model_config,
+    resolve_ruleset,
 )
 
 _DEVICE_TO_PB = {
@@ -378,7 +379,7 @@ def select_query(request: pb.SelectBackendRequest) -> SelectQuery:
     return SelectQuery(
         deployment_to_json(request),
         platform_choice(request.platform),
-        request.ruleset,
+        resolve_ruleset(request.ruleset) if request.ruleset else "",
         measure,
         request.what_would_change,
     )

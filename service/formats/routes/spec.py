@@ -183,10 +183,11 @@ def resolve_target(
     ruleset: str = "",
     field: str = "target_backend",
 ) -> Target:
-    """The requested backend (checked to be one of the ruleset's), or, for `""`/`auto`,
+    """The requested backend (checked to be one of the ruleset's: `ruleset`, else the
+    spec's own, else the newest), or, for `""`/`auto`,
     the one the oracle selects for the deployment's platform (`SelectionError` when vLLM
     would select none)."""
-    rules = get_ruleset(ruleset or DEFAULT_RULESET)
+    rules = get_ruleset(ruleset or deployment.ruleset or DEFAULT_RULESET)
     name = requested.strip().upper()
     if name in _AUTO:
         decision = select(deployment, ruleset=rules.name)

@@ -1,22 +1,57 @@
-"""Rulesets by name: one per vLLM release the oracle reproduces."""
+"""Rulesets by name: one per vLLM release the oracle reproduces (`releases.RELEASES` names
+them, with the releases each answers for), and their listing.
+
+Names enter through `resolve_ruleset` (service.oracle.releases), re-exported here.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
-from service.oracle.errors import FieldViolation, UnknownRulesetError
+from service.oracle.releases import DEFAULT_RULESET, RELEASES, Release, resolve_ruleset
 from service.oracle.rulesets.base import Ruleset
 from service.oracle.rulesets.vllm_0_33 import RULESET as VLLM_0_33
 
-DEFAULT_RULESET = VLLM_0_33.name
-RULESETS: Mapping[str, Ruleset] = MappingProxyType({VLLM_0_33.name: VLLM_0_33})
+__all__ = [
+    "DEFAULT_RULESET",
+    "RULESETS",
+    "Release",
+    "Ruleset",
+    "get_ruleset",
+    "listing",
+    "resolve_ruleset",
+]
+
+#: Every ruleset, by its name, in the order of the release table (oldest first); every
+#: row of that table has its ruleset here (tests/oracle/test_rulesets.py).
+RULESETS: Mapping[str, Ruleset] = MappingProxyType(
+    {r.name: r for r in sorted((VLLM_0_33,), key=lambda r: list(RELEASES).index(r.name))}
+)
 
 
-def get_ruleset(name: str) -> Ruleset:
-    try:
-        return RULESETS[name]
-    except KeyError:
-        raise UnknownRulesetError(
-            [FieldViolation("ruleset", f"unknown ruleset {name!r}; known: {sorted(RULESETS)}")]
-        ) from None
+def get_ruleset(name: str, *, field: str = "ruleset") -> Ruleset:
+    """The ruleset `name` resolves to (`resolve_ruleset`: any spelling of its release)."""
+    return RULESETS[resolve_ruleset(name, field=field)]
+
+
+def listing() -> list[dict[str, Any]]:
+    """Every ruleset as plain JSON, oldest release first: its name, whether it is the
+    default, the vLLM releases it answers for, that release's torch and humming-kernels
+    pins, its backends and the `--moe-backend` values it accepts. `moe-control rulesets`
+    prints this; ListRulesets carries the same, field for field."""
+    return [
+        {
+            "name": r.name,
+            "default": r.name == DEFAULT_RULESET,
+            "vllm": r.release.range_text,
+            "first_version": r.release.first,
+            "below_version": r.release.below,
+            "torch": r.release.torch,
+            "humming_kernels": r.release.humming_kernels,
+            "backends": list(r.backends),
+            "moe_backends": sorted(r.user_backends),
+        }
+        for r in RULESETS.values()
+    ]

@@ -15,6 +15,9 @@ from service.oracle.moe_config import MoEConfig, MoEParallelConfig
 from service.oracle.platform import PlatformProfile
 from service.oracle.quant_key import QuantKey
 from service.oracle.quant_method import QuantConfig
+from service.oracle.releases import Release
+
+__all__ = ["Check", "ExpertsClass", "Release", "RuleContext", "Ruleset", "StructuralRule"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,8 @@ class Ruleset:
     """vLLM's WNA16 MoE backend rules for one release."""
 
     name: str
+    #: The vLLM releases it answers for and their pins (`releases.RELEASES[name]`).
+    release: Release
     backends: tuple[str, ...]
     experts_classes: dict[str, tuple[ExpertsClass, ...]]
     structural_rules: tuple[StructuralRule, ...]

@@ -26,6 +26,7 @@ from service.oracle.quant_method import (
     WeightArgs,
     marlin_supports,
 )
+from service.oracle.releases import RELEASES
 from service.oracle.rulesets.base import (
     ExpertsClass,
     RuleContext,
@@ -464,6 +465,7 @@ def priority(platform: PlatformProfile) -> tuple[str, ...]:
 
 RULESET = Ruleset(
     name=NAME,
+    release=RELEASES[NAME],
     backends=(
         "MARLIN",
         "BATCHED_MARLIN",

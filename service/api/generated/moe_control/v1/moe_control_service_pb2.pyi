@@ -291,6 +291,16 @@ class ListPlatformPresetsResponse(_message.Message):
     presets: _containers.RepeatedCompositeFieldContainer[_platform_pb2.PlatformPreset]
     def __init__(self, presets: _Optional[_Iterable[_Union[_platform_pb2.PlatformPreset, _Mapping]]] = ...) -> None: ...
 
+class ListRulesetsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListRulesetsResponse(_message.Message):
+    __slots__ = ("rulesets",)
+    RULESETS_FIELD_NUMBER: _ClassVar[int]
+    rulesets: _containers.RepeatedCompositeFieldContainer[_selection_pb2.RulesetInfo]
+    def __init__(self, rulesets: _Optional[_Iterable[_Union[_selection_pb2.RulesetInfo, _Mapping]]] = ...) -> None: ...
+
 class ListWorkersRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -60,6 +60,11 @@ class MoeControlServiceStub:
                 request_serializer=moe__control_dot_v1_dot_moe__control__service__pb2.ListPlatformPresetsRequest.SerializeToString,
                 response_deserializer=moe__control_dot_v1_dot_moe__control__service__pb2.ListPlatformPresetsResponse.FromString,
                 _registered_method=True)
+        self.ListRulesets = channel.unary_unary(
+                '/moe_control.v1.MoeControlService/ListRulesets',
+                request_serializer=moe__control_dot_v1_dot_moe__control__service__pb2.ListRulesetsRequest.SerializeToString,
+                response_deserializer=moe__control_dot_v1_dot_moe__control__service__pb2.ListRulesetsResponse.FromString,
+                _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/moe_control.v1.MoeControlService/ListWorkers',
                 request_serializer=moe__control_dot_v1_dot_moe__control__service__pb2.ListWorkersRequest.SerializeToString,
@@ -120,6 +125,13 @@ class MoeControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRulesets(self, request, context):
+        """The rule sets (one per vLLM release) SelectBackend decides by, and which is the default.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListWorkers(self, request, context):
         """Every worker process, its device, state and platform.
         """
@@ -168,6 +180,11 @@ def add_MoeControlServiceServicer_to_server(servicer, server):
                     servicer.ListPlatformPresets,
                     request_deserializer=moe__control_dot_v1_dot_moe__control__service__pb2.ListPlatformPresetsRequest.FromString,
                     response_serializer=moe__control_dot_v1_dot_moe__control__service__pb2.ListPlatformPresetsResponse.SerializeToString,
+            ),
+            'ListRulesets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRulesets,
+                    request_deserializer=moe__control_dot_v1_dot_moe__control__service__pb2.ListRulesetsRequest.FromString,
+                    response_serializer=moe__control_dot_v1_dot_moe__control__service__pb2.ListRulesetsResponse.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkers,
@@ -321,6 +338,33 @@ class MoeControlService:
             '/moe_control.v1.MoeControlService/ListPlatformPresets',
             moe__control_dot_v1_dot_moe__control__service__pb2.ListPlatformPresetsRequest.SerializeToString,
             moe__control_dot_v1_dot_moe__control__service__pb2.ListPlatformPresetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRulesets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/moe_control.v1.MoeControlService/ListRulesets',
+            moe__control_dot_v1_dot_moe__control__service__pb2.ListRulesetsRequest.SerializeToString,
+            moe__control_dot_v1_dot_moe__control__service__pb2.ListRulesetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -255,3 +255,23 @@ class SelectionFailure(_message.Message):
     platform: _platform_pb2.PlatformProfile
     what_would_change: WhatWouldChange
     def __init__(self, stage: _Optional[str] = ..., type: _Optional[str] = ..., message: _Optional[str] = ..., quantization: _Optional[str] = ..., moe_method: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[BackendCandidate, _Mapping]]] = ..., ruleset: _Optional[str] = ..., platform: _Optional[_Union[_platform_pb2.PlatformProfile, _Mapping]] = ..., what_would_change: _Optional[_Union[WhatWouldChange, _Mapping]] = ...) -> None: ...
+
+class RulesetInfo(_message.Message):
+    __slots__ = ("name", "first_version", "below_version", "torch_version", "humming_kernels_version", "is_default", "backends", "moe_backends")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FIRST_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BELOW_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TORCH_VERSION_FIELD_NUMBER: _ClassVar[int]
+    HUMMING_KERNELS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    BACKENDS_FIELD_NUMBER: _ClassVar[int]
+    MOE_BACKENDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    first_version: str
+    below_version: str
+    torch_version: str
+    humming_kernels_version: str
+    is_default: bool
+    backends: _containers.RepeatedScalarFieldContainer[str]
+    moe_backends: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., first_version: _Optional[str] = ..., below_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., humming_kernels_version: _Optional[str] = ..., is_default: _Optional[bool] = ..., backends: _Optional[_Iterable[str]] = ..., moe_backends: _Optional[_Iterable[str]] = ...) -> None: ...
