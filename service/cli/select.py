@@ -218,7 +218,7 @@ def _apply_flags(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, An
 
 
 def answer(
-    spec: Any, ruleset: str = DEFAULT_RULESET, *, what_would_change: bool = True
+    spec: Any, ruleset: str | None = None, *, what_would_change: bool = True
 ) -> tuple[dict[str, Any], int]:
     """The JSON answer for one spec (its "id" echoed first, what would change the decision
     included unless asked not to) and the exit status it implies."""
@@ -508,10 +508,12 @@ def _run(args: argparse.Namespace, server: _Server | None) -> int:
                 result, code = answer(InvalidSpecError.single("", "a spec must be a JSON object"))
             else:
                 spec = _apply_flags(raw, args)
+                # Without --ruleset, a spec's own "ruleset" (else the newest release) decides.
+                chosen = rulesets[0] if args.ruleset else None
                 if server is not None:
-                    result, code = _remote(args, server, spec, rulesets[0])
+                    result, code = _remote(args, server, spec, chosen or "")
                 else:
-                    result, code = answer(spec, rulesets[0])
+                    result, code = answer(spec, chosen)
             status = max(status, code)
             if args.json:
                 print(json.dumps(result, sort_keys=False))
@@ -558,8 +560,9 @@ def _remote(
     args: argparse.Namespace,
     server: _Server,
     spec: dict[str, Any],
-    ruleset: str = DEFAULT_RULESET,
+    ruleset: str = "",
 ) -> tuple[dict[str, Any], int]:
+    """One answer from the server; `ruleset` "" leaves it to the spec (else the newest)."""
     import grpc
 
     from service.client.errors import RemoteSelectionError

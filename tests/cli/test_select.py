@@ -154,6 +154,23 @@ def test_jsonl_answers_echo_their_ids(tmp_path: Path, capsys: pytest.CaptureFixt
     assert [a["id"] for a in answers] == ["ok", 7, "bad"]
 
 
+def test_a_specs_own_ruleset_is_read_without_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = {
+        "hf_quantization_config": CONFIG["quantization_config"],
+        "layer": {"num_experts": 8, "top_k": 2, "hidden_size": 4096, "intermediate_size": 14336},
+        "platform": "a100",
+    }
+    path = tmp_path / "releases.jsonl"
+    lines = [{**base, "ruleset": "v0.33.0"}, {**base, "ruleset": "0.20"}]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    main(["select", "--deployment", str(path), "--json"])
+    own = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert own[0]["ruleset"] == "vllm-0.33"
+    assert own[1]["invalid"][0]["field"] == "ruleset"  # the file's unknown release is refused
+
+
 def test_a_layer_left_unquantized_is_explained_not_printed_as_none(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
