@@ -7,15 +7,12 @@ the WNA16 selection does not map, and an unknown one refused with argparse's exa
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-
 import pytest
 
 from service.oracle import PLATFORM_PRESETS, parse_deployment
 from tests.parity.compare import differences, ours
-from tests.parity.test_parity import REFERENCE, _vllm_python
+from tests.parity.runner import run_reference
+from tests.parity.test_parity import _vllm_python
 
 pytestmark = pytest.mark.parity
 
@@ -38,17 +35,7 @@ def _spec(name: str) -> dict[str, object]:
 
 def test_moe_backend_spellings_answer_as_vllm_serve_does() -> None:
     specs = [_spec(name) for name in NAMES]
-    completed = subprocess.run(
-        [str(_vllm_python()), str(REFERENCE)],
-        input="".join(json.dumps(spec) + "\n" for spec in specs),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env={**os.environ, "PYTHONPATH": ""},
-    )
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    answers = {a["id"]: a for a in map(json.loads, completed.stdout.splitlines())}
+    answers = {a["id"]: a for a in run_reference(_vllm_python(), specs)}
     for spec in specs:
         assert differences(answers[spec["id"]], ours(spec)) == [], spec["id"]
     assert answers["TRITON"]["backend"] == "TRITON"
