@@ -15,6 +15,9 @@ from service.oracle.rulesets import RULESETS, get_ruleset
 from service.oracle.rulesets import vllm_0_32 as v032
 from service.oracle.rulesets import vllm_0_33 as v033
 from service.oracle.rulesets.kernel_names import MOE_BACKENDS_0_32, MOE_BACKENDS_0_33
+from tests.parity.compare import differences, ours
+from tests.parity.grid import generate
+from tests.parity.records import load, record_path
 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
 
@@ -102,3 +105,21 @@ def test_everything_else_is_0_33_s() -> None:
     assert old.priority is new.priority and old.user_backends == new.user_backends
     changed = {b for b in new.experts_classes if old.experts_classes[b] != new.experts_classes[b]}
     assert changed == set(v032.EXPERTS_DELTA) == {"CPU", "FLASHINFER_TRTLLM"}
+
+
+def test_the_0_32_record_tells_the_releases_apart() -> None:
+    # 0.33's ruleset fails exactly the record's kernel_config refusals, whose choice lists
+    # name aiter_triton_mxfp4_mxfp4; so the record, not only these tests, proves that row.
+    record = load(record_path("vllm-0.32"))
+    specs = generate()
+    wrong = [
+        spec["id"]
+        for spec, expected in zip(specs, record.answers, strict=True)
+        if differences(expected, ours(spec, "vllm-0.33"))
+    ]
+    refused = [
+        spec["id"]
+        for spec, expected in zip(specs, record.answers, strict=True)
+        if (expected.get("error") or {}).get("stage") == "kernel_config"
+    ]
+    assert wrong and wrong == refused
