@@ -45,7 +45,9 @@ def test_rulesets_come_from_the_oracles_registry(capsys: pytest.CaptureFixture[s
     assert default["backends"] == list(RULESETS[DEFAULT_RULESET].backends)
     assert "marlin" in default["moe_backends"]
     assert main(["rulesets"]) == 0
-    assert capsys.readouterr().out.startswith(f"{DEFAULT_RULESET} (default)\n")
+    out = capsys.readouterr().out
+    assert out.startswith(f"{next(iter(RULESETS))}\n")  # oldest release first, as listed
+    assert f"\n{DEFAULT_RULESET} (default)\n" in out
 
 
 def test_rulesets_show_each_releases_range_and_pins(capsys: pytest.CaptureFixture[str]) -> None:
@@ -60,6 +62,13 @@ def test_rulesets_show_each_releases_range_and_pins(capsys: pytest.CaptureFixtur
     assert main(["rulesets"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[:4] == [
+        "vllm-0.32",
+        "  vllm: >=0.32.0,<0.33",
+        "  torch: 2.13.0",
+        "  humming-kernels: 0.1.17",
+    ]
+    start = lines.index("vllm-0.33 (default)")
+    assert lines[start : start + 4] == [
         "vllm-0.33 (default)",
         "  vllm: >=0.33.0,<0.34",
         "  torch: 2.14.0",

@@ -28,7 +28,8 @@ def test_list_rulesets_answers_the_oracles_rulesets(stub: Any) -> None:
     for _ in range(6):
         response = stub.ListRulesets(pb.ListRulesetsRequest(), timeout=5)
         assert codec.rulesets_from_pb(response) == listing()
-    (info,) = response.rulesets
+    assert [r.name for r in response.rulesets] == ["vllm-0.32", "vllm-0.33"]
+    info = response.rulesets[-1]
     assert (info.name, info.first_version, info.below_version) == ("vllm-0.33", "0.33.0", "0.34")
     assert (info.torch_version, info.humming_kernels_version, info.is_default) == (
         "2.14.0",
@@ -93,5 +94,6 @@ def test_cli_rulesets_over_the_server_is_the_local_listing(
     assert json.loads(capsys.readouterr().out) == local == listing()
     assert main(["rulesets", "--server", server.address]) == 0
     text = capsys.readouterr().out
-    assert text.startswith("vllm-0.33 (default)\n  vllm: >=0.33.0,<0.34\n  torch: 2.14.0\n")
+    assert text.startswith("vllm-0.32\n  vllm: >=0.32.0,<0.33\n  torch: 2.13.0\n")
+    assert "\nvllm-0.33 (default)\n  vllm: >=0.33.0,<0.34\n  torch: 2.14.0\n" in text
     assert "  humming-kernels: 0.1.19\n" in text

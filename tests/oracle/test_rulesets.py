@@ -40,7 +40,19 @@ SPELLINGS = [
     " 0.33 ",
     "0.33.0+cu129",
 ]
-UNKNOWN = ["vllm-0.34", "0.34", "0.34.0", "0.32.0", "0.3", "0.33.0.1", "33", "v", "vllm-9", "x"]
+UNKNOWN = [
+    "vllm-0.34",
+    "0.34",
+    "0.34.0",
+    "0.31.0",
+    "vllm-0.31",
+    "0.3",
+    "0.33.0.1",
+    "33",
+    "v",
+    "vllm-9",
+    "x",
+]
 
 
 def test_every_release_row_has_its_ruleset_and_every_ruleset_its_row() -> None:
@@ -123,15 +135,18 @@ def test_a_ruleset_that_is_no_string_is_refused() -> None:
 
 
 def test_the_argument_wins_over_the_spec() -> None:
-    # Only one release today: the argument is checked even where the spec's would do.
+    # The argument is checked even where the spec's would do, and decides over it.
     with pytest.raises(UnknownRulesetError):
         select(spec(ruleset="0.33"), ruleset="0.27")
     assert select(spec(ruleset="0.33"), ruleset="v0.33.0").ruleset == "vllm-0.33"
+    assert select(spec(ruleset="0.33"), ruleset="0.32.0").ruleset == "vllm-0.32"
+    assert select(spec(ruleset="vllm-0.32"), ruleset="0.33").ruleset == "vllm-0.33"
 
 
 def test_the_listing_carries_the_release_metadata() -> None:
-    (entry,) = listing()
-    assert entry == {
+    entries = {entry["name"]: entry for entry in listing()}
+    assert [entry["name"] for entry in listing()] == ["vllm-0.32", "vllm-0.33"]
+    assert entries["vllm-0.33"] == {
         "name": "vllm-0.33",
         "default": True,
         "vllm": ">=0.33.0,<0.34",
@@ -142,3 +157,9 @@ def test_the_listing_carries_the_release_metadata() -> None:
         "backends": list(RULESETS["vllm-0.33"].backends),
         "moe_backends": sorted(RULESETS["vllm-0.33"].user_backends),
     }
+    assert entries["vllm-0.32"]["default"] is False
+    assert entries["vllm-0.32"]["vllm"] == ">=0.32.0,<0.33"
+    assert (entries["vllm-0.32"]["torch"], entries["vllm-0.32"]["humming_kernels"]) == (
+        "2.13.0",
+        "0.1.17",
+    )

@@ -36,3 +36,9 @@ MOE_BACKENDS_0_33: tuple[str, ...] = (
     "emulation",
     "rdna3",
 )
+
+#: vLLM 0.32.0's `MoEBackend`: 0.33.0's without `aiter_triton_mxfp4_mxfp4`, which 0.33
+#: added (no WNA16 backend maps it, but `vllm serve` refuses it and lists the choices).
+MOE_BACKENDS_0_32: tuple[str, ...] = tuple(
+    name for name in MOE_BACKENDS_0_33 if name != "aiter_triton_mxfp4_mxfp4"
+)

@@ -19,7 +19,10 @@ from tests.api.test_servicer import GPTQ, LAYER, Platforms, ask
 
 def test_the_response_carries_every_ruleset_and_reads_back_as_the_listing() -> None:
     response = codec.rulesets_response()
-    (info,) = response.rulesets
+    assert [r.name for r in response.rulesets] == ["vllm-0.32", "vllm-0.33"]
+    old, info = response.rulesets
+    assert (old.torch_version, old.humming_kernels_version) == ("2.13.0", "0.1.17")
+    assert not old.is_default
     assert (info.name, info.first_version, info.below_version) == ("vllm-0.33", "0.33.0", "0.34")
     assert (info.torch_version, info.humming_kernels_version) == ("2.14.0", "0.1.19")
     assert info.is_default and "HUMMING" in info.backends and "marlin" in info.moe_backends
