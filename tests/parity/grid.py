@@ -294,6 +294,8 @@ def generate() -> list[dict[str, Any]]:
         "gelu-fp16": {
             "layer": _layer(MODEL_SHAPES["mixtral-8x7b"], activation="gelu", dtype="float16")
         },
+        # CPUExpertsInt4 took GELU_TANH from 0.33 on (0.32: SILU only).
+        "gelu-tanh": {"layer": _layer(MODEL_SHAPES["mixtral-8x7b"], activation="gelu_tanh")},
         "deepseek-routing": {
             "layer": _layer(
                 MODEL_SHAPES["deepseek-v3"],
