@@ -87,11 +87,13 @@ parity-record: $(VENV)/.stamp $(RECORD_VENV)/.stamp
 protos: $(VENV)/.stamp
 	$(BIN)/python -m service.api.codegen
 
-# The configuration reference, docs/configuration.md, from the settings' own help
-# (tests/docs/test_configuration.py fails when the checked-in page drifts).
+# The configuration reference, docs/configuration.md, from the settings' own help, and the
+# HTTP/JSON API's OpenAPI document, docs/openapi.json, from its route table and schemas
+# (tests/docs/test_configuration.py and tests/http_api/test_openapi.py fail when they drift).
 .PHONY: docs
 docs: $(VENV)/.stamp
 	$(BIN)/python -m service.settings_doc
+	$(BIN)/python -m service.http.openapi
 
 # buf (from npm, into a local ignored node_modules/) lints the contract with STANDARD rules.
 $(BUF):

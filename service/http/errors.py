@@ -6,7 +6,8 @@
 
 This is Google's JSON error form (AIP-193): `code` is the HTTP status, `status` the gRPC
 code's name, `message` and `details` the status's own, each detail a packed message in
-protobuf's JSON mapping (proto field names, as the CLI's `--json` prints them). A domain
+protobuf's JSON mapping (proto field names and every field, as the CLI's `--json` prints
+messages). A domain
 error gets the very status gRPC gives it, from the one table in `service.api.errors`
 (field violations, per-backend PreconditionFailure, RetryInfo, ...); the HTTP status is
 the gRPC-HTTP mapping's (`HTTP_STATUS`, as google.rpc.Code documents it). Only what gRPC
@@ -133,7 +134,11 @@ def status_json(http_status: int, status: status_pb2.Status) -> dict[str, Any]:
             "status": code_pb2.Code.Name(status.code),
             "message": status.message,
             "details": [
-                json_format.MessageToDict(detail, preserving_proto_field_name=True)
+                json_format.MessageToDict(
+                    detail,
+                    preserving_proto_field_name=True,
+                    always_print_fields_with_no_presence=True,
+                )
                 for detail in status.details
             ],
         }
