@@ -4,7 +4,8 @@ process's), on `--host`:`--http-port`, with the gRPC server's TLS settings: `--t
 
 uvicorn's `Server.serve` installs its own signal handlers; the primary owns SIGTERM and
 SIGINT, so the door runs uvicorn's parts itself: `startup` on a socket bound here (port 0
-resolves before anything is announced), `main_loop` as a task, and on stop `shutdown`,
+resolves before anything is announced) after the lifespan `_serve` would make ("off":
+no ASGI lifespan events), `main_loop` as a task, and on stop `shutdown`,
 which gives in-flight requests `--grace-s`.
 """
 
@@ -77,6 +78,7 @@ async def start_http(app: Starlette, settings: Settings) -> HttpDoor:
     )
     config.load()
     server = uvicorn.Server(config)
+    server.lifespan = config.lifespan_class(config)  # what Server._serve sets up ("off")
     sock = _bind(settings.host, settings.http_port)
     port = sock.getsockname()[1]
     await server.startup(sockets=[sock])
