@@ -13,11 +13,11 @@ inventory form).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from service.api.codecs.selection import parse_json_object
 from service.dataplane.matrix import MatrixModel, model_from_config
 from service.dataplane.selection import SelectAnswer, SelectQuery
 from service.http.errors import bad_body
@@ -37,12 +37,15 @@ MAX_MATRIX_CELLS = 20_000
 _OK, _FAILS, _INVALID = 0, 1, 2
 
 
-def parse_json(body: bytes) -> Any:
-    """The body as JSON; a body that is not JSON names the field `body` and where."""
+def parse_json(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object, parsed as gRPC parses `spec_json`
+    (`parse_json_object`: bad JSON, hostile nesting and a non-object name the field
+    `body`); bytes that are not UTF-8 name it too."""
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise bad_body("body", f"not JSON: {exc}") from None
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise bad_body("body", f"not UTF-8: {exc}") from None
+    return parse_json_object(text, "body")
 
 
 def _object(value: Any, field: str) -> dict[str, Any]:
