@@ -13,6 +13,7 @@ inventory form).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,12 @@ def parse_json(body: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise bad_body("body", f"not UTF-8: {exc}") from None
     return parse_json_object(text, "body")
+
+
+def encode(answer: Any) -> bytes:
+    """JSON bytes, as every answer of the door is encoded (Starlette's JSONResponse's
+    form: UTF-8, compact)."""
+    return json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
 def _object(value: Any, field: str) -> dict[str, Any]:

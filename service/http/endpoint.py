@@ -1,23 +1,21 @@
 """One route's request pipeline, composed once per route when the app is built: the token
-(unless the route is public), the body (at most the size limit, then JSON), a slot of the
-route's gRPC method's limit class, the handler; every error answered in the one JSON shape
-(errors.py), every answer counted and timed (observe.py)."""
+(unless the route is public), the body (at most the size limit; the handler parses it), a
+slot of the route's gRPC method's limit class, the handler; every error answered in the one
+JSON shape (errors.py), every answer counted and timed (observe.py)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from service.api.interceptors.limits import Limits
 from service.http.auth import BearerCheck
-from service.http.codecs import parse_json
 from service.http.errors import error_json
-from service.http.handlers import Call, Plane, Reply
+from service.http.handlers import Call, Encoded, Plane, Reply
 from service.http.limits import method_limit, read_body
 from service.http.observe import Observer
 from service.http.routes import Route
@@ -59,10 +57,8 @@ def endpoint(route: Route, door: Door) -> Endpoint:
         try:
             if check is not None:
                 check(request.headers.get("authorization"))
-            body: Any = None
-            if has_body:
-                body = parse_json(await read_body(request, max_body))
-            call = Call(body, request.query_params)
+            raw = await read_body(request, max_body) if has_body else b""
+            call = Call(raw, request.query_params)
             if limit is None:
                 result = await handler(plane, call)
             else:
@@ -71,7 +67,9 @@ def endpoint(route: Route, door: Door) -> Endpoint:
                     result = await handler(plane, call)
                 finally:
                     limit.release()
-            if isinstance(result, Reply):
+            if isinstance(result, Encoded):
+                response = Response(result.payload, media_type="application/json")
+            elif isinstance(result, Reply):
                 response = JSONResponse(result.body, result.status)
             else:
                 response = JSONResponse(result)

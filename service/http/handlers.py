@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.api.codecs.answer_cache import AnswerCache, CachedAnswer
 from service.api.codecs.messages import layers_json, presets_json, workers_json
 from service.api.codecs.rulesets import rulesets_from_pb
 from service.api.codecs.workers import layers_response, workers_response
@@ -42,14 +43,25 @@ class Plane:
     ready: Callable[[], bool]
     #: The OpenAPI document (GET /v1/openapi.json).
     document: Any = None
+    #: POST /v1/select's kept answers (JSON bytes by body bytes, while no worker changes),
+    #: as gRPC's SelectBackend keeps its own (`--select-cache-mib`); None: off.
+    cache: AnswerCache | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One request as a handler sees it."""
+    """One request as a handler sees it: the body's bytes (read within the size limit;
+    the handler parses them) and the query."""
 
-    body: Any = None
+    raw: bytes = b""
     query: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """An answer already encoded as JSON bytes (a kept answer)."""
+
+    payload: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,16 +73,28 @@ class Reply:
 
 
 async def select(plane: Plane, call: Call) -> Any:
-    """POST /v1/select: `moe-control select --json`'s answer for one spec."""
-    query = codecs.select_query(call.body)
-    answer, _ = plane.selector.decide(query)
-    return codecs.answer_json(query, answer)
+    """POST /v1/select: `moe-control select --json`'s answer for one spec. The same body
+    while no worker changed is answered from the kept bytes (its decision counted again),
+    as SelectBackend's answer cache does; only answers are kept, errors decided again."""
+    cache, generation = plane.cache, plane.selector.generation
+    if cache is not None:
+        kept = cache.get(call.raw, generation)
+        if kept is not None:
+            for counter in kept.counters:
+                counter.inc()
+            return Encoded(kept.payload)
+    query = codecs.select_query(codecs.parse_json(call.raw))
+    answer, counters = plane.selector.decide(query)
+    payload = codecs.encode(codecs.answer_json(query, answer))
+    if cache is not None:
+        cache.put(call.raw, CachedAnswer(generation, payload, counters))
+    return Encoded(payload)
 
 
 async def select_matrix(plane: Plane, call: Call) -> Any:
     """POST /v1/select:matrix: configs x GPUs x rulesets, each cell decided as a single
     select decides it (`select --config DIR --gpu A,B --ruleset X,Y --json`)."""
-    request = codecs.matrix_request(call.body)
+    request = codecs.matrix_request(codecs.parse_json(call.raw))
     selector = plane.selector
 
     def decide(spec: Mapping[str, Any], ruleset: str) -> tuple[dict[str, Any], int]:

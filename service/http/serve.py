@@ -20,13 +20,14 @@ from dataclasses import dataclass
 import uvicorn
 from starlette.applications import Starlette
 
+from service.api.codecs.answer_cache import AnswerCache
 from service.api.interceptors.limits import Limits
 from service.api.servicer import SelectionServicer
 from service.http.app import build_app
 from service.http.handlers import Plane
 from service.metrics import Metrics
 from service.pool.pool import WorkerPool
-from service.settings import Settings
+from service.settings import MIB, Settings
 
 
 @dataclass
@@ -103,5 +104,6 @@ async def open_http(
         rulesets=selection.rulesets,
         pool=pool,
         ready=ready,
+        cache=AnswerCache(settings.select_cache_mib * MIB) if settings.select_cache_mib else None,
     )
     return await start_http(build_app(plane, settings, metrics, limits), settings)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from service.api.codecs.answer_cache import AnswerCache
 from service.api.interceptors.limits import Limits
 from service.api.servicer import SelectionServicer
 from service.http.app import build_app
@@ -64,11 +65,19 @@ def make_client(
     ready: bool = True,
     metrics: Metrics | None = None,
     limits: Limits | None = None,
+    cache: AnswerCache | None = None,
 ) -> tuple[TestClient, Metrics]:
     metrics = metrics or Metrics()
     pool = FakePool()
     selection = SelectionServicer(pool, metrics)
-    plane = Plane(selection.selector, selection.presets, selection.rulesets, pool, lambda: ready)  # type: ignore[arg-type]
+    plane = Plane(
+        selection.selector,
+        selection.presets,
+        selection.rulesets,
+        pool,  # type: ignore[arg-type]
+        lambda: ready,
+        cache=cache,
+    )
     app = build_app(plane, settings or Settings(), metrics, limits)
     return TestClient(app), metrics
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from starlette.testclient import TestClient
 
+from service.api.codecs.answer_cache import AnswerCache
 from service.api.codecs.messages import presets_json
 from service.api.codecs.rulesets import rulesets_from_pb, rulesets_response
 from service.api.codecs.selection import presets_response
@@ -154,3 +155,17 @@ def test_openapi_is_served(client: TestClient) -> None:
     document = client.get("/v1/openapi.json").json()
     assert document["openapi"].startswith("3.1")
     assert "/v1/select:matrix" in document["paths"]
+
+
+def test_a_repeated_select_is_answered_from_the_kept_bytes_and_counted() -> None:
+    cache = AnswerCache(1 << 20)
+    test_client, metrics = make_client(cache=cache)
+    first = test_client.post("/v1/select", json=SPEC)
+    second = test_client.post("/v1/select", json=SPEC)
+    assert first.status_code == second.status_code == 200
+    assert first.content == second.content
+    assert (cache.hits, len(cache)) == (1, 1)
+    selections = metrics.backend_selections.collect()[0].samples
+    assert sum(s.value for s in selections if s.name.endswith("_total")) == 2
+    assert test_client.post("/v1/select", json={"layer": 1}).status_code == 400
+    assert len(cache) == 1  # errors are not kept
