@@ -91,7 +91,7 @@ ENV MOE_CONTROL_HOST=0.0.0.0 \
 
 USER ${UID}:${UID}
 WORKDIR /home/moe
-EXPOSE 50151 9464
+EXPOSE 50151 9464 8151
 
 # Readiness through the standard gRPC health service: SERVING while at least one worker is ready.
 # With TLS on, run `moe-control health --tls-ca ...` instead (see docs/deploying.md, "TLS").

@@ -11,6 +11,7 @@ TORCH_CPU_VERSION := 2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 50151
 METRICS_PORT ?= 9464
+HTTP_PORT ?= 8151
 LOG_LEVEL ?= WARNING
 
 .PHONY: soak fuzz-long run test lint typecheck unit parity parity-record install install-vllm clean help bench protos proto-lint load-bench gpu-test bench-gpu gpu-multi
@@ -87,11 +88,13 @@ parity-record: $(VENV)/.stamp $(RECORD_VENV)/.stamp
 protos: $(VENV)/.stamp
 	$(BIN)/python -m service.api.codegen
 
-# The configuration reference, docs/configuration.md, from the settings' own help
-# (tests/docs/test_configuration.py fails when the checked-in page drifts).
+# The configuration reference, docs/configuration.md, from the settings' own help, and the
+# HTTP/JSON API's OpenAPI document, docs/openapi.json, from its route table and schemas
+# (tests/docs/test_configuration.py and tests/http_api/test_openapi.py fail when they drift).
 .PHONY: docs
 docs: $(VENV)/.stamp
 	$(BIN)/python -m service.settings_doc
+	$(BIN)/python -m service.http.openapi
 
 # buf (from npm, into a local ignored node_modules/) lints the contract with STANDARD rules.
 $(BUF):
@@ -107,7 +110,7 @@ test: $(VENV)/.stamp $(VLLM_VENV)/.stamp lint typecheck proto-lint
 # the JSON life-cycle logs on stderr as well).
 run: $(VENV)/.stamp
 	@$(BIN)/moe-control serve --host $(HOST) --port $(PORT) --metrics-port $(METRICS_PORT) \
-		--log-level $(LOG_LEVEL)
+		--http-port $(HTTP_PORT) --log-level $(LOG_LEVEL)
 
 bench: $(VENV)/.stamp
 	$(BIN)/python bench/select_bench.py

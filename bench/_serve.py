@@ -12,7 +12,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-LISTENING = re.compile(r"listening for gRPC on (\S+?)(?:; metrics at (\S+))?$")
+LISTENING = re.compile(r"listening for gRPC on (\S+?)(?:; metrics at (\S+?))?(?:; HTTP at (\S+))?$")
 """The server's first stdout line: group 1 the gRPC address, group 2 the metrics URL (None
 with metrics off)."""
 
@@ -24,14 +24,14 @@ def serve_command(
     metrics: bool = True,
     prefix: Sequence[str] = (),
 ) -> list[str]:
-    """argv for `moe-control serve` on 127.0.0.1 with ephemeral gRPC and metrics ports
+    """argv for `moe-control serve` on 127.0.0.1 with ephemeral gRPC, HTTP and metrics ports
     (`metrics=False`: no metrics endpoint), `processes` server processes (None: the
     server's default, one per core), then `flags`; `prefix` runs it under a tool
     (valgrind, py-spy)."""
     command = [
         *prefix, sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
         "--port", "0", *(("--metrics-port", "0") if metrics else ("--no-metrics-enabled",)),
-        "--devices", devices,
+        "--devices", devices, "--http-port", "0",
     ]  # fmt: skip
     if processes is not None:
         command += ["--server-processes", str(processes)]

@@ -245,6 +245,22 @@ class Metrics:
             registry=r,
         )
 
+        # -- HTTP/JSON API (service/http): requests by route template and HTTP status code
+        self.http_requests = Counter(
+            "moe_control_http_requests_total",
+            "HTTP/JSON API requests answered, by method, route (the template, e.g. "
+            "/v1/select) and HTTP status code.",
+            ["method", "route", "code"],
+            registry=r,
+        )
+        self.http_request_seconds = Histogram(
+            "moe_control_http_request_duration_seconds",
+            "Time from an HTTP/JSON API request's arrival to its answer, by method and route.",
+            ["method", "route"],
+            buckets=RPC_BUCKETS,
+            registry=r,
+        )
+
         # -- workers
         self.worker_ready = Gauge(
             "moe_control_worker_ready",
@@ -336,6 +352,13 @@ class Metrics:
             self.convert_bytes.labels(backend, "out")
             self.convert_seconds.labels(backend)
             self.run_moe_children(backend)
+
+    def prepare_http(self, routes: Iterable[tuple[str, str]]) -> None:
+        """Create each HTTP route's series ((method, route) pairs): its latency, and its
+        200 answers, at zero."""
+        for method, route in routes:
+            self.http_request_seconds.labels(method, route)
+            self.http_requests.labels(method, route, "200").inc(0)
 
     def prepare_workers(self, workers: Iterable[tuple[int, str]]) -> None:
         """Create each worker's series ((index, device) pairs): not ready, no restarts."""

@@ -45,6 +45,14 @@ class Settings:
         default=9464, metadata=_doc("Prometheus /metrics HTTP port (0: any free port)")
     )
     metrics_enabled: bool = field(default=True, metadata=_doc("serve /metrics at all"))
+    http_port: int = field(
+        default=8151,
+        metadata=_doc(
+            "HTTP/JSON API port on the gRPC bind address (docs/http.md), served by the "
+            "primary process with the same token, TLS, size and concurrency limits "
+            "(0: off)"
+        ),
+    )
     max_receive_message_bytes: int = field(
         default=16 * MIB, metadata=_doc("largest request message the server accepts")
     )
@@ -213,7 +221,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         problems: list[str] = []
-        for name in ("port", "metrics_port"):
+        for name in ("port", "metrics_port", "http_port"):
             value = getattr(self, name)
             if not 0 <= value <= 65535:
                 problems.append(f"{name} must be in 0..65535, got {value}")

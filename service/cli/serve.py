@@ -5,15 +5,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from service.settings import ENV_PREFIX, Settings, SettingsError
+
+if TYPE_CHECKING:
+    from service.server.primary import MoeControlServer, OpenDoor
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "serve",
-        help="serve the moe_control.v1 gRPC API (one worker per device, /metrics)",
-        description="Serve the moe_control.v1 gRPC API with standard health and reflection, "
+        help="serve the moe_control.v1 gRPC API and HTTP/JSON (one worker per device, /metrics)",
+        description="Serve the moe_control.v1 gRPC API with standard health and reflection "
+        "(and the HTTP/JSON API on --http-port, docs/http.md), "
         "one supervised worker process per device and a Prometheus /metrics endpoint. Every "
         f"flag can also be set as an environment variable ({ENV_PREFIX}<FLAG>, e.g. "
         f"{Settings.env_name('port')}); flags win. Prints 'moe-control listening for gRPC "
@@ -35,4 +40,20 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"moe-control serve: {exc}", file=sys.stderr)
         return 2
-    return serve(settings)
+    return serve(settings, _open_http)
+
+
+async def _open_http(server: MoeControlServer) -> OpenDoor:
+    """The HTTP/JSON door (service.http) on the primary's own selector, pool, readiness
+    and limits."""
+    from service.http.serve import open_http
+
+    assert server.servicer is not None
+    return await open_http(
+        server.settings,
+        metrics=server.metrics,
+        selection=server.servicer.selection,
+        pool=server.pool,
+        ready=lambda: server.readiness.ready,
+        limits=server.limits,
+    )

@@ -4,14 +4,15 @@ Processes: this one, the primary, owns the workers (one per device), /metrics an
 cycle; `--server-processes` N adds N-1 replicas (replica.py). Every process listens on the
 public port (front.py); the replicas forward what needs a worker to the primary's private
 server on a Unix socket (forward.py).
-Start: /metrics, workers, the public server, the private one and the replicas (with more
-than one process), then one line on stdout saying where it listens, and one more once the
-server is ready (the first worker ready: readiness SERVING).
+Start: /metrics, workers, the public server, the HTTP/JSON door (`--http-port`, this
+process only; the CLI passes it in, service.http being a floor of its own), the private one
+and the replicas (with more than one process), then one line on stdout saying where it
+listens, and one more once the server is ready (the first worker ready: readiness SERVING).
 Health: liveness ("") is SERVING while the process runs; readiness (the service's name) as
 readiness.py says, in every process.
 Stop (SIGTERM, SIGINT): health goes NOT_SERVING first so balancers drain, then the public
-servers (this one and the replicas', in parallel) stop accepting and give in-flight RPCs
-`grace_s`, then the private server, the workers and /metrics stop.
+servers (this one, the HTTP door and the replicas', in parallel) stop accepting and give
+in-flight calls `grace_s`, then the private server, the workers and /metrics stop.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health
@@ -46,7 +48,20 @@ from service.settings import Settings
 
 log = logging.getLogger("moe_control.server")
 
-__all__ = ["Endpoints", "MoeControlServer", "run", "serve"]
+__all__ = ["DoorFactory", "Endpoints", "MoeControlServer", "OpenDoor", "run", "serve"]
+
+
+class OpenDoor(Protocol):
+    """Another front door the primary serves beside gRPC (the HTTP/JSON API,
+    service.http, which the CLI's `serve` passes in: a floor above this one)."""
+
+    def url(self, host: str) -> str: ...
+
+    async def stop(self) -> None: ...
+
+
+#: Opens a door on a started server (its servicer, pool, readiness and limits are set).
+DoorFactory = Callable[["MoeControlServer"], Awaitable[OpenDoor]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +70,7 @@ class Endpoints:
 
     grpc_address: str
     metrics_url: str | None
+    http_url: str | None = None
 
 
 class MoeControlServer:
@@ -65,7 +81,12 @@ class MoeControlServer:
     with more than one process, `metrics` must be in multiprocess mode (see `serve`)."""
 
     def __init__(
-        self, settings: Settings, metrics: Metrics | None = None, *, runtime_dir: str | None = None
+        self,
+        settings: Settings,
+        metrics: Metrics | None = None,
+        *,
+        runtime_dir: str | None = None,
+        http: DoorFactory | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics if metrics is not None else Metrics()
@@ -78,6 +99,9 @@ class MoeControlServer:
         self.front: Front | None = None
         self.internal: grpc.aio.Server | None = None
         self.replicas: ReplicaSet | None = None
+        self.limits: Limits | None = None
+        self._http_factory = http
+        self.http: OpenDoor | None = None
         self._own_dir = None if runtime_dir is not None else make_runtime_dir()
         self._runtime_dir: str = runtime_dir or self._own_dir or ""
         self._metrics_http: Any = None
@@ -94,7 +118,7 @@ class MoeControlServer:
         processes = s.process_count()
         # One set of per-method limits for the public server and the private endpoint of
         # the replicas' forwarded calls: conversions and forwards are bounded server-wide.
-        limits = Limits.from_settings(s, self.metrics)
+        limits = self.limits = Limits.from_settings(s, self.metrics)
         self.front = await start_front(
             s,
             port=s.port,
@@ -112,6 +136,12 @@ class MoeControlServer:
         if processes > 1:
             await self._start_replicas(processes - 1, limits)
         grpc_address = f"{_host_for_url(s.host)}:{self.front.port}"
+        http_url = None
+        if self._http_factory is not None and s.http_port:
+            # In this process only (replicas serve gRPC): the same selector, pool, readiness
+            # and limits as the public gRPC server.
+            self.http = await self._http_factory(self)
+            http_url = self.http.url(_host_for_url(s.host))
         log.info(
             "listening",
             extra={
@@ -121,12 +151,13 @@ class MoeControlServer:
                 "mtls": s.tls_client_ca is not None,
                 "auth": s.token() is not None,
                 "metrics": metrics_url,
+                "http": http_url,
                 "devices": devices,
                 "processes": processes,
                 "version": __version__,
             },
         )
-        return Endpoints(grpc_address, metrics_url)
+        return Endpoints(grpc_address, metrics_url, http_url)
 
     def _start_metrics(self) -> str:
         s = self.settings
@@ -162,8 +193,13 @@ class MoeControlServer:
         replicas = None
         if self.replicas is not None:
             replicas = asyncio.create_task(self.replicas.stop(grace))
+        http = None
+        if self.http is not None:
+            http = asyncio.create_task(self.http.stop())
         if self.front is not None:
             await self.front.server.stop(grace)
+        if http is not None:
+            await http
         if replicas is not None:
             await replicas
         if self.internal is not None:
@@ -197,7 +233,7 @@ def _host_for_url(host: str) -> str:
     return host
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: Settings, http: DoorFactory | None = None) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
     runtime_dir = make_runtime_dir()
     try:
@@ -208,7 +244,7 @@ async def serve(settings: Settings) -> None:
             os.mkdir(metrics_dir)
             enable_multiprocess(metrics_dir)
             metrics = Metrics(multiprocess_dir=metrics_dir)
-        await _serve(MoeControlServer(settings, metrics, runtime_dir=runtime_dir))
+        await _serve(MoeControlServer(settings, metrics, runtime_dir=runtime_dir, http=http))
     finally:
         shutil.rmtree(runtime_dir, ignore_errors=True)
 
@@ -222,6 +258,8 @@ async def _serve(server: MoeControlServer) -> None:
         endpoints = await server.start()
         settle_heap()
         metrics = f"; metrics at {endpoints.metrics_url}" if endpoints.metrics_url else ""
+        if endpoints.http_url:
+            metrics += f"; HTTP at {endpoints.http_url}"
         # Two lines: where it listens (liveness SERVING: probes and --wait-ready clients can
         # connect), then when it is ready (readiness SERVING: calls that need a worker work).
         print(f"moe-control listening for gRPC on {endpoints.grpc_address}{metrics}", flush=True)
@@ -240,14 +278,15 @@ async def _announce_ready(server: MoeControlServer) -> None:
     print(f"moe-control ready: {ready} of {len(workers)} workers ready", flush=True)
 
 
-def run(settings: Settings) -> int:
+def run(settings: Settings, http: DoorFactory | None = None) -> int:
+    """Serve until stopped; `http` opens the HTTP/JSON door (`--http-port`; 0: off)."""
     # Before any thread starts: the big messages' buffers are kept for the next call
     # (process.py's "server" row; --no-malloc-tuning leaves glibc's defaults).
     if settings.malloc_tuning:
         tune_malloc("server")
     configure_logging(settings.log_level, settings.log_format)
     try:
-        asyncio.run(serve(settings))
+        asyncio.run(serve(settings, http))
     except OSError as exc:
         log.error("cannot serve: %s", exc, extra={"event": "startup_failed"})
         print(f"moe-control: cannot serve: {exc}", file=sys.stderr)

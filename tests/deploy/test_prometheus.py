@@ -246,6 +246,9 @@ def stack(tmp_path: Path) -> Iterator[tuple[ServerProcess, Prometheus]]:
             "4",
             "--data-root",
             str(data),
+            # The HTTP/JSON door is on by default (serverproc turns it off): its series too.
+            "--http-port",
+            str(_free_port()),
         )
         wait_ready(server)
         prometheus.wait_ready()

@@ -16,7 +16,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 SERVICE = "moe_control.v1.MoeControlService"
-_LISTENING = re.compile(r"listening for gRPC on (\S+?)(?:; metrics at (\S+))?$")
+_LISTENING = re.compile(
+    r"listening for gRPC on (\S+?)(?:; metrics at (\S+?))?(?:; HTTP at (\S+))?$"
+)
 
 
 @dataclass
@@ -25,6 +27,9 @@ class ServerProcess:
     address: str
     metrics_url: str | None
     stderr_lines: list[str] = field(default_factory=list)
+    #: The HTTP/JSON API's base URL (None: off, as here by default: `--http-port 0`; a test
+    #: that speaks HTTP passes a free port).
+    http_url: str | None = None
 
     @property
     def port(self) -> int:
@@ -56,6 +61,8 @@ def launch(*args: str, env: dict[str, str] | None = None, timeout: float = 30.0)
         "--port",
         "0",
         "--metrics-port",
+        "0",
+        "--http-port",
         "0",
         "--devices",
         "cpu",
@@ -95,7 +102,7 @@ def launch(*args: str, env: dict[str, str] | None = None, timeout: float = 30.0)
         process.kill()
         process.wait()
         raise RuntimeError(f"server did not start: {line!r}\n{''.join(stderr_lines)}")
-    return ServerProcess(process, match.group(1), match.group(2), stderr_lines)
+    return ServerProcess(process, match.group(1), match.group(2), stderr_lines, match.group(3))
 
 
 def health_status(channel: grpc.Channel, service: str = "", timeout: float = 5.0) -> str:

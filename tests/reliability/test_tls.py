@@ -227,3 +227,72 @@ def health_status_refused(server: ServerProcess, pki: Path) -> bool:
         except grpc.RpcError as error:
             return error.code() is grpc.StatusCode.UNAVAILABLE
     return False
+
+
+# -- the HTTP/JSON door: the same TLS settings and token (docs/http.md)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _https(
+    server: ServerProcess,
+    pki: Path,
+    path: str,
+    *,
+    token: str | None = None,
+    client: str | None = None,
+) -> int:
+    import http.client
+    import ssl
+    from urllib.parse import urlsplit
+
+    assert server.http_url is not None and server.http_url.startswith("https://")
+    where = urlsplit(server.http_url)
+    context = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+    if client is not None:
+        context.load_cert_chain(str(pki / f"{client}.pem"), str(pki / f"{client}.key"))
+    connection = http.client.HTTPSConnection("127.0.0.1", where.port, context=context, timeout=10)
+    try:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        connection.request("GET", path, headers=headers)
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def test_https_with_token(pki: Path, tmp_path: Path) -> None:
+    import http.client
+
+    with running(
+        "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"),
+        "--auth-token", TOKEN, "--http-port", str(_free_port()),
+    ) as server:  # fmt: skip
+        assert _https(server, pki, "/v1/platforms", token=TOKEN) == 200
+        assert _https(server, pki, "/v1/platforms") == 401
+        assert _https(server, pki, "/v1/platforms", token="wrong") == 401
+        assert _https(server, pki, "/healthz") == 200
+        assert server.http_url is not None
+        plain = http.client.HTTPConnection("127.0.0.1", int(server.http_url.rsplit(":", 1)[1]))
+        with pytest.raises((OSError, http.client.HTTPException)):
+            plain.request("GET", "/healthz")
+            plain.getresponse()
+        plain.close()
+
+
+def test_https_mtls(pki: Path) -> None:
+    import ssl
+
+    with running(
+        "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"),
+        "--tls-client-ca", str(pki / "ca.pem"), "--http-port", str(_free_port()),
+    ) as server:  # fmt: skip
+        assert _https(server, pki, "/v1/rulesets", client="client") == 200
+        for client in (None, "client-other"):
+            with pytest.raises((ssl.SSLError, OSError)):
+                _https(server, pki, "/v1/rulesets", client=client)

@@ -1,0 +1,153 @@
+"""Request JSON in, answer JSON out: what each route reads from its body and the JSON it
+answers, in the shapes the CLI's `--json` prints (so a script can switch between
+`moe-control ... --json` and curl).
+
+`POST /v1/select` takes a deployment spec (what `select --deployment` reads), or a model's
+config.json as {"config": {...}, "platform": ..., ...}: the spec
+`deployment_from_model_config` derives from the config (as `select --config` does), with
+the body's other fields (a platform, a ruleset, a moe_backend, ...) laid over it. Its
+answer is `select --json`'s, what would change the decision included. A matrix cell is
+`service.dataplane.matrix`'s; a listing is `service.api.codecs.messages`' (the CLI's
+inventory form).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from service.api.codecs.selection import parse_json_object
+from service.dataplane.matrix import MatrixModel, model_from_config
+from service.dataplane.selection import SelectAnswer, SelectQuery
+from service.http.errors import bad_body
+from service.oracle import (
+    DEFAULT_RULESET,
+    PLATFORM_PRESETS,
+    InvalidSpecError,
+    SelectionError,
+    deployment_from_model_config,
+    preset,
+    resolve_ruleset,
+)
+
+#: Matrix requests are bounded: models x GPUs x rulesets cells at most.
+MAX_MATRIX_CELLS = 20_000
+#: A select matrix cell's exit-status-like code, as the CLI's matrix keeps them.
+_OK, _FAILS, _INVALID = 0, 1, 2
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object, parsed as gRPC parses `spec_json`
+    (`parse_json_object`: bad JSON, hostile nesting and a non-object name the field
+    `body`); bytes that are not UTF-8 name it too."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise bad_body("body", f"not UTF-8: {exc}") from None
+    return parse_json_object(text, "body")
+
+
+def encode(answer: Any) -> bytes:
+    """JSON bytes, as every answer of the door is encoded (Starlette's JSONResponse's
+    form: UTF-8, compact)."""
+    return json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _object(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise bad_body(field, "required: a JSON object")
+    return value
+
+
+def select_query(body: Any) -> SelectQuery:
+    """POST /v1/select's body as the data plane's query (a spec's own ruleset decides,
+    else the newest release, as `select` without --ruleset)."""
+    spec = _object(body, "body")
+    if "config" in spec:
+        rest = {k: v for k, v in spec.items() if k != "config"}
+        spec = {**deployment_from_model_config(_object(spec["config"], "config")), **rest}
+    return SelectQuery(spec=spec, what_would_change=True)
+
+
+def with_id(spec: Mapping[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """The answer with the spec's "id" first, as `select --json` prints it."""
+    if "id" in spec:
+        return {"id": spec["id"], **result}
+    return result
+
+
+def answer_json(query: SelectQuery, answer: SelectAnswer) -> dict[str, Any]:
+    """A decision as `select --json` prints it."""
+    assert answer.decision is not None
+    return with_id(query.spec, answer.decision.to_json())
+
+
+def cell_answer(spec: Mapping[str, Any], outcome: Any) -> tuple[dict[str, Any], int]:
+    """A matrix cell's answer from a decision or the error deciding it raised, as the
+    CLI's local `answer` gives it (the JSON and its exit status)."""
+    if isinstance(outcome, SelectionError):
+        return with_id(spec, outcome.to_json()), _FAILS
+    if isinstance(outcome, InvalidSpecError):
+        invalid = [{"field": v.field, "description": v.description} for v in outcome.violations]
+        return with_id(spec, {"invalid": invalid}), _INVALID
+    return with_id(spec, outcome.decision.to_json()), _OK
+
+
+@dataclass(frozen=True, slots=True)
+class MatrixRequest:
+    models: list[MatrixModel]
+    gpus: list[str]
+    rulesets: list[str]
+
+
+def _names(value: Any, field: str) -> list[str] | None:
+    """A list of names (None when absent)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise bad_body(field, "required: a non-empty list of names")
+    return list(dict.fromkeys(value))
+
+
+def matrix_request(body: Any) -> MatrixRequest:
+    """POST /v1/select:matrix's body: {"configs": [{"name": ..., "config": {...}}, ...]
+    (or {name: config}), "gpus": [...] or "all", "rulesets": [...] (default: the
+    newest release)}."""
+    obj = _object(body, "body")
+    configs = obj.get("configs")
+    if isinstance(configs, dict):
+        configs = [{"name": name, "config": config} for name, config in configs.items()]
+    if not isinstance(configs, list) or not configs:
+        raise bad_body("configs", "required: a non-empty list of {name, config}")
+    models = []
+    for index, item in enumerate(configs):
+        entry = _object(item, f"configs[{index}]")
+        name = entry.get("name", f"config-{index}")
+        if not isinstance(name, str) or not name:
+            raise bad_body(f"configs[{index}].name", "a non-empty string")
+        config = _object(entry.get("config"), f"configs[{index}].config")
+        models.append(model_from_config(name, f"configs[{index}]", config))
+    if len({m.label for m in models}) != len(models):
+        raise bad_body("configs", "names must be unique")
+    gpus = list(PLATFORM_PRESETS) if obj.get("gpus") == "all" else _names(obj.get("gpus"), "gpus")
+    if gpus is None:
+        raise bad_body("gpus", "required: preset names (GET /v1/platforms) or 'all'")
+    for index, gpu in enumerate(gpus):
+        preset(gpu, field_name=f"gpus[{index}]")
+    named = _names(obj.get("rulesets"), "rulesets") or [DEFAULT_RULESET]
+    rulesets = list(
+        dict.fromkeys(
+            resolve_ruleset(name, field=f"rulesets[{index}]") for index, name in enumerate(named)
+        )
+    )
+    cells = len(models) * len(gpus) * len(rulesets)
+    if cells > MAX_MATRIX_CELLS:
+        raise bad_body("configs", f"{cells} cells; a matrix has at most {MAX_MATRIX_CELLS}")
+    return MatrixRequest(models, gpus, rulesets)
+
+
+def spec_for(spec: Mapping[str, Any], gpu: str) -> dict[str, Any]:
+    """A model's spec on a GPU preset (as `select --config ... --gpu NAME`)."""
+    return {**spec, "platform": preset(gpu).to_json()}

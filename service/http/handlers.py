@@ -1,0 +1,160 @@
+"""Each route's call into the data plane: the very calls the gRPC servicer makes.
+
+`POST /v1/select` and every matrix cell go through the process's `Selector`
+(service.dataplane.selection, the one gRPC's SelectBackend uses: same decisions, same
+metrics); the listings are the servicer's own messages (`SelectionServicer.presets` and
+`.rulesets`) and the pool's `describe` / `list_layers`, turned into the CLI's JSON by
+`service.api.codecs.messages`. Nothing here decides anything itself.
+
+A handler takes the `Plane` and the request (`Call`: the parsed JSON body, the query) and
+returns the JSON answer, or a `Reply` where the status is not 200; errors are raised as
+domain exceptions and answered by the endpoint (errors.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.api.codecs.answer_cache import AnswerCache, CachedAnswer
+from service.api.codecs.messages import layers_json, presets_json, workers_json
+from service.api.codecs.rulesets import rulesets_from_pb
+from service.api.codecs.workers import layers_response, workers_response
+from service.dataplane.matrix import build_matrix
+from service.dataplane.matrix import to_json as matrix_json
+from service.dataplane.selection import Selector, SelectQuery
+from service.http import codecs
+from service.http.errors import bad_body
+from service.oracle import InvalidSpecError, SelectionError
+from service.pool.errors import WorkerUnavailableError
+from service.pool.pool import WorkerPool
+
+
+@dataclass(frozen=True, slots=True)
+class Plane:
+    """What the handlers call: the process's selector, the servicer's preset and ruleset
+    messages, the worker pool (None: no workers here), readiness as gRPC health says it."""
+
+    selector: Selector
+    presets: Any
+    rulesets: Any
+    pool: WorkerPool | None
+    ready: Callable[[], bool]
+    #: The OpenAPI document (GET /v1/openapi.json).
+    document: Any = None
+    #: POST /v1/select's kept answers (JSON bytes by body bytes, while no worker changes),
+    #: as gRPC's SelectBackend keeps its own (`--select-cache-mib`); None: off.
+    cache: AnswerCache | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One request as a handler sees it: the body's bytes (read within the size limit;
+    the handler parses them) and the query."""
+
+    raw: bytes = b""
+    query: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """An answer already encoded as JSON bytes (a kept answer)."""
+
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An answer with its own HTTP status."""
+
+    status: int
+    body: Any
+
+
+async def select(plane: Plane, call: Call) -> Any:
+    """POST /v1/select: `moe-control select --json`'s answer for one spec. The same body
+    while no worker changed is answered from the kept bytes (its decision counted again),
+    as SelectBackend's answer cache does; only answers are kept, errors decided again."""
+    cache, generation = plane.cache, plane.selector.generation
+    if cache is not None:
+        kept = cache.get(call.raw, generation)
+        if kept is not None:
+            for counter in kept.counters:
+                counter.inc()
+            return Encoded(kept.payload)
+    query = codecs.select_query(codecs.parse_json(call.raw))
+    answer, counters = plane.selector.decide(query)
+    payload = codecs.encode(codecs.answer_json(query, answer))
+    if cache is not None:
+        cache.put(call.raw, CachedAnswer(generation, payload, counters))
+    return Encoded(payload)
+
+
+async def select_matrix(plane: Plane, call: Call) -> Any:
+    """POST /v1/select:matrix: configs x GPUs x rulesets, each cell decided as a single
+    select decides it (`select --config DIR --gpu A,B --ruleset X,Y --json`)."""
+    request = codecs.matrix_request(codecs.parse_json(call.raw))
+    selector = plane.selector
+
+    def decide(spec: Mapping[str, Any], ruleset: str) -> tuple[dict[str, Any], int]:
+        try:
+            answer, _ = selector.decide(SelectQuery(spec=dict(spec), ruleset=ruleset))
+        except (SelectionError, InvalidSpecError) as exc:
+            return codecs.cell_answer(spec, exc)
+        return codecs.cell_answer(spec, answer)
+
+    table = build_matrix(
+        request.models, request.gpus, request.rulesets, spec_for=codecs.spec_for, answer=decide
+    )
+    return matrix_json(table)
+
+
+async def platforms(plane: Plane, call: Call) -> Any:
+    """GET /v1/platforms: the presets, as `moe-control presets --json`."""
+    return presets_json(plane.presets)
+
+
+async def rulesets(plane: Plane, call: Call) -> Any:
+    """GET /v1/rulesets: the rulesets, as `moe-control rulesets --json`."""
+    return rulesets_from_pb(plane.rulesets)
+
+
+def _pool(plane: Plane) -> WorkerPool:
+    if plane.pool is None:
+        raise WorkerUnavailableError("this process has no workers")
+    return plane.pool
+
+
+async def workers(plane: Plane, call: Call) -> Any:
+    """GET /v1/workers: as `moe-control workers --json`."""
+    pool = _pool(plane)
+    return workers_json(workers_response(await pool.describe(), pool.ready))
+
+
+def _worker_index(query: Mapping[str, str]) -> int | None:
+    text = query.get("worker_index")
+    if text is None:
+        return None
+    if not text.isdigit():
+        raise bad_body("worker_index", f"a worker's index (0, 1, ...), got {text!r}")
+    return int(text)
+
+
+async def layers(plane: Plane, call: Call) -> Any:
+    """GET /v1/layers[?worker_index=N]: as `moe-control layers --json`."""
+    index = _worker_index(call.query)
+    return layers_json(layers_response(await _pool(plane).list_layers(index)))
+
+
+async def healthz(plane: Plane, call: Call) -> Any:
+    """GET /healthz: liveness (gRPC health's "" service): SERVING while the process runs."""
+    return {"status": "SERVING"}
+
+
+async def readyz(plane: Plane, call: Call) -> Any:
+    """GET /readyz: readiness as gRPC health says it for moe_control.v1.MoeControlService:
+    200 SERVING while a worker is ready and the server is not stopping, else 503."""
+    if plane.ready():
+        return {"status": "SERVING"}
+    return Reply(503, {"status": "NOT_SERVING"})
