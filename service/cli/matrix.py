@@ -19,36 +19,13 @@ from collections.abc import Sequence
 from service.cli.configs import ModelConfig
 from service.dataplane.matrix import (
     HAZARD_MARK,
-    OUTCOMES,
-    Answer,
-    Cell,
     Matrix,
     MatrixModel,
-    SpecFor,
-    build_matrix,
-    gpu_names,
     model_from_config,
-    ruleset_names,
     to_json,
 )
 
-__all__ = [
-    "HAZARD_MARK",
-    "OUTCOMES",
-    "Answer",
-    "Cell",
-    "Matrix",
-    "MatrixModel",
-    "SpecFor",
-    "build_matrix",
-    "gpu_names",
-    "models_from_configs",
-    "render",
-    "render_table",
-    "ruleset_names",
-    "to_csv",
-    "to_json",
-]
+__all__ = ["models_from_configs", "render", "render_table", "to_csv"]
 
 
 def render_table(matrix: Matrix) -> str:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from service.cli import matrix
 from service.cli.client_flags import add_connection_arguments, connection_from_args
 from service.cli.configs import load_model_configs
+from service.dataplane import matrix as fleet
 from service.oracle import (
     DEFAULT_RULESET,
     RULESETS,
@@ -485,8 +486,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, server: _Server | None) -> int:
     try:
-        gpus = matrix.gpu_names(args.gpu)
-        rulesets = matrix.ruleset_names(args.ruleset)
+        gpus = fleet.gpu_names(args.gpu)
+        rulesets = fleet.ruleset_names(args.ruleset)
         args.gpu = gpus[0] if gpus else None
         if args.config is not None:
             configs = load_model_configs(args.config)
@@ -532,7 +533,7 @@ def _run(args: argparse.Namespace, server: _Server | None) -> int:
 def _run_matrix(
     args: argparse.Namespace,
     server: _Server | None,
-    models: list[matrix.MatrixModel],
+    models: list[fleet.MatrixModel],
     gpus: list[str],
     rulesets: list[str],
 ) -> int:
@@ -551,7 +552,7 @@ def _run_matrix(
             return _remote(args, server, spec, ruleset)
         return answer(spec, ruleset, what_would_change=False)  # a cell shows no hints
 
-    table = matrix.build_matrix(models, gpus, rulesets, spec_for=spec_for, answer=decide)
+    table = fleet.build_matrix(models, gpus, rulesets, spec_for=spec_for, answer=decide)
     print(matrix.render(table, "json" if args.json else "csv" if args.csv else "table"))
     return table.exit_code
 
