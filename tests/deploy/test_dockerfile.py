@@ -103,7 +103,7 @@ def test_exposed_ports_are_the_server_defaults() -> None:
         int(p) for keyword, rest in instructions() if keyword == "EXPOSE" for p in rest.split()
     }
     defaults = Settings()
-    assert exposed == {defaults.port, defaults.metrics_port}
+    assert exposed == {defaults.port, defaults.metrics_port, defaults.http_port}
 
 
 def test_the_build_context_is_only_what_the_wheel_needs() -> None:

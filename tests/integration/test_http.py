@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from integration.serverproc import ServerProcess, launch, wait_ready
+from service.oracle import DEFAULT_RULESET
 
 SPEC: dict[str, Any] = {
     "id": "curl",
@@ -87,7 +88,8 @@ def test_listings_probes_and_errors(server: ServerProcess) -> None:
     status, workers = _call(f"{base}/v1/workers")
     assert status == 200 and workers["ready_workers"] == 1
     assert _call(f"{base}/v1/layers")[0] == 200
-    assert _call(f"{base}/v1/rulesets")[1][0]["default"] is True
+    rulesets = _call(f"{base}/v1/rulesets")[1]
+    assert [r["name"] for r in rulesets if r["default"]] == [DEFAULT_RULESET]
     assert any(p["name"] == "h200" for p in _call(f"{base}/v1/platforms")[1])
     assert _call(f"{base}/healthz", token=None) == (200, {"status": "SERVING"})
     assert _call(f"{base}/readyz", token=None) == (200, {"status": "SERVING"})
