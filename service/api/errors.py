@@ -83,7 +83,8 @@ INTERNAL_MESSAGE = "internal error (the server log has the details)"
 Details = Callable[[Any], tuple[Message, ...]]
 
 
-def _status(code: int, message: str, *details: Message) -> status_pb2.Status:
+def pack_status(code: int, message: str, *details: Message) -> status_pb2.Status:
+    """A `google.rpc.Status` with `details` packed as `Any` messages."""
     packed = []
     for detail in details:
         holder = any_pb2.Any()
@@ -268,5 +269,5 @@ def status_for(exc: BaseException) -> status_pb2.Status:
     whose type it is an instance of, else INTERNAL with a fixed message."""
     for row in MAPPINGS:
         if isinstance(exc, row.exception):
-            return _status(row.code, row.message(exc), *row.details(exc))
-    return _status(code_pb2.INTERNAL, INTERNAL_MESSAGE)
+            return pack_status(row.code, row.message(exc), *row.details(exc))
+    return pack_status(code_pb2.INTERNAL, INTERNAL_MESSAGE)

@@ -20,11 +20,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from google.protobuf import any_pb2, json_format
-from google.protobuf.message import Message
+from google.protobuf import json_format
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from service.api.errors import ERROR_DOMAIN, status_for
+from service.api.errors import ERROR_DOMAIN, pack_status, status_for
 from service.errors import MoeControlError
 from service.oracle import FieldViolation, InvalidSpecError
 
@@ -88,15 +87,6 @@ class MethodNotAllowedError(MoeControlError):
         super().__init__(f"{path} does not take {method}; it takes {', '.join(allowed)}")
 
 
-def _pack(code: int, message: str, *details: Message) -> status_pb2.Status:
-    packed = []
-    for detail in details:
-        holder = any_pb2.Any()
-        holder.Pack(detail)
-        packed.append(holder)
-    return status_pb2.Status(code=code, message=message, details=packed)
-
-
 def http_status_for(exc: BaseException) -> tuple[int, status_pb2.Status]:
     """The HTTP status and the `google.rpc.Status` a failed request answers with."""
     if isinstance(exc, BodyTooLargeError):
@@ -112,14 +102,14 @@ def http_status_for(exc: BaseException) -> tuple[int, status_pb2.Status]:
                 )
             ]
         )
-        return 413, _pack(code_pb2.RESOURCE_EXHAUSTED, str(exc), bad, info)
+        return 413, pack_status(code_pb2.RESOURCE_EXHAUSTED, str(exc), bad, info)
     if isinstance(exc, NoRouteError):
         resource = error_details_pb2.ResourceInfo(
             resource_type="route", resource_name=exc.path, description=str(exc)
         )
-        return 404, _pack(code_pb2.NOT_FOUND, str(exc), resource)
+        return 404, pack_status(code_pb2.NOT_FOUND, str(exc), resource)
     if isinstance(exc, MethodNotAllowedError):
-        return 405, _pack(code_pb2.UNIMPLEMENTED, str(exc))
+        return 405, pack_status(code_pb2.UNIMPLEMENTED, str(exc))
     status = status_for(exc)
     if status.code == code_pb2.INTERNAL:
         log.error("unhandled error in an HTTP request", exc_info=exc)
