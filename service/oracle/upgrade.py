@@ -159,6 +159,36 @@ class RulesetDiff:
     def last(self) -> RulesetAnswer:
         return self.answers[-1]
 
+    def to_json(self) -> dict[str, Any]:
+        """The upgrade from the first ruleset to the last (`upgrade_json`)."""
+        return upgrade_json(
+            self.first.ruleset,
+            self.last.ruleset,
+            self.first.to_json(),
+            self.last.to_json(),
+            [c.to_json() for c in self.changes],
+        )
+
+
+def upgrade_json(
+    start: str,
+    end: str,
+    before: dict[str, Any],
+    after: dict[str, Any],
+    differences: list[dict[str, str]],
+) -> dict[str, Any]:
+    """What `moe-control diff --json` prints for a deployment and `POST /v1/diff` answers:
+    both rulesets' names, whether the answer changes, both answers (`select --json`'s: a
+    decision, or vLLM's failure) and the differences, each with its cause."""
+    return {
+        "from": start,
+        "to": end,
+        "changed": bool(differences),
+        "before": before,
+        "after": after,
+        "differences": differences,
+    }
+
 
 def answer_under(spec: DeploymentSpec, ruleset: str) -> RulesetAnswer:
     """The answer `select` gives under `ruleset` (a decision, or vLLM's failure);
@@ -196,13 +226,17 @@ def diff_rulesets(spec: DeploymentSpec | Mapping[str, Any], rulesets: Sequence[s
     return RulesetDiff(answers, differences, changes)
 
 
-def upgrade(spec: DeploymentSpec | Mapping[str, Any], start: str, end: str) -> RulesetDiff:
-    """The diff over every ruleset from `start` to `end` (`rulesets_between`), so that the
-    cause of each change names the release that brought it; `changes` compare the two."""
+def upgrade_chain(start: str, end: str) -> tuple[str, ...]:
+    """The rulesets an upgrade from `start` to `end` is answered under: every one between
+    them in release order (`rulesets_between`), so that the cause of each change names the
+    release that brings it; from a ruleset to itself, that one twice (nothing changes)."""
     chain = rulesets_between(start, end)
-    if len(chain) == 1:
-        chain = (chain[0], chain[0])
-    return diff_rulesets(spec, chain)
+    return chain if len(chain) > 1 else chain * 2
+
+
+def upgrade(spec: DeploymentSpec | Mapping[str, Any], start: str, end: str) -> RulesetDiff:
+    """The diff over `upgrade_chain(start, end)`; its `changes` compare the two ends."""
+    return diff_rulesets(spec, upgrade_chain(start, end))
 
 
 def _attributed(
