@@ -248,6 +248,8 @@ def _attributed(
     field to its final value (the release that brought it); without such a step (a field
     the steps between could not compare), the cause of comparing the two directly."""
     first, last = answers[0], answers[-1]
+    if len(steps) == 1:  # two answers: the one step is the whole upgrade
+        return steps[0]
     direct = compare(spec, first, last)
     changes = []
     for difference in direct:
@@ -260,7 +262,7 @@ def _attributed(
             ),
             None,
         )
-        cause = difference.cause if moved is None or len(steps) == 1 else moved.cause
+        cause = difference.cause if moved is None else moved.cause
         changes.append(
             Difference(
                 difference.field,
