@@ -214,3 +214,18 @@ def test_a_priority_change_is_named_as_one() -> None:
             seen += 1
     if not seen:
         pytest.skip("no two consecutive rulesets of the registry order a preset differently")
+
+
+def test_over_a_chain_each_change_takes_the_cause_of_the_step_that_brought_it() -> None:
+    diff = diff_rulesets(spec("gelu_tanh"), ["vllm-0.32", "vllm-0.32", "vllm-0.33"])
+    step = [
+        d for d in diff.differences if d.from_ruleset == "vllm-0.32" and d.to_ruleset == "vllm-0.33"
+    ]
+    assert step and len(step) == len(diff.differences)  # the first step changes nothing
+    assert [(c.field, c.before, c.after, c.cause) for c in diff.changes] == [
+        (d.field, d.before, d.after, d.cause) for d in step
+    ]
+    assert {(c.from_ruleset, c.to_ruleset) for c in diff.changes} == {("vllm-0.32", "vllm-0.33")}
+    # there and back: each step differs, the upgrade as a whole does not
+    round_trip = diff_rulesets(spec("gelu_tanh"), ["vllm-0.32", "vllm-0.33", "vllm-0.32"])
+    assert round_trip.differences and not round_trip.changed
