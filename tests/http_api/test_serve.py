@@ -36,3 +36,17 @@ def test_accepted_connections_have_nagle_off() -> None:
 
     flags = asyncio.run(scenario())
     assert flags and all(flags), flags
+
+
+def test_uvicorn_parses_with_httptools() -> None:
+    """httptools (a dependency) is the parser uvicorn picks: half h11's CPU per request."""
+
+    async def scenario() -> str:
+        test_client, _ = make_client()
+        door = await start_http(test_client.app, Settings(http_port=0))  # type: ignore[arg-type]
+        try:
+            return str(door.server.config.http_protocol_class.__name__)
+        finally:
+            await door.stop()
+
+    assert asyncio.run(scenario()) == "HttpToolsProtocol"
