@@ -16,7 +16,9 @@ root, keeps two converted layers loaded, then runs asyncio clients for `--second
   the returned tensors checked against their SHA-256; sometimes kept loaded, run, listed and
   unloaded) and path mode (the whole checkpoint under the data root, sometimes resumed);
 - RunMoE on the kept layers (router logits or given top-k) and with inline weights;
-- GetPlatform, ListPlatformPresets, ListRulesets, ListWorkers, ListLayers, and health checks;
+- GetPlatform, ListPlatformPresets, ListRulesets, DiffRulesets (an upgrade from the oldest
+  ruleset to the newest, checked against the library), ListWorkers, ListLayers, and health
+  checks;
 - a prober that provokes every configured limit on purpose, in turn: a request over
   `--max-receive-message-bytes` (unary, and one chunk of a stream), an answer over
   `--max-send-message-bytes`, more tokens than `--run-max-tokens`, inline weights over
@@ -85,6 +87,7 @@ from grpc_health.v1 import health_pb2
 
 from service.api.codecs import conversion as convert_codec
 from service.api.codecs import selection as codec
+from service.api.codecs import upgrade as upgrade_codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import platform_pb2, tensor_pb2
 from service.client.convert import header_for, tensor_requests
@@ -95,9 +98,28 @@ from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
 from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
 from service.formats.synthetic.quantize import random_layer
 from service.kernels.routing import topk_route
-from service.oracle import InvalidSpecError, OracleError, select
+from service.oracle import RULESETS, InvalidSpecError, OracleError, select
+from service.oracle.upgrade import upgrade, upgrade_chain
 
 SERVICE = "/moe_control.v1.MoeControlService/"
+#: DiffRulesets' deployment: a GELU_TANH layer on a CPU (vLLM 0.33 runs it on CPU, 0.32 fails).
+DIFF_SPEC: dict[str, Any] = {
+    "hf_quantization_config": {
+        "quant_method": "gptq",
+        "bits": 4,
+        "group_size": 128,
+        "desc_act": False,
+        "sym": True,
+    },
+    "layer": {
+        "num_experts": 8,
+        "top_k": 2,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "activation": "gelu_tanh",
+    },
+    "platform": "cpu",
+}
 HEALTH = "/grpc.health.v1.Health/"
 READINESS = "moe_control.v1.MoeControlService"
 MIB = 1024 * 1024
@@ -143,6 +165,7 @@ METHODS = (
     "GetPlatform",
     "ListPlatformPresets",
     "ListRulesets",
+    "DiffRulesets",
     "ListWorkers",
     "ListLayers",
     "UnloadLayer",
@@ -886,17 +909,28 @@ class Soak:
             if not set(self.resident) <= ids:
                 raise WrongAnswerError("ListLayers: a resident layer is gone")
 
-        rows: list[tuple[str, Callable[[bytes], None]]] = [
-            ("GetPlatform", platform),
-            ("ListPlatformPresets", presets),
-            ("ListRulesets", rulesets),
-            ("ListWorkers", workers),
-            ("ListLayers", layers),
+        names = list(RULESETS)
+        chain = upgrade_chain(names[0], names[-1])
+        expected_diff = upgrade(DIFF_SPEC, chain[0], chain[-1]).to_json()
+        diff_request = pb.DiffRulesetsRequest(spec_json=json.dumps(DIFF_SPEC), rulesets=chain)
+
+        def diff(raw: bytes) -> None:
+            response = pb.DiffRulesetsResponse.FromString(raw)
+            if upgrade_codec.upgrade_response_to_json(response) != expected_diff:
+                raise WrongAnswerError("DiffRulesets: not the library's diff")
+
+        rows: list[tuple[str, bytes, Callable[[bytes], None]]] = [
+            ("GetPlatform", empty, platform),
+            ("ListPlatformPresets", empty, presets),
+            ("ListRulesets", empty, rulesets),
+            ("DiffRulesets", diff_request.SerializeToString(), diff),
+            ("ListWorkers", empty, workers),
+            ("ListLayers", empty, layers),
         ]
-        calls = {name: channel.unary_unary(SERVICE + name) for name, _ in rows}
+        calls = {name: channel.unary_unary(SERVICE + name) for name, _, _ in rows}
         while self.running():
-            name, check = self.rng.choice(rows)
-            await self.timed(name, lambda n=name: calls[n](empty, timeout=30), check)
+            name, body, check = self.rng.choice(rows)
+            await self.timed(name, lambda n=name, b=body: calls[n](b, timeout=30), check)
 
     async def health_client(self) -> None:
         call = self.channel().unary_unary(HEALTH + "Check")

@@ -69,7 +69,7 @@ class Settings:
     max_concurrent_select: int = field(
         default=384,
         metadata=_doc(
-            "SelectBackend calls served at once per server process; more get "
+            "SelectBackend and DiffRulesets calls served at once per server process; more get "
             "RESOURCE_EXHAUSTED, leaving the global limit's other slots to the other methods "
             "(0: no limit)"
         ),

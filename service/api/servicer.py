@@ -3,8 +3,8 @@
 Every method is registered once, from one table per servicer (`handlers()`):
 
 * `SelectionServicer` answers the methods every server process serves itself, with or
-  without workers (SelectBackend, ListPlatformPresets, ListRulesets: a replica answers
-  them as the primary would, from the same oracle). SelectBackend is registered on
+  without workers (SelectBackend, ListPlatformPresets, ListRulesets, DiffRulesets: a
+  replica answers them as the primary would, from the same oracle). SelectBackend is registered on
   bytes: a repeated request is answered from the cache of whole answers
   (codecs/answer_cache.py) without parsing it; only a miss parses, decides and encodes.
 * `MoeControlServicer` is the primary's: the selection methods (its own
@@ -29,6 +29,7 @@ from service.api.codecs import conversion, workers
 from service.api.codecs import rulesets as rulesets_codec
 from service.api.codecs import run as run_codec
 from service.api.codecs import selection as codec
+from service.api.codecs import upgrade as upgrade_codec
 from service.api.codecs.answer_cache import AnswerCache, CachedAnswer
 from service.api.generated.moe_control.v1 import measured_pb2
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
@@ -37,6 +38,7 @@ from service.dataplane.convert import Converter
 from service.dataplane.measured import MeasuredPolicy
 from service.dataplane.run import Runner
 from service.dataplane.selection import PlatformSource, Selector
+from service.dataplane.upgrade import diff
 from service.metrics import Metrics
 from service.pool.errors import WorkerUnavailableError
 from service.pool.pool import WorkerPool
@@ -60,10 +62,11 @@ def _as_bytes(reply: bytes) -> bytes:
 
 
 class SelectionServicer:
-    """SelectBackend, the preset list and the ruleset list for one server process."""
+    """SelectBackend, the preset list, the ruleset list and the diff between rulesets for
+    one server process."""
 
     #: The methods it serves (what every process answers itself).
-    METHODS = ("SelectBackend", "ListPlatformPresets", "ListRulesets")
+    METHODS = ("SelectBackend", "ListPlatformPresets", "ListRulesets", "DiffRulesets")
 
     def __init__(
         self, platforms: PlatformSource, metrics: Metrics, *, cache_bytes: int = 32 * MIB
@@ -109,6 +112,11 @@ class SelectionServicer:
     ) -> pb.ListRulesetsResponse:
         return self.rulesets
 
+    async def DiffRulesets(
+        self, request: pb.DiffRulesetsRequest, context: Any
+    ) -> pb.DiffRulesetsResponse:
+        return upgrade_codec.diff_response(diff(self.selector, upgrade_codec.diff_query(request)))
+
     def handlers(self) -> dict[str, Handler]:
         """Its methods' handlers, by name (SelectBackend on bytes both ways)."""
         return {
@@ -122,6 +130,11 @@ class SelectionServicer:
                 self.ListRulesets,
                 pb.ListRulesetsRequest,
                 pb.ListRulesetsResponse.SerializeToString,
+            ),
+            "DiffRulesets": _unary(
+                self.DiffRulesets,
+                pb.DiffRulesetsRequest,
+                pb.DiffRulesetsResponse.SerializeToString,
             ),
         }
 

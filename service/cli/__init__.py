@@ -25,6 +25,7 @@ EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 #: Sub-command modules, in the order `--help` lists them.
 COMMANDS: tuple[str, ...] = (
     "service.cli.select",
+    "service.cli.diff",
     "service.cli.convert",
     "service.cli.run",
     "service.cli.serve",

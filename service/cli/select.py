@@ -69,40 +69,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "Face repo id) with a platform (--gpu). Several models or GPUs give a matrix: models "
         "by GPUs, each cell the backend, hazards marked.",
     )
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--deployment", type=Path, help="deployment spec file (JSON or JSONL)")
-    source.add_argument(
-        "--config",
-        action="append",
-        metavar="PATH|ORG/NAME[@REV]",
-        help="a model's config.json, its directory, a directory of configs, or a Hugging Face "
-        "repo id (read through huggingface_hub: its cache, HF_HUB_OFFLINE); repeatable",
-    )
-    parser.add_argument(
-        "--gpu",
-        "--platform",
-        dest="gpu",
-        help="platform preset, e.g. h100; several (a100,h100) or 'all' give a matrix",
+    add_deployment_arguments(
+        parser, gpu_help="platform preset, e.g. h100; several (a100,h100) or 'all' give a matrix"
     )
     parser.add_argument(
         "--ruleset",
         help=f"the vLLM release's rules to decide by, comma separated (known: "
         f"{', '.join(sorted(RULESETS))}; default {DEFAULT_RULESET})",
     )
-    parser.add_argument(
-        "--packages",
-        help=f"installed kernel packages, comma separated ({','.join(KNOWN_PACKAGES)}) or 'none'",
-    )
-    parser.add_argument(
-        "--env", action="append", default=[], metavar="NAME=VALUE", help="a VLLM_* flag"
-    )
-    parser.add_argument("--tensor-parallel-size", "-tp", type=int)
-    parser.add_argument("--data-parallel-size", "-dp", type=int)
-    parser.add_argument("--enable-expert-parallel", action="store_true", default=None)
-    parser.add_argument("--all2all-backend")
-    parser.add_argument("--quantization", "-q", help="vLLM's --quantization")
-    parser.add_argument("--moe-backend", help="vLLM's --moe-backend (default auto)")
-    parser.add_argument("--enable-lora", action="store_true", default=None)
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="one JSON object per deployment")
     output.add_argument("--csv", action="store_true", help="the matrix, one CSV row per cell")
@@ -144,6 +118,37 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=run)
 
 
+def add_deployment_arguments(parser: argparse.ArgumentParser, *, gpu_help: str) -> None:
+    """The deployments a command answers for, and the vLLM flags laid over each: a spec
+    file (--deployment) or model configs (--config), the platform (--gpu, --packages,
+    --env) and the serving flags (`apply_flags` reads them). `select` and `diff` share
+    them, so both read the same deployments the same way."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--deployment", type=Path, help="deployment spec file (JSON or JSONL)")
+    source.add_argument(
+        "--config",
+        action="append",
+        metavar="PATH|ORG/NAME[@REV]",
+        help="a model's config.json, its directory, a directory of configs, or a Hugging Face "
+        "repo id (read through huggingface_hub: its cache, HF_HUB_OFFLINE); repeatable",
+    )
+    parser.add_argument("--gpu", "--platform", dest="gpu", help=gpu_help)
+    parser.add_argument(
+        "--packages",
+        help=f"installed kernel packages, comma separated ({','.join(KNOWN_PACKAGES)}) or 'none'",
+    )
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE", help="a VLLM_* flag"
+    )
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int)
+    parser.add_argument("--data-parallel-size", "-dp", type=int)
+    parser.add_argument("--enable-expert-parallel", action="store_true", default=None)
+    parser.add_argument("--all2all-backend")
+    parser.add_argument("--quantization", "-q", help="vLLM's --quantization")
+    parser.add_argument("--moe-backend", help="vLLM's --moe-backend (default auto)")
+    parser.add_argument("--enable-lora", action="store_true", default=None)
+
+
 POLICIES = ("static", "measured")
 
 
@@ -157,7 +162,7 @@ def _token_counts(text: str) -> tuple[int, ...]:
     return counts
 
 
-def _deployments(path: Path) -> Iterator[Any]:
+def read_deployments(path: Path) -> Iterator[Any]:
     """One spec from a JSON file, or one per non-empty line of a JSON Lines file."""
     try:
         text = path.read_text()
@@ -177,7 +182,7 @@ def _deployments(path: Path) -> Iterator[Any]:
             yield InvalidSpecError.single(f"{path}:{number}", f"not JSON: {exc}")
 
 
-def _apply_flags(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+def apply_flags(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Command-line flags override (or fill in) the spec's fields."""
     spec = dict(spec)
     if args.gpu or args.packages is not None or args.env:
@@ -499,7 +504,7 @@ def _run(args: argparse.Namespace, server: _Server | None) -> int:
             problem = "a matrix (several GPUs or rulesets, --csv) needs --config"
             raise InvalidSpecError.single("--gpu", problem)
         else:
-            specs = _deployments(args.deployment)
+            specs = read_deployments(args.deployment)
         status = EXIT_OK
         first = True
         for raw in specs:
@@ -508,7 +513,7 @@ def _run(args: argparse.Namespace, server: _Server | None) -> int:
             elif not isinstance(raw, dict):
                 result, code = answer(InvalidSpecError.single("", "a spec must be a JSON object"))
             else:
-                spec = _apply_flags(raw, args)
+                spec = apply_flags(raw, args)
                 # Without --ruleset, a spec's own "ruleset" (else the newest release) decides.
                 chosen = rulesets[0] if args.ruleset else None
                 if server is not None:
@@ -545,7 +550,7 @@ def _run_matrix(
         raise InvalidSpecError.single("--policy", "a matrix is static (one worker measures)")
 
     def spec_for(spec: Any, gpu: str) -> dict[str, Any]:
-        return _apply_flags(spec, argparse.Namespace(**{**vars(args), "gpu": gpu}))
+        return apply_flags(spec, argparse.Namespace(**{**vars(args), "gpu": gpu}))
 
     def decide(spec: Any, ruleset: str) -> tuple[dict[str, Any], int]:
         if server is not None:

@@ -47,6 +47,7 @@ IDEMPOTENT_METHODS = frozenset(
         "GetPlatform",
         "ListPlatformPresets",
         "ListRulesets",
+        "DiffRulesets",
         "ListWorkers",
         "ListLayers",
     }

@@ -34,7 +34,9 @@ EXIT_BAD_INPUT = 2
 EXIT_SERVER_ERROR = 3
 
 
-def _failure(error: grpc.RpcError) -> RemoteSelectionError:
+def remote_failure(error: grpc.RpcError) -> RemoteSelectionError:
+    """A failed call as the error the CLI reports: its result in the local shapes, its
+    exit status."""
     call: Any = error  # a grpc.Call as well
     code: grpc.StatusCode = call.code()
     status = rpc_status.from_call(call)
@@ -132,7 +134,7 @@ def _call(session: Session, request: pb.SelectBackendRequest) -> Any:
     try:
         return session.unary("SelectBackend", request)
     except grpc.RpcError as error:
-        raise _failure(error) from None
+        raise remote_failure(error) from None
 
 
 def measured_to_json(message: Any) -> dict[str, Any]:

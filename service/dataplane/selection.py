@@ -20,6 +20,7 @@ from service.metrics import WORKER_PLATFORM, Metrics, platform_label
 from service.oracle import (
     DEFAULT_RULESET,
     Decision,
+    DeploymentSpec,
     PlatformProfile,
     SelectionError,
     parse_deployment,
@@ -155,17 +156,7 @@ class Selector:
         """The answer, with the metric children it incremented (a caller that keeps the
         answer increments them again when it serves it again); domain errors propagate,
         a failed decision's rejections counted."""
-        spec = query.spec
-        if query.platform is not None:
-            # a copy: the query's own spec stays as the request gave it
-            spec = {**spec, "platform": query.platform.resolve(self.platforms.profile)}
-        default = self.platforms.default_profile()
-        if spec.get("platform") is None and default is None:
-            raise WorkerUnavailableError(
-                "no worker is ready to supply the default platform; "
-                "name a preset or a platform for a what-if answer"
-            )
-        deployment = parse_deployment(spec, default_platform=default)
+        spec, deployment, default = self.deployment(query.spec, query.platform)
         named_worker = query.platform is not None and query.platform.worker_index is not None
         platform = WORKER_PLATFORM if named_worker else platform_label(spec.get("platform"))
         # the request's field wins over the spec's own; with neither, the newest release
@@ -181,6 +172,22 @@ class Selector:
         for counter in counters:
             counter.inc()
         return SelectAnswer(ruleset, decision, deployment.platform, default), counters
+
+    def deployment(
+        self, spec: dict[str, Any], choice: PlatformChoice | None
+    ) -> tuple[dict[str, Any], DeploymentSpec, PlatformProfile | None]:
+        """The spec with the platform a request names laid over it (a copy: the request's
+        own stays as given), its parsed deployment (without a platform: worker 0's) and
+        worker 0's profile (None while it is not ready)."""
+        if choice is not None:
+            spec = {**spec, "platform": choice.resolve(self.platforms.profile)}
+        default = self.platforms.default_profile()
+        if spec.get("platform") is None and default is None:
+            raise WorkerUnavailableError(
+                "no worker is ready to supply the default platform; "
+                "name a preset or a platform for a what-if answer"
+            )
+        return spec, parse_deployment(spec, default_platform=default), default
 
     def count_failure(self, failure: SelectionError) -> None:
         """Count a failed decision again, its rejections with it (a kept answer served

@@ -21,6 +21,7 @@ from typing import Any
 from service.api.codecs.selection import parse_json_object
 from service.dataplane.matrix import MatrixModel, model_from_config
 from service.dataplane.selection import SelectAnswer, SelectQuery
+from service.dataplane.upgrade import DiffQuery
 from service.http.errors import bad_body
 from service.oracle import (
     DEFAULT_RULESET,
@@ -69,6 +70,21 @@ def select_query(body: Any) -> SelectQuery:
         rest = {k: v for k, v in spec.items() if k != "config"}
         spec = {**deployment_from_model_config(_object(spec["config"], "config")), **rest}
     return SelectQuery(spec=spec, what_would_change=True)
+
+
+def diff_query(body: Any) -> DiffQuery:
+    """POST /v1/diff's body, {"from": <ruleset>, "to": <ruleset>, "deployment": <what POST
+    /v1/select takes>}, as the data plane's query over every ruleset between the two (each
+    name in any spelling the resolver takes; an unknown one names its field)."""
+    obj = _object(body, "body")
+    names = {}
+    for field in ("from", "to"):
+        value = obj.get(field)
+        if not isinstance(value, str) or not value.strip():
+            raise bad_body(field, "required: a ruleset's name (GET /v1/rulesets)")
+        names[field] = resolve_ruleset(value, field=field)
+    deployment = select_query(_object(obj.get("deployment"), "deployment")).spec
+    return DiffQuery.upgrade(deployment, names["from"], names["to"])
 
 
 def with_id(spec: Mapping[str, Any], result: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from service.api.codecs.workers import layers_response, workers_response
 from service.dataplane.matrix import build_matrix
 from service.dataplane.matrix import to_json as matrix_json
 from service.dataplane.selection import Selector, SelectQuery
+from service.dataplane.upgrade import diff as diff_rulesets
 from service.http import codecs
 from service.http.errors import bad_body
 from service.oracle import InvalidSpecError, SelectionError
@@ -108,6 +109,14 @@ async def select_matrix(plane: Plane, call: Call) -> Any:
         request.models, request.gpus, request.rulesets, spec_for=codecs.spec_for, answer=decide
     )
     return matrix_json(table)
+
+
+async def diff(plane: Plane, call: Call) -> Any:
+    """POST /v1/diff: the deployment under every ruleset from "from" to "to", both answers
+    and what differs, each difference with its cause (`moe-control diff --json`; the
+    data plane DiffRulesets calls)."""
+    query = codecs.diff_query(codecs.parse_json(call.raw))
+    return diff_rulesets(plane.selector, query).to_json()
 
 
 async def platforms(plane: Plane, call: Call) -> Any:

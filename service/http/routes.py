@@ -64,6 +64,17 @@ ROUTES: tuple[Route, ...] = (
         limit="SelectBackend",
         errors=(400,),
     ),
+    Route(
+        "POST",
+        "/v1/diff",
+        handlers.diff,
+        "What changes for a deployment from one ruleset (vLLM release) to another, and the "
+        "rule or priority that moves it (`moe-control diff --json`)",
+        "Diff",
+        request="DiffRequest",
+        limit="DiffRulesets",
+        errors=(400, 503),
+    ),
     Route("GET", "/v1/platforms", handlers.platforms, "The GPU presets", "Presets"),
     Route(
         "GET",

@@ -11,6 +11,7 @@ from typing import Any
 from service.dataplane.matrix import OUTCOMES
 from service.oracle import PLATFORM_PRESETS, RULESETS
 from service.oracle.decision import Verdict
+from service.oracle.errors import STAGES
 
 
 def ref(name: str) -> dict[str, str]:
@@ -91,6 +92,76 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "hazards": {"type": "array", "items": ref("Hazard")},
             "explanation": _NULLABLE_STRING,
             "what_would_change": {"type": ["array", "null"], "items": _OBJECT},
+        },
+    },
+    "SelectFailure": {
+        "type": "object",
+        "description": "`moe-control select --json`'s answer where vLLM itself fails the "
+        "deployment: where, which exception, vLLM's message, and the verdicts so far.",
+        "required": ["ruleset", "error", "candidates"],
+        "properties": {
+            "id": {},
+            "ruleset": _STRING,
+            "platform": {"oneOf": [ref("Platform"), {"type": "null"}]},
+            "quantization": _NULLABLE_STRING,
+            "moe_method": _NULLABLE_STRING,
+            "error": {
+                "type": "object",
+                "required": ["stage", "type", "message"],
+                "properties": {
+                    "stage": {"type": "string", "enum": list(STAGES)},
+                    "type": _STRING,
+                    "message": {**_STRING, "description": "vLLM's own words"},
+                },
+            },
+            "candidates": {"type": "array", "items": ref("Candidate")},
+            "what_would_change": {"type": ["array", "null"], "items": _OBJECT},
+        },
+    },
+    "DiffRequest": {
+        "type": "object",
+        "required": ["from", "to", "deployment"],
+        "properties": {
+            "from": {"type": "string", "examples": list(RULESETS)},
+            "to": {"type": "string", "examples": list(RULESETS)},
+            "deployment": ref("DeploymentSpec"),
+        },
+    },
+    "Difference": {
+        "type": "object",
+        "required": ["field", "before", "after", "cause"],
+        "properties": {
+            "field": {
+                "type": "string",
+                "description": '"backend", "experts_class", "error" or "verdict.<BACKEND>"',
+            },
+            "before": {
+                **_STRING,
+                "description": 'the value under "from"; "" for none. A verdict reads '
+                '"selected", "not_reached" or "rejected <REASON_CODE>", an error '
+                '"<stage>: <type>: <message>"',
+            },
+            "after": {**_STRING, "description": 'the value under "to"'},
+            "cause": {
+                **_STRING,
+                "description": "the rule or priority that moved it, naming the ruleset",
+            },
+        },
+    },
+    "Diff": {
+        "type": "object",
+        "description": "`moe-control diff --json`'s answer for one deployment. Every ruleset "
+        "between the two is answered too, so that each cause names the release that brings "
+        "it. The answers are `POST /v1/select`'s (what_would_change null: not searched), or "
+        "where vLLM fails, the failure `select --json` prints.",
+        "required": ["from", "to", "changed", "before", "after", "differences"],
+        "properties": {
+            "from": _STRING,
+            "to": _STRING,
+            "changed": {"type": "boolean"},
+            "before": {"oneOf": [ref("SelectAnswer"), ref("SelectFailure")]},
+            "after": {"oneOf": [ref("SelectAnswer"), ref("SelectFailure")]},
+            "differences": {"type": "array", "items": ref("Difference")},
         },
     },
     "MatrixRequest": {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from service.oracle.decision import Candidate, Decision, Verdict
 from service.oracle.errors import ErrorInfo, InvalidSpecError, SelectionError
@@ -176,12 +177,20 @@ def decide(spec: DeploymentSpec, ruleset_name: str = DEFAULT_RULESET) -> Decisio
         raise
 
 
-def _decide(spec: DeploymentSpec, ruleset: Ruleset) -> Decision:
-    # `vllm serve` parses --moe-backend before anything else looks at the deployment.
+def _plan(
+    spec: DeploymentSpec, ruleset: Ruleset
+) -> tuple[DeploymentSpec, MoEConfig, OracleCall | OtherMethod]:
+    """The start-up path up to the oracle call: `vllm serve`'s --moe-backend parse (before
+    anything else looks at the deployment), the layer's MoE config and the quant method
+    vLLM builds for it; raises vLLM's errors on the way."""
     backend_name = parse_moe_backend(spec.moe_backend, ruleset.kernel_config_moe_backends)
     spec = dataclasses.replace(spec, moe_backend=backend_name)
     moe = moe_config(spec)
-    plan = build_moe_method(spec, moe)
+    return spec, moe, build_moe_method(spec, moe)
+
+
+def _decide(spec: DeploymentSpec, ruleset: Ruleset) -> Decision:
+    spec, moe, plan = _plan(spec, ruleset)
     if isinstance(plan, OtherMethod):
         return Decision(
             ruleset.name,
@@ -253,3 +262,54 @@ def outcome(
         if evaluate_backend(ruleset, b, ctx, fmt)[0] is not None
     )
     return winner, eligible
+
+
+@dataclass(frozen=True, slots=True)
+class BackendTrace:
+    """Every check of one backend under one ruleset, not only the first that decides: the
+    structural rule that rejects it (`rule`: code and vLLM's reason; None when none does),
+    and each experts class it tries, in order, with its rejection (code and reason; None
+    when the class fits). What the upgrade diff reads to say which rule moved an answer."""
+
+    backend: str
+    rule: tuple[str, str] | None
+    classes: tuple[tuple[str, tuple[str, str] | None], ...]
+
+    def class_rejection(self, name: str) -> tuple[str, str] | None:
+        """The rejection of experts class `name` (None: it fits); KeyError when the
+        backend does not try it."""
+        return dict(self.classes)[name]
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.classes)
+
+
+def trace_backend(spec: DeploymentSpec, ruleset_name: str, backend: str) -> BackendTrace | None:
+    """`backend`'s checks for this deployment under a ruleset, each evaluated (vLLM stops
+    at the first class that fits; a trace goes on). None where the deployment never
+    reaches the WNA16 oracle under that ruleset (vLLM fails earlier, or builds another
+    method) or the ruleset has no such backend."""
+    ruleset = get_ruleset(ruleset_name)
+    if backend not in ruleset.experts_classes:
+        return None
+    try:
+        spec, moe, plan = _plan(spec, ruleset)
+    except (SelectionError, InvalidSpecError):
+        return None
+    if not isinstance(plan, OracleCall):
+        return None
+    ctx = _context(plan, spec, moe)
+    rule = next(
+        (
+            (r.code, r.text(ctx))
+            for r in ruleset.structural_rules
+            if backend in r.backends and r.applies(ctx)
+        ),
+        None,
+    )
+    fmt = _activation_format(ctx)
+    classes = tuple(
+        (cls.name, _class_rejection(cls, ctx, fmt)) for cls in ruleset.experts_classes[backend]
+    )
+    return BackendTrace(backend, rule, classes)

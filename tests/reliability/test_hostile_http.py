@@ -104,7 +104,7 @@ def check(status: int, answer: Any) -> None:
         assert violations and all("field" in v for v in violations), error
 
 
-ROUTES = ("/v1/select", "/v1/select:matrix")
+ROUTES = ("/v1/select", "/v1/select:matrix", "/v1/diff")
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
     lambda children: (
@@ -150,6 +150,15 @@ def test_wrong_types_in_a_spec(door: ServerProcess, key: str, value: Any, nested
 def test_matrix_bodies(door: ServerProcess, configs: Any, gpus: Any, rulesets: Any) -> None:
     body = {"configs": configs, "gpus": gpus, "rulesets": rulesets}
     check(*request(door, "POST", "/v1/select:matrix", json.dumps(body).encode()))
+
+
+@given(start=json_values, end=json_values, deployment=json_values)
+@settings(FUZZ, max_examples=wire.examples(40))
+def test_diff_bodies(door: ServerProcess, start: Any, end: Any, deployment: Any) -> None:
+    body = {"from": start, "to": end, "deployment": deployment}
+    check(*request(door, "POST", "/v1/diff", json.dumps(body).encode()))
+    named = {"from": "vllm-0.32", "to": "vllm-0.33", "deployment": {**SPEC, "layer": deployment}}
+    check(*request(door, "POST", "/v1/diff", json.dumps(named).encode()))
 
 
 def test_deeply_nested_json(door: ServerProcess) -> None:

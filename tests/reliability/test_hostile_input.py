@@ -82,6 +82,9 @@ VALID_UNARY = {
     "GetPlatform": pb.GetPlatformRequest(worker_index=0).SerializeToString(),
     "ListPlatformPresets": b"",
     "ListRulesets": b"",
+    "DiffRulesets": pb.DiffRulesetsRequest(
+        spec_json=json.dumps(SPEC), rulesets=["vllm-0.32", "vllm-0.33"]
+    ).SerializeToString(),
     "ListWorkers": b"",
     "ListLayers": pb.ListLayersRequest(worker_index=0).SerializeToString(),
     "UnloadLayer": pb.UnloadLayerRequest(layer_id="no-such-layer").SerializeToString(),
@@ -117,7 +120,9 @@ def test_random_bytes_other_unary(channel: grpc.Channel, method: str, data: byte
 
 
 @given(
-    method=st.sampled_from(("SelectBackend", "UnloadLayer", "ListLayers", "GetPlatform")),
+    method=st.sampled_from(
+        ("SelectBackend", "UnloadLayer", "ListLayers", "GetPlatform", "DiffRulesets")
+    ),
     cut=st.integers(0, 400),
 )
 @settings(FUZZ, max_examples=wire.examples(40))

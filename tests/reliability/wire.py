@@ -24,6 +24,7 @@ UNARY = (
     "GetPlatform",
     "ListPlatformPresets",
     "ListRulesets",
+    "DiffRulesets",
     "ListWorkers",
     "ListLayers",
     "UnloadLayer",

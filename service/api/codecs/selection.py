@@ -250,7 +250,7 @@ def model_config_to_json(model: selection_pb2.ModelConfig) -> dict[str, Any]:
 
 
 def deployment_to_json(
-    message: pb.SelectBackendRequest | pb.ConvertWeightsHeader,
+    message: pb.SelectBackendRequest | pb.ConvertWeightsHeader | pb.DiffRulesetsRequest,
 ) -> dict[str, Any]:
     """The deployment of a request (its `deployment` oneof) as a spec JSON object."""
     which = message.WhichOneof("deployment")

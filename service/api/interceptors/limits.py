@@ -34,6 +34,8 @@ SERVICE = "moe_control.v1.MoeControlService"
 #: here (health, reflection, the cheap listings) are limited by nothing but the global limit.
 METHOD_LIMITS: Mapping[str, str] = {
     f"/{SERVICE}/SelectBackend": "max_concurrent_select",
+    # a diff is a few decisions: the same class as a selection
+    f"/{SERVICE}/DiffRulesets": "max_concurrent_select",
     f"/{SERVICE}/ConvertWeights": "max_concurrent_convert",
     f"/{SERVICE}/RunMoE": "max_concurrent_run",
 }

@@ -65,6 +65,11 @@ class MoeControlServiceStub:
                 request_serializer=moe__control_dot_v1_dot_moe__control__service__pb2.ListRulesetsRequest.SerializeToString,
                 response_deserializer=moe__control_dot_v1_dot_moe__control__service__pb2.ListRulesetsResponse.FromString,
                 _registered_method=True)
+        self.DiffRulesets = channel.unary_unary(
+                '/moe_control.v1.MoeControlService/DiffRulesets',
+                request_serializer=moe__control_dot_v1_dot_moe__control__service__pb2.DiffRulesetsRequest.SerializeToString,
+                response_deserializer=moe__control_dot_v1_dot_moe__control__service__pb2.DiffRulesetsResponse.FromString,
+                _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/moe_control.v1.MoeControlService/ListWorkers',
                 request_serializer=moe__control_dot_v1_dot_moe__control__service__pb2.ListWorkersRequest.SerializeToString,
@@ -132,6 +137,15 @@ class MoeControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DiffRulesets(self, request, context):
+        """One deployment under several rule sets (vLLM releases): each one's answer, and what
+        differs between them (backend, experts class, error, any backend's verdict), each
+        difference with the rule or priority that moved it. The upgrade diff.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListWorkers(self, request, context):
         """Every worker process, its device, state and platform.
         """
@@ -185,6 +199,11 @@ def add_MoeControlServiceServicer_to_server(servicer, server):
                     servicer.ListRulesets,
                     request_deserializer=moe__control_dot_v1_dot_moe__control__service__pb2.ListRulesetsRequest.FromString,
                     response_serializer=moe__control_dot_v1_dot_moe__control__service__pb2.ListRulesetsResponse.SerializeToString,
+            ),
+            'DiffRulesets': grpc.unary_unary_rpc_method_handler(
+                    servicer.DiffRulesets,
+                    request_deserializer=moe__control_dot_v1_dot_moe__control__service__pb2.DiffRulesetsRequest.FromString,
+                    response_serializer=moe__control_dot_v1_dot_moe__control__service__pb2.DiffRulesetsResponse.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkers,
@@ -365,6 +384,33 @@ class MoeControlService:
             '/moe_control.v1.MoeControlService/ListRulesets',
             moe__control_dot_v1_dot_moe__control__service__pb2.ListRulesetsRequest.SerializeToString,
             moe__control_dot_v1_dot_moe__control__service__pb2.ListRulesetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DiffRulesets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/moe_control.v1.MoeControlService/DiffRulesets',
+            moe__control_dot_v1_dot_moe__control__service__pb2.DiffRulesetsRequest.SerializeToString,
+            moe__control_dot_v1_dot_moe__control__service__pb2.DiffRulesetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

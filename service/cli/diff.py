@@ -1,0 +1,274 @@
+"""`moe-control diff --from vllm-0.30 --to vllm-0.33`: what changes for each deployment when
+a fleet moves from one vLLM release to another, and the rule or priority that moves it.
+
+The deployments are read as `select` reads them (`select.add_deployment_arguments`): a spec
+file (JSON, or JSON Lines with one spec per line), or model configs (`--config`: a
+config.json, a model directory, a directory of configs, a Hugging Face repo id) on each
+GPU of `--gpu`. Each one is answered under every ruleset from `--from` to `--to`
+(service.oracle.upgrade), so that each change names the release that brings it. One row
+per deployment whose answer changes (the backend, the experts class, the error or any
+backend's verdict): both answers and the cause; `--json` prints every deployment, changed
+or not, as `POST /v1/diff` answers it.
+
+The exit status is a CI gate's: 0 when nothing changes, 1 when any answer changes, 2 for
+bad input (an unknown ruleset, an invalid spec), 3 when the server failed (`--server`).
+Locally it imports neither grpc nor torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from service.cli import matrix
+from service.cli.client_flags import add_connection_arguments, connection_from_args
+from service.cli.configs import load_model_configs
+from service.cli.select import add_deployment_arguments, apply_flags, read_deployments
+from service.dataplane import matrix as fleet
+from service.oracle import (
+    DEFAULT_RULESET,
+    RULESETS,
+    FieldViolation,
+    InvalidSpecError,
+    OracleError,
+)
+from service.oracle.rulesets import resolve_ruleset
+from service.oracle.upgrade import upgrade, upgrade_chain
+
+if TYPE_CHECKING:
+    from service.client.channel import Session
+
+EXIT_UNCHANGED = 0
+EXIT_CHANGED = 1
+EXIT_BAD_INPUT = 2
+EXIT_SERVER_ERROR = 3
+
+#: The whole command's default deadline with --server (a diff takes milliseconds).
+DEFAULT_TIMEOUT_S = 30.0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    known = ", ".join(RULESETS)
+    parser = subparsers.add_parser(
+        "diff",
+        help="what changes for each deployment from one vLLM release to another, and why",
+        description="Answer each deployment under every ruleset from --from to --to and "
+        "print one row per deployment whose answer changes (backend, experts class, error, "
+        "or any backend's verdict): both answers and the rule or priority that moved it. "
+        "Give --deployment (JSON, or JSON Lines with one spec per line) or --config (a "
+        "config.json, a model directory, a directory of configs or a Hugging Face repo id) "
+        "with --gpu (one preset, several, or 'all': each model on each GPU).",
+        epilog="exit status: 0 when no answer changes, 1 when any answer changes (use it as "
+        "a CI gate), 2 for bad input (an unknown ruleset, an invalid spec), 3 when the "
+        "server failed (--server).",
+    )
+    parser.add_argument(
+        "--from",
+        dest="start",
+        required=True,
+        metavar="RULESET",
+        help=f"the release a fleet runs now (known: {known}; also written as '0.32', "
+        "'0.32.0' or 'v0.32.0')",
+    )
+    parser.add_argument(
+        "--to",
+        dest="end",
+        default=DEFAULT_RULESET,
+        metavar="RULESET",
+        help=f"the release it moves to (default {DEFAULT_RULESET}, the newest)",
+    )
+    add_deployment_arguments(
+        parser, gpu_help="platform preset, e.g. h100; several (a100,h100) or 'all' with --config"
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per deployment, changed or not (POST /v1/diff's answer)",
+    )
+    add_connection_arguments(
+        parser,
+        default_timeout=DEFAULT_TIMEOUT_S,
+        server_help="ask a moe-control server at HOST:PORT (DiffRulesets) instead of "
+        "answering locally",
+    )
+    parser.set_defaults(handler=run)
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """One deployment to compare: its label in the table, and its spec (or the error that
+    says why there is none)."""
+
+    label: str
+    spec: dict[str, Any] | None
+    invalid: InvalidSpecError | None = None
+
+
+def _invalid_json(exc: InvalidSpecError) -> dict[str, Any]:
+    return {"invalid": [{"field": v.field, "description": v.description} for v in exc.violations]}
+
+
+def deployments(args: argparse.Namespace) -> Iterator[Deployment]:
+    """Every deployment the flags name, in order: each spec of --deployment, or each model
+    of --config on each GPU of --gpu (the matrix's rows and columns)."""
+    gpus = fleet.gpu_names(args.gpu)
+    if args.config is not None:
+        if not gpus:
+            raise InvalidSpecError.single("--gpu", "required with --config: presets or 'all'")
+        models = matrix.models_from_configs(load_model_configs(args.config))
+        for model in models:
+            for gpu in gpus:
+                label = f"{model.label} on {gpu}"
+                if model.spec is None:
+                    violations = (model.invalid or {}).get("invalid") or []
+                    why = [FieldViolation(v["field"], v["description"]) for v in violations]
+                    yield Deployment(label, None, InvalidSpecError(why))
+                    continue
+                flags = argparse.Namespace(**{**vars(args), "gpu": gpu})
+                yield Deployment(label, apply_flags(dict(model.spec), flags))
+        return
+    if len(gpus) > 1:
+        raise InvalidSpecError.single("--gpu", "several GPUs need --config (one spec file)")
+    args.gpu = gpus[0] if gpus else None
+    for number, raw in enumerate(read_deployments(args.deployment), start=1):
+        label = f"{args.deployment.name}:{number}"
+        if isinstance(raw, dict) and "id" in raw:
+            label = str(raw["id"])
+        if isinstance(raw, InvalidSpecError):
+            yield Deployment(label, None, raw)
+        elif not isinstance(raw, dict):
+            yield Deployment(label, None, InvalidSpecError.single("", "a spec must be an object"))
+        else:
+            try:
+                yield Deployment(label, apply_flags(raw, args))
+            except InvalidSpecError as exc:
+                yield Deployment(label, None, exc)
+
+
+def answer(deployment: Deployment, start: str, end: str) -> tuple[dict[str, Any], int]:
+    """The deployment's upgrade from `start` to `end` as JSON, and the exit status it
+    implies (1 when it changes)."""
+    try:
+        if deployment.invalid is not None:
+            raise deployment.invalid
+        assert deployment.spec is not None
+        result = upgrade(deployment.spec, start, end).to_json()
+    except InvalidSpecError as exc:
+        return _invalid_json(exc), EXIT_BAD_INPUT
+    return result, EXIT_CHANGED if result["changed"] else EXIT_UNCHANGED
+
+
+def summary(answer_json: dict[str, Any], other: dict[str, Any]) -> str:
+    """An answer in a table cell: the backend (with its experts class where the other
+    answer's differs), "FAILS (stage)" where vLLM fails, "unquantized" where vLLM builds
+    no WNA16 method for the layer."""
+    error = answer_json.get("error")
+    if error:
+        return f"FAILS ({error['stage']})"
+    backend = answer_json.get("backend")
+    if backend is None:
+        return "unquantized"
+    if answer_json.get("experts_class") != other.get("experts_class"):
+        return f"{backend} ({answer_json.get('experts_class')})"
+    return str(backend)
+
+
+def _cause(difference: dict[str, str]) -> str:
+    if difference["field"] == "backend":
+        return difference["cause"]
+    return f"{difference['field']}: {difference['cause']}"
+
+
+def render(rows: list[tuple[str, dict[str, Any]]], start: str, end: str) -> str:
+    """The table of the deployments that change, then the invalid ones, then a count."""
+    changed = [(label, r) for label, r in rows if r.get("changed")]
+    invalid = [(label, r) for label, r in rows if "invalid" in r]
+    lines: list[str] = []
+    if changed:
+        table = [["DEPLOYMENT", start, end, "CAUSE"]]
+        for label, r in changed:
+            first, rest = r["differences"][0], len(r["differences"]) - 1
+            more = f" (+{rest} more; --json lists them)" if rest else ""
+            before, after = summary(r["before"], r["after"]), summary(r["after"], r["before"])
+            table.append([label, before, after, _cause(first) + more])
+        widths = [max(len(row[i]) for row in table) for i in range(3)]
+        for row in table:
+            cells = [v.ljust(w) for v, w in zip(row[:3], widths, strict=True)]
+            lines.append("  ".join([*cells, row[3]]).rstrip())
+        lines.append("")
+    for label, r in invalid:
+        why = "; ".join(f"{v['field']}: {v['description']}" for v in r["invalid"])
+        lines.append(f"invalid {label}: {why}")
+    failed = [(label, r["error"]) for label, r in rows if "changed" not in r and "error" in r]
+    for label, error in failed:  # the server failed the call: no answer came back
+        lines.append(f"error {label} (server): {error['type']}: {error['message']}")
+    answered = len(rows) - len(invalid) - len(failed)
+    if changed:
+        lines.append(f"{len(changed)} of {answered} deployments change from {start} to {end}")
+    else:
+        lines.append(f"no answer changes from {start} to {end} ({answered} deployments)")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        start = resolve_ruleset(args.start, field="--from")
+        end = resolve_ruleset(args.end, field="--to")
+        if args.server:
+            return _run_remote(args, start, end)
+        return _report(args, start, end, lambda d: answer(d, start, end))
+    except OracleError as exc:
+        violations = exc.violations if isinstance(exc, InvalidSpecError) else ()
+        if args.json:
+            print(json.dumps(_invalid_json(InvalidSpecError(violations))), file=sys.stderr)
+        else:
+            for v in violations:
+                print(f"moe-control diff: {v.field}: {v.description}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _report(args: argparse.Namespace, start: str, end: str, decide: Any) -> int:
+    """Answer every deployment with `decide`, print them, and return the worst status."""
+    rows: list[tuple[str, dict[str, Any]]] = []
+    status = EXIT_UNCHANGED
+    for deployment in deployments(args):
+        result, code = decide(deployment)
+        status = max(status, code)
+        rows.append((deployment.label, result))
+        if args.json:
+            print(json.dumps({"deployment": deployment.label, **result}))
+    if not args.json:
+        print(render(rows, start, end))
+    return status
+
+
+def _run_remote(args: argparse.Namespace, start: str, end: str) -> int:
+    """Every deployment through one session (one --timeout for the whole command)."""
+    from service.client.errors import RemoteSelectionError, ServerNotReadyError
+    from service.client.upgrade import remote_upgrade
+
+    chain = upgrade_chain(start, end)
+    with ExitStack() as stack:
+        opened: list[Session] = []
+
+        def decide(deployment: Deployment) -> tuple[dict[str, Any], int]:
+            if deployment.invalid is not None or deployment.spec is None:
+                return answer(deployment, start, end)
+            if not opened:
+                opened.append(stack.enter_context(connection_from_args(args).session()))
+            try:
+                result = remote_upgrade(opened[0], deployment.spec, chain)
+            except RemoteSelectionError as exc:
+                return exc.result, exc.exit_code
+            return result, EXIT_CHANGED if result["changed"] else EXIT_UNCHANGED
+
+        try:
+            return _report(args, start, end, decide)
+        except ServerNotReadyError as exc:
+            print(f"moe-control diff: {exc}", file=sys.stderr)
+            return EXIT_SERVER_ERROR
