@@ -47,7 +47,7 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 TOKEN = "page-token"
-GPUS = ("a100", "h200", "mi300x", "v100", "xpu", "cpu-noamx")
+GPUS = ("a100", "h200", "mi300x", "v100", "xpu", "cpu", "cpu-noamx")
 VIEWPORT = {"width": 1400, "height": 1000}
 
 pytestmark = pytest.mark.skipif(
@@ -141,28 +141,30 @@ def test_the_what_if_page_in_chromium(server: ServerProcess, tmp_path: Path) -> 
         platforms = [p["name"] for p in _api(base, "/v1/platforms")[1]]
         assert page.locator("#gpus input").count() == len(platforms)
 
-        # Three ways in: a bundled example, an uploaded file, pasted text.
-        page.select_option("#example", "mixtral-8x7b-instruct-awq")
-        page.click("#example-form button")
+        # Three ways in: bundled examples, an uploaded file, pasted text (a GELU-tanh
+        # variant of the GPTQ example, which some release pairs decide differently).
+        for example in ("mixtral-8x7b-instruct-awq", "deepseek-v2-lite-w4a16"):
+            page.select_option("#example", example)
+            page.click("#example-form button")
         upload = tmp_path / "qwen3-30b-a3b-gptq-int4.json"
         upload.write_text((EXAMPLES / "qwen3-30b-a3b-gptq-int4.json").read_text())
         page.set_input_files("#upload", str(upload))
-        page.fill("#paste", (EXAMPLES / "deepseek-v2-lite-w4a16.json").read_text())
-        page.fill("#paste-name", "deepseek-pasted")
+        gelu = {**json.loads(upload.read_text()), "hidden_act": "gelu_pytorch_tanh"}
+        page.fill("#paste", json.dumps(gelu, indent=2))
+        page.fill("#paste-name", "qwen3-gelu-tanh")
         page.click("#paste-form button")
-        expect(page.locator("#configs li")).to_have_count(3)
+        expect(page.locator("#configs li")).to_have_count(4)
         page.fill("#paste", "{not json")
         page.click("#paste-form button")
         expect(page.locator("#notice")).to_contain_text("not JSON")
         page.fill("#paste", "")
-        names = ["mixtral-8x7b-instruct-awq", "qwen3-30b-a3b-gptq-int4", "deepseek-pasted"]
         configs = {
-            "mixtral-8x7b-instruct-awq": json.loads(
-                (EXAMPLES / "mixtral-8x7b-instruct-awq.json").read_text()
-            ),
-            "qwen3-30b-a3b-gptq-int4": json.loads(upload.read_text()),
-            "deepseek-pasted": json.loads((EXAMPLES / "deepseek-v2-lite-w4a16.json").read_text()),
+            name: json.loads((EXAMPLES / f"{name}.json").read_text())
+            for name in ("mixtral-8x7b-instruct-awq", "deepseek-v2-lite-w4a16")
         }
+        configs["qwen3-30b-a3b-gptq-int4"] = json.loads(upload.read_text())
+        configs["qwen3-gelu-tanh"] = gelu
+        names = list(configs)
 
         # These GPUs, every release.
         for box in page.locator("#gpus input").all():
@@ -264,22 +266,27 @@ def test_the_what_if_page_in_chromium(server: ServerProcess, tmp_path: Path) -> 
         expect(page.locator("#details-outcome")).to_contain_text(message)
         expect(page.locator("#details table.candidates tbody tr")).not_to_have_count(0)
 
-        # The diff view, for the hazard cell's model and GPU, between the first and the
-        # last release: what POST /v1/diff answers, or that the server has no such route.
-        page.select_option("#diff-model", hazard["model"])
-        page.select_option("#diff-gpu", hazard["gpu"])
+        # The diff view between the first and the last release, for the first model and
+        # GPU whose answer the API says changes (else the hazard cell's): what POST /v1/diff
+        # answers, or, from a server without the route, that it is unavailable.
+        def diff_of(model: str, gpu: str) -> tuple[int, Any]:
+            body = {
+                "from": rulesets[0],
+                "to": rulesets[-1],
+                "deployment": {"config": configs[model], "platform": gpu},
+            }
+            return _api(base, "/v1/diff", body)
+
+        pair = next(
+            ((m, g) for m in names for g in GPUS if diff_of(m, g)[1].get("changed")),
+            (hazard["model"], hazard["gpu"]),
+        )
+        status, diff = diff_of(*pair)
+        page.select_option("#diff-model", pair[0])
+        page.select_option("#diff-gpu", pair[1])
         page.select_option("#diff-from", rulesets[0])
         page.select_option("#diff-to", rulesets[-1])
         page.click("#diff-form button")
-        status, diff = _api(
-            base,
-            "/v1/diff",
-            {
-                "from": rulesets[0],
-                "to": rulesets[-1],
-                "deployment": {"config": configs[hazard["model"]], "platform": hazard["gpu"]},
-            },
-        )
         if status == 404 and diff["error"]["details"][0].get("resource_type") == "route":
             expect(page.locator("#diff-outcome")).to_contain_text("Diff unavailable")
         else:
@@ -287,7 +294,12 @@ def test_the_what_if_page_in_chromium(server: ServerProcess, tmp_path: Path) -> 
             expect(page.locator("#diff-outcome")).to_contain_text(
                 "Changed" if diff["changed"] else "Unchanged"
             )
-            expect(page.locator("#diff-table tbody tr")).to_have_count(len(diff["differences"]))
+            rows = page.locator("#diff-table tbody tr")
+            expect(rows).to_have_count(len(diff["differences"]))
+            for row, difference in zip(rows.all(), diff["differences"], strict=True):
+                cells = row.locator("th, td").all_inner_texts()
+                assert cells[0] == difference["field"]
+                assert cells[3] == (difference["cause"] or "—")
 
         # The screenshot shows the hazard cell's details.
         button.click()
