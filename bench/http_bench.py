@@ -370,6 +370,19 @@ def matrix_timing(args: argparse.Namespace, base: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------
 
 
+def select_reference(preset: str, rounds: int = 2000) -> float:
+    """The library's parse + decision of the bench's request, median µs in this process:
+    how fast this machine is at the moment of the run (bench/RESULTS.md's oracle table took
+    about 42 µs on a quiet dev box)."""
+    spec = {**SPEC, "platform": preset}
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        select(spec)
+        times.append(time.perf_counter() - started)
+    return round(statistics.median(times) * 1e6, 1)
+
+
 def print_profile(path: str, top: int = 25) -> None:
     stats = pstats.Stats(path)
     stats.sort_stats("tottime").print_stats(top)
@@ -399,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         "server_cpus": args.server_cpus or "any",
         "client_cpus": args.client_cpus or "any",
         "load_average_1m": round(os.getloadavg()[0], 2),
+        "select_in_process_us": select_reference(args.preset),
     }
     try:
         wait_ready(base)
