@@ -339,7 +339,7 @@ def matrix_configs(count: int) -> list[dict[str, Any]]:
     return configs[:count]
 
 
-def matrix_timing(args: argparse.Namespace, base: str) -> dict[str, Any]:
+def matrix_timing(args: argparse.Namespace, base: str, server_pid: int) -> dict[str, Any]:
     with urllib.request.urlopen(f"{base}/v1/platforms", timeout=10) as response:
         gpus = [p["name"] for p in json.loads(response.read())][: args.matrix_gpus]
     with urllib.request.urlopen(f"{base}/v1/rulesets", timeout=10) as response:
@@ -347,11 +347,14 @@ def matrix_timing(args: argparse.Namespace, base: str) -> dict[str, Any]:
     configs = matrix_configs(args.matrix_configs)
     body = {"configs": configs, "gpus": gpus, "rulesets": rulesets}
     times = []
+    cpu = []
     cells = 0
     for _ in range(args.matrix_rounds):
+        cpu_before = tree_cpu_seconds(server_pid)
         started = time.perf_counter()
         answer = post(base, "/v1/select:matrix", body)
         times.append(time.perf_counter() - started)
+        cpu.append(tree_cpu_seconds(server_pid) - cpu_before)
         cells = len(answer["cells"])
     warm = sorted(times[1:]) or times
     return {
@@ -363,6 +366,8 @@ def matrix_timing(args: argparse.Namespace, base: str) -> dict[str, Any]:
         "median_ms": round(statistics.median(warm) * 1e3, 1),
         "max_ms": round(max(warm) * 1e3, 1),
         "us_per_cell_median": round(statistics.median(warm) / cells * 1e6, 1),
+        # the server's CPU (its process tree, /proc: clock ticks, so ±10 ms a round)
+        "server_cpu_ms_median": round(statistics.median(cpu[1:] or cpu) * 1e3, 1),
         "rounds": len(times),
     }
 
@@ -419,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         result["http_select"] = http_load(args, base, process.pid)
         if not args.no_grpc:
             result["grpc_select"] = grpc_load(args, target, process.pid)
-        result["matrix"] = matrix_timing(args, base)
+        result["matrix"] = matrix_timing(args, base, process.pid)
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(60)
