@@ -208,10 +208,13 @@ def render(rows: list[tuple[str, dict[str, Any]]], start: str, end: str) -> str:
     for label, error in failed:  # the server failed the call: no answer came back
         lines.append(f"error {label} (server): {error['type']}: {error['message']}")
     answered = len(rows) - len(invalid) - len(failed)
+    counted = f"{answered} deployment" + ("" if answered == 1 else "s")
     if changed:
-        lines.append(f"{len(changed)} of {answered} deployments change from {start} to {end}")
+        lines.append(f"{len(changed)} of {counted} change from {start} to {end}")
+    elif answered:
+        lines.append(f"no answer changes from {start} to {end} ({counted})")
     else:
-        lines.append(f"no answer changes from {start} to {end} ({answered} deployments)")
+        lines.append("no deployment was answered")
     return "\n".join(lines)
 
 

@@ -427,8 +427,8 @@ class _Causes:
         rejected = [c for c in failure.candidates if c.verdict is Verdict.REJECTED]
         if not rejected:
             return f"{ruleset} maps the --moe-backend name to no WNA16 backend"
-        selected = [c for c in failure.candidates if c.verdict is not Verdict.REJECTED]
-        if len(rejected) == 1 and selected:  # a forced backend, the rest not tried
+        untried = [c for c in failure.candidates if c.verdict is Verdict.NOT_REACHED]
+        if len(rejected) == 1 and untried:  # a forced backend, the rest not tried
             forced = rejected[0]
             return f"{ruleset} rejects the forced {forced.backend} by " + (
                 self._rejection(ruleset, forced)

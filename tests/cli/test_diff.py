@@ -71,7 +71,7 @@ def test_a_change_is_one_row_with_both_answers_and_the_cause_and_exits_1(
 def test_nothing_changing_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["diff", "--from", "0.32", "--deployment", str(jsonl(tmp_path, SILU))]) == 0
     assert capsys.readouterr().out.strip() == (
-        "no answer changes from vllm-0.32 to vllm-0.33 (1 deployments)"
+        "no answer changes from vllm-0.32 to vllm-0.33 (1 deployment)"
     )
 
 
@@ -133,3 +133,14 @@ def test_help_says_what_the_exit_status_means(capsys: pytest.CaptureFixture[str]
         main(["diff", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "0 when no answer changes, 1 when any answer changes" in text
+
+
+def test_an_unreachable_server_is_exit_3_and_said_per_deployment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    specs = str(jsonl(tmp_path, GELU))
+    argv = ["diff", "--from", "0.32", "--deployment", specs, "--server", "127.0.0.1:1"]
+    assert main([*argv, "--timeout", "5"]) == 3
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("error gelu (server): UNAVAILABLE: ")
+    assert out[-1] == "no deployment was answered"
