@@ -14,7 +14,7 @@ METRICS_PORT ?= 9464
 HTTP_PORT ?= 8151
 LOG_LEVEL ?= WARNING
 
-.PHONY: soak fuzz-long run test lint typecheck unit parity parity-record install install-vllm clean help bench protos proto-lint load-bench gpu-test bench-gpu gpu-multi
+.PHONY: screenshot http-bench soak fuzz-long run test lint typecheck unit parity parity-record install install-vllm clean help bench protos proto-lint load-bench gpu-test bench-gpu gpu-multi
 
 help:
 	@echo "make run   - install on first use and serve on $(HOST):$(PORT) (metrics on :$(METRICS_PORT))"
@@ -117,6 +117,19 @@ bench: $(VENV)/.stamp
 
 load-bench: $(VENV)/.stamp
 	$(BIN)/python bench/load_bench.py
+
+# POST /v1/select over HTTP on loopback (server pinned to two cores, as load-bench pins
+# gRPC's; the client on the others), with gRPC SelectBackend measured in the same run, and
+# the configs x GPUs x rulesets matrix timed (bench/RESULTS.md names the figures).
+http-bench: $(VENV)/.stamp
+	$(BIN)/python bench/http_bench.py
+
+# The what-if page's screenshot (docs/what-if.png, the README's): the browser test
+# (tests/integration/test_what_if_page.py: Debian's chromium driven by Playwright, a real
+# server on loopback) writes build/what-if.png and, here, copies it over the checked-in one;
+# in `make test` the same test checks the checked-in one by dimensions and size.
+screenshot: $(VENV)/.stamp
+	MOE_CONTROL_SCREENSHOT=update $(BIN)/pytest -q tests/integration/test_what_if_page.py
 
 # The GPU run (H200): prepare .gpu/ here (humming and grpc wheels for Python 3.12, vLLM 0.33's
 # Marlin MoE library), then run the printed command on the device machine, carrying .gpu.

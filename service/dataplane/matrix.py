@@ -123,6 +123,8 @@ def build_matrix(
                     spec = spec_for(model.spec, gpu)
                     result, code = answer(spec, ruleset)
                     platform = result.get("platform") or spec.get("platform")
+                    if isinstance(platform, str):  # a preset's name
+                        platform = preset(platform).to_json()
                 cells.append(
                     _cell(
                         model=model.label,

@@ -3,11 +3,12 @@ and clients without our stubs (docs/http.md).
 
 Built on Starlette served by uvicorn. Why these: Starlette is a small, typed ASGI toolkit
 (routing, requests, responses, a test client on httpx) with nothing we would not use, and
-uvicorn is the ASGI server it is made for, running on the asyncio event loop the primary
-server process already runs, so this door shares the process's data plane, pool and limits
-instead of starting its own; the issue asked for starlette or FastAPI on uvicorn, and
-FastAPI's value (request models, generated OpenAPI from them) would declare the JSON a
-second time beside the oracle's own parsing, which already names every bad field.
+uvicorn is the ASGI server it is made for (with httptools, its C HTTP/1.1 parser), running
+on the asyncio event loop the primary server process already runs, so this door shares the
+process's data plane, pool and limits instead of starting its own; the issue asked for
+starlette or FastAPI on uvicorn, and FastAPI's value (request models, generated OpenAPI
+from them) would declare the JSON a second time beside the oracle's own parsing, which
+already names every bad field.
 
 One module per job: `app` (the route table and the wiring), `handlers` (each route's call
 into the data plane), `codecs` (request JSON in, answer JSON out: the CLI's `--json`

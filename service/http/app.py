@@ -1,6 +1,7 @@
 """The HTTP/JSON API's Starlette app: the route table (routes.py) wired to its endpoints
-(endpoint.py), and unknown paths and methods answered in the same error shape. Wiring
-only: what a route does is its handler's."""
+(endpoint.py), the what-if page's files beside them (page.py), and unknown paths and
+methods answered in the same error shape. Wiring only: what a route does is its
+handler's."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from service.http.errors import MethodNotAllowedError, NoRouteError
 from service.http.handlers import Plane
 from service.http.observe import UNMATCHED, Observer
 from service.http.openapi import document
+from service.http.page import FILE_ROUTE, INDEX_ROUTE, page_routes
 from service.http.routes import ROUTES
 from service.metrics import Metrics
 from service.settings import Settings
@@ -35,7 +37,11 @@ def build_app(
     door's own, from `settings`; the primary passes its gRPC server's, so both share them)."""
     if limits is None:
         limits = Limits.from_settings(settings, metrics)
-    observer = Observer(metrics, [(route.method, route.path) for route in ROUTES])
+    observer = Observer(
+        metrics,
+        [(route.method, route.path) for route in ROUTES]
+        + [("GET", INDEX_ROUTE), ("GET", FILE_ROUTE)],
+    )
     door = Door(
         plane=replace(plane, document=document()),
         auth=BearerCheck(settings.token()),
@@ -47,7 +53,8 @@ def build_app(
         StarletteRoute(route.path, endpoint(route, door), methods=[route.method])
         for route in ROUTES
     ]
-    allowed: dict[str, tuple[str, ...]] = {}
+    routes.extend(page_routes(observer))
+    allowed: dict[str, tuple[str, ...]] = {INDEX_ROUTE: ("GET",)}
     for route in ROUTES:
         allowed[route.path] = (*allowed.get(route.path, ()), route.method)
 

@@ -165,5 +165,7 @@ def matrix_request(body: Any) -> MatrixRequest:
 
 
 def spec_for(spec: Mapping[str, Any], gpu: str) -> dict[str, Any]:
-    """A model's spec on a GPU preset (as `select --config ... --gpu NAME`)."""
-    return {**spec, "platform": preset(gpu).to_json()}
+    """A model's spec on a GPU preset, named as a single select names it (`"platform":
+    "h200"`: the preset is looked up, not its profile parsed again for every cell, and the
+    decision is counted under the preset's name)."""
+    return {**spec, "platform": gpu}

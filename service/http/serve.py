@@ -48,8 +48,12 @@ class HttpDoor:
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket. Its protocol is named (IPPROTO_TCP, not 0): asyncio turns
+    Nagle's algorithm off (TCP_NODELAY) only on accepted sockets that say they are TCP, and
+    with it on, each answer's second write (uvicorn sends the head, then the body) waits
+    for the client's delayed ACK, about 40 ms per keep-alive request."""
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host.strip("[]"), port))

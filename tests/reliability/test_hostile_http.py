@@ -14,8 +14,9 @@ import http.client
 import json
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,6 +26,7 @@ from integration.serverproc import ServerProcess, launch, wait_ready
 from reliability import wire
 
 LIMIT = 64 * 1024
+PAGE_FILES = Path(__file__).resolve().parents[2] / "service" / "http" / "static"
 FUZZ = settings(
     deadline=None,
     database=None,
@@ -199,3 +201,18 @@ def test_odd_methods_paths_and_headers(
     headers = {"Authorization": auth} if auth else {}
     body = b"{}" if method in ("POST", "PUT", "PATCH") else None
     check(*request(door, method, path, body, headers))
+
+
+@given(name=st.text(max_size=60), method=st.sampled_from(["GET", "HEAD", "POST"]))
+@settings(FUZZ, max_examples=wire.examples(60))
+def test_page_paths(door: ServerProcess, name: str, method: str) -> None:
+    """Any path under the what-if page's folder is a file of the page (200) or not (404,
+    a plain answer), and no other method is taken (405); nothing else, no file of the
+    server's disk."""
+    status, answer = request(door, method, "/page/" + quote(name, safe="/."))
+    if method == "POST":
+        assert status == 405, (status, answer)
+        return
+    assert status in (200, 404), (status, name)
+    if status == 200:
+        assert (PAGE_FILES / name).is_file() or name == "examples.json", name
