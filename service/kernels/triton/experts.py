@@ -92,7 +92,8 @@ class TritonWNA16Experts(ExpertsBackend):
         wanted = self._register_operand or (
             self._config is not None and self._config.kernel == PREFILL_RS
         )
-        if prefill_rs.supports(spec) and (wanted or self._tuned_uses_rs(spec)):
+        device = self._tensors["w13_qweight"].device
+        if prefill_rs.supports(spec) and (wanted or _tuned_uses_rs(device, spec)):
             self._rs_tensors = prefill_rs.relayout(self._tensors, spec)
 
     def _forward_into(
@@ -122,7 +123,7 @@ class TritonWNA16Experts(ExpertsBackend):
             if self._rs_tensors is None:
                 raise KernelUnavailableError(
                     "TRITON", "the register-operand prefill kernels need K and the group "
-                    f"to be multiples of {prefill_rs.CHUNK}",
+                    f"to be multiples of {prefill_rs.MIN_SUB}",
                 )  # fmt: skip
             return prefill_rs.fused_moe_rs(
                 hidden_states, topk_ids, topk_weights, self._rs_tensors, spec, activation,
@@ -149,12 +150,13 @@ class TritonWNA16Experts(ExpertsBackend):
             return choose_config_rs(num_tokens, top_k, spec, num_sms)
         return choose_config(num_tokens, top_k, spec, num_sms)
 
-    @staticmethod
-    def _tuned_uses_rs(spec: LayerSpec) -> bool:
-        """Whether this device's tuned table has register-operand rows for the layer."""
-        if not torch.cuda.is_available():
-            return False
-        return tuned_uses_kernel(torch.cuda.get_device_name(), spec, PREFILL_RS)
+
+def _tuned_uses_rs(device: torch.device, spec: LayerSpec) -> bool:
+    """Whether the tuned table of the layer's device has register-operand rows for it (then
+    the layer is re-laid out for those kernels at prepare)."""
+    if device.type != "cuda":
+        return False
+    return tuned_uses_kernel(torch.cuda.get_device_name(device), spec, PREFILL_RS)
 
 
 def check_triton_tensors(tensors: LayerTensors, spec: LayerSpec) -> dict[str, torch.Tensor]:

@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from service.formats.canonical import QuantizedMoELayer
+from service.kernels.activation import resolve
 from service.kernels.emulation import EmulationExperts
 from service.kernels.errors import KernelUnavailableError
 from service.kernels.interface import LayerSpec
 from service.kernels.triton import prefill_rs
+from service.kernels.triton import relayout as relayout_module
 from service.kernels.triton.config import (
     PREFILL_RS,
     GemmTile,
@@ -22,7 +24,15 @@ from service.kernels.triton.config import (
     choose_config_rs,
 )
 from service.kernels.triton.experts import TritonWNA16Experts
-from service.kernels.triton.relayout import CHUNK, repair_int4, unpair_int4
+from service.kernels.triton.relayout import (
+    CHUNK,
+    WORD_CHUNK,
+    WORDS,
+    pack_words_int4,
+    repair_int4,
+    unpack_words_int4,
+    unpair_int4,
+)
 from tests.kernels.helpers import (
     KERNEL_DEVICE,
     pack_triton,
@@ -46,6 +56,7 @@ def _check(
     activation: str = "silu",
     seed: int = 0,
     use_asm: bool = True,
+    words: bool | None = None,
 ) -> float:
     gen = torch.Generator().manual_seed(seed)
     h = layer.hidden_size
@@ -55,16 +66,14 @@ def _check(
     spec = triton_spec(layer)
     dev = KERNEL_DEVICE
     out = torch.full((m, h), float("nan"), dtype=dtype, device=dev)
-    if use_asm:
+    if use_asm and words is None:
         backend = TritonWNA16Experts(config, poison_workspace=True)
         backend.prepare(tensors, spec)
         got = backend.forward(x.to(dev), ids.to(dev), weights.to(dev), activation, out=out)
     else:
-        from service.kernels.activation import resolve
-
         got = prefill_rs.fused_moe_rs(
-            x.to(dev), ids.to(dev), weights.to(dev), prefill_rs.relayout(tensors, spec), spec,
-            resolve(activation, spec), config, True, out, use_asm=False,
+            x.to(dev), ids.to(dev), weights.to(dev), prefill_rs.relayout(tensors, spec, words),
+            spec, resolve(activation), config, True, out, use_asm=use_asm,
         )  # fmt: skip
     assert got is out
     assert not got.isnan().any(), "an output element was left unwritten"
@@ -75,7 +84,7 @@ def _check(
     return err
 
 
-def _rs(bm: int, bn1: int, bk1: int, bn2: int, bk2: int, split: int = 1) -> KernelConfig:
+def _rs(bm: int, bn1: int, bk1: int, bn2: int, bk2: int, *, split: int = 1) -> KernelConfig:
     return KernelConfig(
         bm, GemmTile(bn1, bk1), GemmTile(bn2, bk2, split_k=split), kernel=PREFILL_RS
     )
@@ -88,6 +97,7 @@ def _rs(bm: int, bn1: int, bk1: int, bn2: int, bk2: int, split: int = 1) -> Kern
         (4, 64, True, torch.float16),
         (4, 128, False, torch.bfloat16),
         (4, 128, True, torch.bfloat16),
+        (4, 128, True, torch.float16),
         (4, -1, True, torch.bfloat16),
         (8, 32, True, torch.bfloat16),
         (8, 64, False, torch.float16),
@@ -112,6 +122,33 @@ def test_quantization_variants(bits: int, group: int, zp: bool, dtype: torch.dty
 def test_tiles(config: KernelConfig) -> None:
     layer = random_layer(3, 8, 256, 192, bits=4, group_size=64, zero_points=True)
     _check(layer, 40, 2, torch.bfloat16, config, seed=config.block_m)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        _rs(16, 64, 128, 64, 128, split=2),  # word layout, one chunk per step, split 2
+        _rs(32, 128, 256, 64, 256),  # two chunks per step (channelwise group)
+        _rs(64, 64, 128, 128, 128, split=3),
+        KernelConfig(
+            32,
+            GemmTile(64, 128, scale_after=False),
+            GemmTile(64, 128, scale_after=False),
+            kernel=PREFILL_RS,
+        ),  # the scale folded into the weights
+    ],
+    ids=["bm16_split2", "bm32_two_chunks", "bm64_split3", "folded_scale"],
+)
+def test_word_layout_tiles(config: KernelConfig) -> None:
+    layer = random_layer(6, 8, 256, 384, bits=4, group_size=-1, zero_points=True)
+    assert prefill_rs.word_layout(triton_spec(layer))
+    _check(layer, 40, 2, torch.bfloat16, config, seed=config.block_m)
+
+
+def test_byte_layout_where_words_also_fit() -> None:
+    """The re-paired bytes serve a g128 layer too (the bench compares the two layouts)."""
+    layer = random_layer(7, 4, 256, 128, bits=4, group_size=128, zero_points=True)
+    _check(layer, 12, 2, torch.bfloat16, _rs(16, 64, 128, 64, 128), words=False)
 
 
 def test_top1_direct_store_and_activation() -> None:
@@ -146,13 +183,42 @@ def test_repair_puts_chunk_halves_in_the_nibbles() -> None:
     assert torch.equal(unpair_int4(paired), q)
 
 
+def test_word_layout_puts_chunk_slices_in_the_nibbles() -> None:
+    """Word w of chunk c holds code c·WORD_CHUNK + t·WORDS + w in nibble t."""
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randint(0, 256, (2, 3, 128), generator=gen, dtype=torch.uint8)
+    codes = torch.stack((q & 0xF, q >> 4), dim=-1).reshape(2, 3, 256)
+    words = pack_words_int4(q)
+    assert words.dtype == torch.int32
+    assert words.shape == (2, 3, 32)
+    as_u32 = words.to(torch.int64) & 0xFFFFFFFF
+    for index in range(words.shape[-1]):
+        chunk, w = divmod(index, WORDS)
+        for t in range(8):
+            nibble = (as_u32[..., index] >> (4 * t)) & 0xF
+            assert torch.equal(
+                nibble.to(torch.uint8), codes[..., chunk * WORD_CHUNK + t * WORDS + w]
+            )
+    assert torch.equal(unpack_words_int4(words), q)
+    sliced = relayout_module.pack_words_int4  # the same, a few experts at a time
+    old = relayout_module._SLICE_CODES
+    relayout_module._SLICE_CODES = 256
+    try:
+        assert torch.equal(sliced(q), words)
+        assert torch.equal(repair_int4(q), relayout_module._repair(q))
+    finally:
+        relayout_module._SLICE_CODES = old
+    with pytest.raises(ValueError, match="word chunk"):
+        pack_words_int4(torch.zeros(1, 2, 32, dtype=torch.uint8))
+
+
 def test_repair_rejects_k_off_the_chunk() -> None:
     with pytest.raises(ValueError, match="chunk"):
         repair_int4(torch.zeros(2, 3, CHUNK // 2 + 8, dtype=torch.uint8))
 
 
 def test_relayout_transposes_scales_and_unpacks_zero_points() -> None:
-    layer = random_layer(2, 3, 128, 64, bits=4, group_size=32, zero_points=True)
+    layer = random_layer(2, 3, 128, 128, bits=4, group_size=32, zero_points=True)
     tensors = pack_triton(layer)
     spec = triton_spec(layer)
     out = prefill_rs.relayout(tensors, spec)
@@ -163,6 +229,8 @@ def test_relayout_transposes_scales_and_unpacks_zero_points() -> None:
         assert torch.equal(zeros[:, :, 0::2], (packed & 0xF).transpose(1, 2))
         assert torch.equal(zeros[:, :, 1::2], (packed >> 4).transpose(1, 2))
         assert torch.equal(unpair_int4(out[f"{name}_qweight"]), tensors[f"{name}_qweight"])
+    words = prefill_rs.relayout(tensors, spec, words=True)  # H, I multiples of the word chunk
+    assert torch.equal(unpack_words_int4(words["w2_qweight"]), tensors["w2_qweight"])
 
 
 def test_k_step_fits_group_and_layer() -> None:
