@@ -1,7 +1,8 @@
 """How our Triton WNA16 kernel is launched: the tile types, the heuristics, the decode choice.
 
 A forward runs either the prefill kernels (an alignment of routes by expert, then two
-tensor-core GEMMs over blocks of BLOCK_M routes: `prefill.py`) or the decode kernels (one
+tensor-core GEMMs over blocks of BLOCK_M routes: `prefill.py`, or `prefill_rs.py` with the
+weights as wgmma's register operand, on our re-laid-out weights) or the decode kernels (one
 program per route, split-K GEMVs, no alignment: `decode.py`). `KernelConfig` names which and
 carries each GEMM's tile. The tiles come from the tuned table (`tuned.py`) where it has the
 layer's shape, else from the heuristics here: `choose_config` for prefill (a table by routes

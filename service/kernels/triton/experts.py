@@ -136,8 +136,10 @@ class TritonWNA16Experts(ExpertsBackend):
     def config_for(self, num_tokens: int, top_k: int, device: torch.device) -> KernelConfig:
         """The tiles for this token count: the decode kernels' for few routes per expert
         (`use_decode`, unless this backend was made with `decode=False`), else the tuned
-        table shipped in `configs/` for this device and layer shape when it has one, else
-        the prefill heuristic."""
+        table shipped in `configs/` for this device and layer shape when it has one (its
+        rows name either prefill generation: v3's `prefill.py` or the register-operand
+        `prefill_rs.py`, whichever measured faster), else the prefill heuristic (the
+        register-operand one with `register_operand`)."""
         spec = self.spec
         num_sms = 4 if device.type != "cuda" else _num_sms(device.index or 0)
         if self._decode and use_decode(num_tokens, top_k, spec.num_experts):
