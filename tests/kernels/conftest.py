@@ -19,6 +19,7 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         "service.kernels.align",
         "service.kernels.triton.jit",
         "service.kernels.triton.prefill",
+        "service.kernels.triton.prefill_rs",
         "service.kernels.triton.decode",
     )
     for name in kernel_modules:

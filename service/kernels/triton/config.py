@@ -1,7 +1,8 @@
 """How our Triton WNA16 kernel is launched: the tile types, the heuristics, the decode choice.
 
 A forward runs either the prefill kernels (an alignment of routes by expert, then two
-tensor-core GEMMs over blocks of BLOCK_M routes: `prefill.py`) or the decode kernels (one
+tensor-core GEMMs over blocks of BLOCK_M routes: `prefill.py`, or `prefill_rs.py` with the
+weights as wgmma's register operand, on our re-laid-out weights) or the decode kernels (one
 program per route, split-K GEMVs, no alignment: `decode.py`). `KernelConfig` names which and
 carries each GEMM's tile. The tiles come from the tuned table (`tuned.py`) where it has the
 layer's shape, else from the heuristics here: `choose_config` for prefill (a table by routes
@@ -67,8 +68,10 @@ def launch_k_tile(block_k: int, k: int, group: int, interpreted: bool | None = N
 
 @dataclass(frozen=True, slots=True)
 class GemmTile:
-    """One GEMM's tile: N and K extents, warps, pipeline depth, K splits, and (prefill)
-    whether to compute the transposed tile (weights as the MMA's left operand)."""
+    """One GEMM's tile: N and K extents, warps, pipeline depth, K splits, (prefill) whether
+    to compute the transposed tile (weights as the MMA's left operand), and (prefill_rs,
+    always transposed) whether the group scale multiplies each K step's float32 partial
+    product rather than every weight."""
 
     block_n: int
     block_k: int
@@ -76,15 +79,19 @@ class GemmTile:
     num_stages: int = 3
     split_k: int = 1
     swap_ab: bool = False
+    scale_after: bool = True
 
 
-#: `KernelConfig.kernel` values: the aligned tensor-core kernels, or the per-route GEMVs.
-PREFILL, DECODE = "prefill", "decode"
+#: `KernelConfig.kernel` values: the aligned tensor-core kernels (`prefill.py`), the aligned
+#: kernels with the weights as wgmma's register operand on our re-laid-out weights
+#: (`prefill_rs.py`), or the per-route GEMVs (`decode.py`).
+PREFILL, PREFILL_RS, DECODE = "prefill", "prefill_rs", "decode"
+KERNELS = (PREFILL, PREFILL_RS, DECODE)
 
 
 @dataclass(frozen=True, slots=True)
 class KernelConfig:
-    """Which kernels run (`kernel`: "prefill" or "decode") and each GEMM's tile.
+    """Which kernels run (`kernel`: one of `KERNELS`) and each GEMM's tile.
 
     `block_m` is the prefill kernels' block of routes (shared by both GEMMs: they read one
     alignment); the decode kernels ignore it and use each tile's `split_k`.
@@ -243,3 +250,52 @@ def choose_config_decode(
         GemmTile(bn2, bk2, 4, 2, split_k=s2),
         kernel=DECODE,
     )
+
+
+# --- prefill_rs ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _RsRow:
+    """Register-operand prefill tiles for a band of routes per active expert: the token
+    block (wgmma's N) and each GEMM's weight-row tile (64 rows per warpgroup)."""
+
+    max_routes_per_expert: float
+    block_m: int
+    w13: GemmTile
+    w2: GemmTile
+
+
+#: Untuned starting points (the tuned table overrides them per measured point): token blocks
+#: that fit the routes per expert, 64 weight rows per warpgroup, 128-input K steps.
+_RS_TABLE = (
+    _RsRow(16, 16, GemmTile(64, 128, 4, 4), GemmTile(64, 128, 4, 4)),
+    _RsRow(32, 32, GemmTile(64, 128, 4, 4), GemmTile(64, 128, 4, 4)),
+    _RsRow(96, 64, GemmTile(64, 128, 4, 3), GemmTile(64, 128, 4, 3)),
+    _RsRow(
+        float("inf"),
+        128,
+        GemmTile(128, 64, 8, 3, scale_after=False),
+        GemmTile(128, 64, 8, 3, scale_after=False),
+    ),
+)
+
+
+def choose_config_rs(num_tokens: int, top_k: int, spec: LayerSpec, num_sms: int) -> KernelConfig:
+    """Untuned tiles for the register-operand prefill kernels: the token block by routes per
+    active expert, and w2 K splits (token blocks of <= 32) up to `_PROGRAMS_PER_SM` programs
+    per SM. K steps are fitted to the layer and its groups by the launcher."""
+    routes = num_tokens * top_k
+    active = max(1, min(spec.num_experts, routes))
+    row = next(r for r in _RS_TABLE if routes / active <= r.max_routes_per_expert)
+    blocks = max(active, triton.cdiv(routes, row.block_m))
+    programs = blocks * triton.cdiv(spec.hidden_size, row.w2.block_n)
+    steps = spec.intermediate_size // row.w2.block_k
+    split = 1
+    while (
+        row.block_m <= _SPLIT_K_MAX_BLOCK_M
+        and split * 2 <= steps
+        and programs * split * 2 <= _PROGRAMS_PER_SM * num_sms
+    ):
+        split *= 2
+    return KernelConfig(row.block_m, row.w13, replace(row.w2, split_k=split), kernel=PREFILL_RS)

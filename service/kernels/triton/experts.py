@@ -17,17 +17,20 @@ from service.formats.canonical import QuantizedMoELayer
 from service.kernels.activation import ResolvedActivation
 from service.kernels.errors import KernelInputError, KernelUnavailableError
 from service.kernels.interface import ExpertsBackend, KernelOptions, LayerSpec, LayerTensors
+from service.kernels.triton import prefill_rs
 from service.kernels.triton.config import (
     DECODE,
     MIN_BLOCK_K,
+    PREFILL_RS,
     KernelConfig,
     choose_config,
     choose_config_decode,
+    choose_config_rs,
     use_decode,
 )
 from service.kernels.triton.decode import DecodeWorkspace, fused_moe_decode
 from service.kernels.triton.prefill import fused_moe
-from service.kernels.triton.tuned import tuned_config
+from service.kernels.triton.tuned import tuned_config, tuned_uses_kernel
 from service.triton_runtime import fix_interpreter_index, interpreting, triton_unavailable_reason
 
 
@@ -47,16 +50,23 @@ class TritonWNA16Experts(ExpertsBackend):
         *,
         poison_workspace: bool = False,
         decode: bool = True,
+        register_operand: bool = False,
     ):
         """`config` pins the tiles (tests, the tuner); `poison_workspace` fills the
         intermediate with NaN before each forward, so an unwritten element shows up;
         `decode` False keeps the dispatcher off the decode kernels (the tuned table and the
-        prefill heuristic then serve every batch size)."""
+        prefill heuristic then serve every batch size); `register_operand` makes the
+        register-operand prefill kernels (`prefill_rs.py`) the untuned prefill choice and
+        re-lays the weights out for them at prepare (a second copy of the codes, scales and
+        zero points, in our layout), where the layer allows it. A pinned or tuned config
+        whose kernel is "prefill_rs" also gets the re-laid-out copy."""
         super().__init__()
         self._config = config
         self._poison = poison_workspace
         self._decode = decode
+        self._register_operand = register_operand
         self._tensors: dict[str, torch.Tensor] = {}
+        self._rs_tensors: dict[str, torch.Tensor] | None = None
         self._decode_workspace = DecodeWorkspace()
 
     @classmethod
@@ -78,6 +88,13 @@ class TritonWNA16Experts(ExpertsBackend):
         if reason is not None:
             raise KernelUnavailableError("TRITON", reason)
         self._tensors = check_triton_tensors(tensors, spec)
+        self._rs_tensors = None
+        wanted = self._register_operand or (
+            self._config is not None and self._config.kernel == PREFILL_RS
+        )
+        device = self._tensors["w13_qweight"].device
+        if prefill_rs.supports(spec) and (wanted or _tuned_uses_rs(device, spec)):
+            self._rs_tensors = prefill_rs.relayout(self._tensors, spec)
 
     def _forward_into(
         self,
@@ -102,6 +119,16 @@ class TritonWNA16Experts(ExpertsBackend):
                 hidden_states, topk_ids, topk_weights, t, spec, activation, config,
                 self._decode_workspace, self._poison, out,
             )  # fmt: skip
+        if config.kernel == PREFILL_RS:
+            if self._rs_tensors is None:
+                raise KernelUnavailableError(
+                    "TRITON", "the register-operand prefill kernels need K and the group "
+                    f"to be multiples of {prefill_rs.MIN_SUB}",
+                )  # fmt: skip
+            return prefill_rs.fused_moe_rs(
+                hidden_states, topk_ids, topk_weights, self._rs_tensors, spec, activation,
+                config, self._poison, out,
+            )  # fmt: skip
         return fused_moe(
             hidden_states, topk_ids, topk_weights, t, spec, activation, config, self._poison, out
         )
@@ -109,17 +136,29 @@ class TritonWNA16Experts(ExpertsBackend):
     def config_for(self, num_tokens: int, top_k: int, device: torch.device) -> KernelConfig:
         """The tiles for this token count: the decode kernels' for few routes per expert
         (`use_decode`, unless this backend was made with `decode=False`), else the tuned
-        table shipped in `configs/` for this device and layer shape when it has one, else
-        the prefill heuristic."""
+        table shipped in `configs/` for this device and layer shape when it has one (its
+        rows name either prefill generation: v3's `prefill.py` or the register-operand
+        `prefill_rs.py`, whichever measured faster), else the prefill heuristic (the
+        register-operand one with `register_operand`)."""
         spec = self.spec
         num_sms = 4 if device.type != "cuda" else _num_sms(device.index or 0)
         if self._decode and use_decode(num_tokens, top_k, spec.num_experts):
             return choose_config_decode(num_tokens, top_k, spec, num_sms)
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         tuned = tuned_config(name, spec, num_tokens, top_k)
-        if tuned is not None:
+        if tuned is not None and (tuned.kernel != PREFILL_RS or self._rs_tensors is not None):
             return tuned
+        if self._register_operand and self._rs_tensors is not None:
+            return choose_config_rs(num_tokens, top_k, spec, num_sms)
         return choose_config(num_tokens, top_k, spec, num_sms)
+
+
+def _tuned_uses_rs(device: torch.device, spec: LayerSpec) -> bool:
+    """Whether the tuned table of the layer's device has register-operand rows for it (then
+    the layer is re-laid out for those kernels at prepare)."""
+    if device.type != "cuda":
+        return False
+    return tuned_uses_kernel(torch.cuda.get_device_name(device), spec, PREFILL_RS)
 
 
 def check_triton_tensors(tensors: LayerTensors, spec: LayerSpec) -> dict[str, torch.Tensor]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -76,3 +77,14 @@ def tuned_config(
         w13=replace(config.w13, block_k=fit_block_k(config.w13.block_k, h, g13)),
         w2=replace(config.w2, block_k=fit_block_k(config.w2.block_k, i, g2)),
     )
+
+
+def tuned_uses_kernel(device_name: str, spec: LayerSpec, kernel: str) -> bool:
+    """Whether any of the layer's tuned rows (any top-k) on this device runs `kernel`."""
+    tables = _tuned_tables(device_name)
+    keys = {config_key(spec, int(k)) for k in _TOP_K.findall(" ".join(tables))}
+    return any(cfg.kernel == kernel for key in keys for cfg in tables.get(key, {}).values())
+
+
+#: The top-k field of a `config_key`.
+_TOP_K = re.compile(r"_k(\d+)_")
