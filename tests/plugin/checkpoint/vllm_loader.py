@@ -129,7 +129,11 @@ def _side(reference: Any, case: dict[str, Any], which: str, out: Path) -> dict[s
     experts = runner.routed_experts
     method = experts.quant_method
     method._setup_kernel = lambda layer: None  # see the module doc
-    loaded = list(runner.load_weights(_tensors(directory, case["module"]).items()))
+    # What AutoWeightsLoader applies first: the quantization config's checkpoint mapper
+    # (it drops GPTQ's g_idx, which no vLLM 0.33 WNA16 MoE method loads).
+    mapper = quant_config.get_checkpoint_weight_mapper()
+    tensors = mapper.apply(_tensors(directory, case["module"]).items())
+    loaded = list(runner.load_weights(tensors))
     with _repack(backend):
         method.process_weights_after_loading(experts)
     params = dict(experts.named_parameters(remove_duplicate=False))
@@ -167,7 +171,9 @@ def main(argv: list[str]) -> int:
         for which in sides:
             try:
                 result = _side(reference, case, which, case_dir)
-            except Exception as error:  # a refusal is a result, not a crash
+            except Exception as raised:  # a refusal is a result, not a crash
+                # The harness wraps what vLLM raised with the stage it raised in.
+                error = getattr(raised, "error", raised)
                 result = {
                     "ok": False,
                     "error_type": type(error).__name__,
