@@ -18,12 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from vllm.model_executor.layers.quantization import get_quantization_config
-from vllm.model_executor.layers.quantization.base_config import (
-    QuantizationConfig,
-    QuantizeMethodBase,
-)
-
 from moe_control_vllm.checkpoint import experts, slots
 from moe_control_vllm.checkpoint.manifest import (
     QUANT_METHOD,
@@ -31,11 +25,16 @@ from moe_control_vllm.checkpoint.manifest import (
     Manifest,
     ServingConfig,
 )
+from vllm.model_executor.layers.quantization import get_quantization_config
+from vllm.model_executor.layers.quantization.base_config import (
+    QuantizationConfig,
+    QuantizeMethodBase,
+)
 
 __all__ = ["MoeControlConfig"]
 
 
-class MoeControlConfig(QuantizationConfig):
+class MoeControlConfig(QuantizationConfig):  # type: ignore[misc]  # (vLLM's, untyped here)
     """A checkpoint whose MoE layers moe-control converted into a kernel layout."""
 
     def __init__(self, serving: ServingConfig) -> None:
@@ -57,7 +56,7 @@ class MoeControlConfig(QuantizationConfig):
         return QUANT_METHOD
 
     def get_supported_act_dtypes(self) -> list[torch.dtype]:
-        return self.source.get_supported_act_dtypes()
+        return list(self.source.get_supported_act_dtypes())
 
     @classmethod
     def get_min_capability(cls) -> int:

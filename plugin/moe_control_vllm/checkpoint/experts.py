@@ -28,7 +28,6 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-
 from moe_control_vllm.checkpoint import slots
 from moe_control_vllm.checkpoint.manifest import (
     ConvertedCheckpointError,
@@ -67,7 +66,14 @@ def tensor_sha256(tensor: torch.Tensor) -> str:
     if host.device.type != "cpu":
         host = host.cpu()
     data = host.contiguous().reshape(-1).view(torch.uint8).numpy()
-    return hashlib.sha256(memoryview(data)).hexdigest()
+    return hashlib.sha256(data.data).hexdigest()
+
+
+def _parameter(layer: torch.nn.Module, name: str) -> torch.nn.Parameter:
+    param = layer._parameters.get(name)
+    if param is None:
+        raise ConvertedCheckpointError(f"{name}: not a parameter of this layer")
+    return param
 
 
 def _backend_of(method: Any) -> str:
@@ -117,7 +123,8 @@ class ConvertedWeights:
             )
             param.weight_loader = functools.partial(self._load_tensor, record)  # type: ignore[attr-defined]
             layer.register_parameter(record.name, param)
-        layer.load_weights = functools.partial(self._load_weights, layer)
+        # An instance attribute: vLLM's runner calls `routed_experts.load_weights`.
+        layer.__dict__["load_weights"] = functools.partial(self._load_weights, layer)
 
     def _load_weights(
         self, layer: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]
@@ -130,7 +137,7 @@ class ConvertedWeights:
                     f"{self.converted.module}.{name}: not a tensor of this converted layer "
                     f"(its manifest lists {sorted(self.converted.tensors)})"
                 )
-            self._load_tensor(record, layer._parameters[name], loaded)
+            self._load_tensor(record, _parameter(layer, name), loaded)
             yield name
 
     def _load_tensor(
@@ -161,9 +168,11 @@ class ConvertedWeights:
             )
         names = slots.parameter_names(self.source.__name__)
         by_slot = {
-            record.slot: layer._parameters.pop(record.name)
+            record.slot: _parameter(layer, record.name)
             for record in self.converted.tensors.values()
         }
+        for record in self.converted.tensors.values():
+            del layer._parameters[record.name]
         device = by_slot["w13_qweight"].device
         for slot, (value, dtype) in slots.PLACEHOLDERS.get(self.backend, {}).items():
             if slot not in by_slot:

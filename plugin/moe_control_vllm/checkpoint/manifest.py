@@ -86,7 +86,7 @@ class ConvertedLayer:
 
 def _field(obj: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
     value = obj.get(key)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise ConvertedCheckpointError(f"{where}: {key!r} missing or not a {kind.__name__}")
     return value
 
@@ -120,7 +120,9 @@ class ServingConfig:
         tensors = _field(obj, "tensors", dict, where)
         for name, slot in tensors.items():
             if slot is not None and slot not in CONVERSION_SLOTS:
-                raise ConvertedCheckpointError(f"{where}: tensor {name!r} has unknown slot {slot!r}")
+                raise ConvertedCheckpointError(
+                    f"{where}: tensor {name!r} has unknown slot {slot!r}"
+                )
         manifest = _field(obj, "manifest", dict, where)
         return cls(
             backend=_field(obj, "backend", str, where),
@@ -174,7 +176,9 @@ class Manifest:
                 f"{where}: backend {manifest.get('backend')!r}, config.json says {config.backend!r}"
             )
         units = {
-            u.get("module"): u for u in _field(manifest, "units", list, where) if u.get("kind") == "moe"
+            u.get("module"): u
+            for u in _field(manifest, "units", list, where)
+            if u.get("kind") == "moe"
         }
         layers: dict[str, ConvertedLayer] = {}
         for entry in _field(manifest, "layers", list, where):
@@ -199,7 +203,9 @@ class Manifest:
                     sha256=_field(record, "sha256", str, checkpoint_name),
                     slot=slot,
                 )
-            layers[module] = ConvertedLayer(int(entry["index"]), module, str(entry["file"]), tensors)
+            layers[module] = ConvertedLayer(
+                int(entry["index"]), module, str(entry["file"]), tensors
+            )
         return cls(backend=config.backend, layers=layers)
 
     def layer_for(self, prefix: str) -> ConvertedLayer:
