@@ -10,8 +10,10 @@ on the object: vLLM calls them there, and everything else stays the method's):
   layer attributes its kernel set-up reads, and checks the shapes) and replaces the
   source-layout parameters it registered with the converted ones: the kernel layout's
   shapes and dtypes, as the manifest records them, allocated where vLLM allocates weights;
-- the layer's `load_weights` takes each converted tensor whole, checks its dtype, shape and
-  SHA-256 against the manifest (a damaged tensor is refused, named), and copies it in.
+- the layer's `load_weights` takes each converted tensor whole, checks its dtype and shape
+  against the manifest, copies it in, and has its SHA-256 checked against the manifest's
+  (`verify`: in the background; a damaged tensor is refused, named, before the layer is
+  put together).
   vLLM's `RoutedExperts.load_weights` matches per-expert and fused checkpoint names by
   substring ("experts.w13" is in "experts.w13_qweight") and would slice a stacked
   kernel-layout tensor as if it were a fused checkpoint weight;
@@ -23,7 +25,6 @@ on the object: vLLM calls them there, and everything else stays the method's):
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -34,8 +35,9 @@ from moe_control_vllm.checkpoint.manifest import (
     ConvertedLayer,
     TensorRecord,
 )
+from moe_control_vllm.checkpoint.verify import Verifier
 
-__all__ = ["ConvertedWeights", "adopt", "tensor_sha256", "torch_dtype"]
+__all__ = ["ConvertedWeights", "adopt", "torch_dtype"]
 
 #: safetensors dtype codes -> torch dtypes.
 TORCH_DTYPES = {
@@ -58,15 +60,6 @@ def torch_dtype(record: TensorRecord) -> torch.dtype:
     if dtype is None:
         raise ConvertedCheckpointError(f"{record.checkpoint_name}: unknown dtype {record.dtype}")
     return dtype
-
-
-def tensor_sha256(tensor: torch.Tensor) -> str:
-    """SHA-256 of a tensor's bytes in its logical order: what the manifest records."""
-    host = tensor.detach()
-    if host.device.type != "cpu":
-        host = host.cpu()
-    data = host.contiguous().reshape(-1).view(torch.uint8).numpy()
-    return hashlib.sha256(data.data).hexdigest()
 
 
 def _parameter(layer: torch.nn.Module, name: str) -> torch.nn.Parameter:
@@ -93,6 +86,7 @@ class ConvertedWeights:
         self.converted = converted
         self.backend = backend
         self._loaded: set[str] = set()
+        self._verifier = Verifier(converted.file)
 
     def create_weights(
         self,
@@ -143,20 +137,16 @@ class ConvertedWeights:
     def _load_tensor(
         self, record: TensorRecord, param: torch.Tensor, loaded: torch.Tensor, *_: Any, **__: Any
     ) -> bool:
-        """Check one converted tensor against the manifest and copy it into `param`."""
+        """Copy one converted tensor into `param`, its dtype and shape checked against the
+        manifest, its SHA-256 being checked in the background (`verify`)."""
         where = record.checkpoint_name
         if tuple(loaded.shape) != record.shape or loaded.dtype != torch_dtype(record):
             raise ConvertedCheckpointError(
                 f"{where}: {loaded.dtype}{list(loaded.shape)} in the checkpoint, the manifest "
                 f"says {record.dtype}{list(record.shape)}"
             )
-        digest = tensor_sha256(loaded)
-        if digest != record.sha256:
-            raise ConvertedCheckpointError(
-                f"{where}: SHA-256 {digest} does not match the manifest's {record.sha256}: "
-                f"{self.converted.file} is damaged or was changed after the conversion"
-            )
         param.data.copy_(loaded)
+        self._verifier.submit(record, loaded)
         self._loaded.add(record.name)
         return True
 
@@ -166,6 +156,7 @@ class ConvertedWeights:
             raise ConvertedCheckpointError(
                 f"{self.converted.module}: not in the checkpoint: {', '.join(missing)}"
             )
+        self._verifier.check()
         names = slots.parameter_names(self.source.__name__)
         by_slot = {
             record.slot: _parameter(layer, record.name)

@@ -13,7 +13,8 @@ repack). Then, bit for bit:
   pure-torch Marlin reference (the conversion tests' `repack_references`);
 - vLLM's layer has no parameter the converted one lacks, except source tensors vLLM keeps
   but no kernel reads (`SOURCE_LEFTOVERS`, each with its reason);
-- both layers run the same method class and backend;
+- both layers run the same method class and backend, and a linear layer gets the same
+  method from both configs (the source's);
 - a converted tensor with one byte changed is refused, naming the tensor; so is a manifest
   changed after the conversion.
 
@@ -209,6 +210,8 @@ def test_converted_layer_equals_vllms_own(
     assert converted["quantization"] == "moe_control"
     assert (converted["method"], converted["backend"]) == (source["method"], source["backend"])
     assert converted["backend"] == case.backend
+    # A linear layer of the converted checkpoint keeps the source's method.
+    assert converted["linear_method"] == source["linear_method"]
     theirs = load_file(str(case_dir / f"{case.id}.source.safetensors"))
     ours = load_file(str(case_dir / f"{case.id}.converted.safetensors"))
     assert set(theirs) - set(ours) == set(SOURCE_LEFTOVERS[case.layout]) & set(theirs)

@@ -20,8 +20,10 @@ parity harness's, `tests/parity/vllm_reference.py`):
   `process_weights_after_loading`.
 
 Each side's registered parameters are written to ``<id>.<side>.safetensors``;
-``results.json`` holds per case and side the method class, the backend, the parameter
-names, or the error (type and message) where vLLM or the plugin refused.
+``results.json`` holds per case and side the MoE method class, the backend, the parameter
+names and the method an attention projection gets (the converted side must give linear
+layers the source's method), or the error (type and message) where vLLM or the plugin
+refused.
 
 Kept off the device: the kernel set-up after loading (`_setup_kernel`, which builds the
 experts object the forward pass runs) is skipped on both sides alike, as the conversion
@@ -119,6 +121,26 @@ def _build(reference: Any, case: dict[str, Any], quant_config: Any, moe_backend:
     return runner
 
 
+def _linear_method(reference: Any, case: dict[str, Any], quant_config: Any) -> str:
+    """The method class vLLM gives an attention projection under `quant_config`."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.linear import ReplicatedLinear
+
+    hidden = case["layer"]["hidden_size"]
+    vllm_config = reference._build_vllm_config({"parallel": {}, "lora": False}, "auto")
+    with set_current_vllm_config(vllm_config):
+        linear = ReplicatedLinear(
+            hidden,
+            hidden,
+            bias=False,
+            params_dtype=getattr(torch, case["layer"]["dtype"]),
+            quant_config=quant_config,
+            prefix="model.layers.0.self_attn.o_proj",
+        )
+    return type(linear.quant_method).__name__
+
+
 def _side(reference: Any, case: dict[str, Any], which: str, out: Path) -> dict[str, Any]:
     from safetensors.torch import save_file
 
@@ -143,6 +165,7 @@ def _side(reference: Any, case: dict[str, Any], which: str, out: Path) -> dict[s
     )
     backend_attr = getattr(method, "wna16_backend", None) or method.wna16_moe_backend
     return {
+        "linear_method": _linear_method(reference, case, quant_config),
         "ok": True,
         "quantization": quant_config.get_name(),
         "method": type(method).__name__,
