@@ -16,7 +16,8 @@ repack). Then, bit for bit:
 - both layers run the same method class and backend, and a linear layer gets the same
   method from both configs (the source's);
 - a converted tensor with one byte changed is refused, naming the tensor; so is a manifest
-  changed after the conversion.
+  changed after the conversion, a ``--moe-backend`` other than the converted one, and a
+  layout vLLM cannot be told to select (BATCHED_MARLIN).
 
 The cases are the ones where our writers and vLLM agree exactly (no departure in
 `tests/formats/exactness_cases.py` or the Marlin parity cases): EMULATION with bf16 scales,
@@ -104,6 +105,8 @@ CASES = (
 )
 CORRUPTED = "corrupted-tensor"
 CHANGED_MANIFEST = "changed-manifest"
+OTHER_MOE_BACKEND = "other-moe-backend"
+BATCHED = "batched-marlin"
 
 
 def _vllm_python() -> Path:
@@ -181,6 +184,19 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, An
     manifest["created_by"] = "someone else"
     (changed / MANIFEST_NAME).write_text(json.dumps(manifest))
     entries.append(_entry(CHANGED_MANIFEST, first, root, changed, sides=["converted"]))
+    entries.append(
+        _entry(
+            OTHER_MOE_BACKEND,
+            first,
+            root,
+            root / f"out-{first.id}",
+            sides=["converted"],
+            moe_backend="marlin",
+        )
+    )
+    source = entries[0]["source_dir"]
+    batched = _convert(root, Path(source).name, "out-batched", "BATCHED_MARLIN")
+    entries.append(_entry(BATCHED, first, root, batched, sides=["converted"]))
     case_dir = tmp_path_factory.mktemp("cases")
     (case_dir / "cases.json").write_text(json.dumps(entries))
     completed = subprocess.run(
@@ -236,3 +252,19 @@ def test_a_changed_manifest_is_refused(loaded: tuple[Path, dict[str, Any], str])
     assert not result["ok"]
     assert result["error_type"] == "ConvertedCheckpointError"
     assert MANIFEST_NAME in result["error"] and "changed after the conversion" in result["error"]
+
+
+def test_another_moe_backend_is_refused(loaded: tuple[Path, dict[str, Any], str]) -> None:
+    _, results, _ = loaded
+    result = results[OTHER_MOE_BACKEND]["converted"]
+    assert not result["ok"]
+    assert result["error_type"] == "ConvertedCheckpointError"
+    assert "--moe-backend marlin" in result["error"] and "converted for TRITON" in result["error"]
+
+
+def test_a_layout_vllm_cannot_select_is_refused(loaded: tuple[Path, dict[str, Any], str]) -> None:
+    _, results, _ = loaded
+    result = results[BATCHED]["converted"]
+    assert not result["ok"]
+    assert result["error_type"] == "ConvertedCheckpointError"
+    assert "converted for BATCHED_MARLIN" in result["error"]

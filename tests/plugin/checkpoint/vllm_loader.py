@@ -6,8 +6,9 @@ Usage (in the vLLM environment, the plugin importable)::
     PYTHONPATH=plugin .venv-vllm/bin/python tests/plugin/checkpoint/vllm_loader.py CASE_DIR
 
 ``CASE_DIR/cases.json`` lists ``{"id", "source_dir", "converted_dir", "module", "backend",
-"layer": {...}}``. For each case, vLLM's own path runs twice on a faked CUDA platform (the
-parity harness's, `tests/parity/vllm_reference.py`):
+"layer": {...}}``, optionally ``"sides"`` (default both) and ``"moe_backend"`` (the
+converted side's ``--moe-backend``, default auto). For each case, vLLM's own path runs
+twice on a faked CUDA platform (the parity harness's, `tests/parity/vllm_reference.py`):
 
 - source: the model's quantization config as vLLM resolves it, a real layer from
   `FusedMoEFactory` with ``--moe-backend`` forced to the case's backend, the per-expert
@@ -147,7 +148,8 @@ def _side(reference: Any, case: dict[str, Any], which: str, out: Path) -> dict[s
     directory = Path(case["source_dir" if which == "source" else "converted_dir"])
     backend = case["backend"]
     quant_config = _quant_config(reference, directory, case["layer"]["dtype"])
-    runner = _build(reference, case, quant_config, FORCED[backend] if which == "source" else "auto")
+    moe_backend = FORCED[backend] if which == "source" else case.get("moe_backend", "auto")
+    runner = _build(reference, case, quant_config, moe_backend)
     experts = runner.routed_experts
     method = experts.quant_method
     method._setup_kernel = lambda layer: None  # see the module doc
