@@ -3,9 +3,10 @@
 Each case writes a synthetic source checkpoint (our quantizer and packers), converts it with
 the whole-checkpoint job (`moe-control convert`'s path, config.json included), and hands
 both directories to `vllm_loader.py` in vLLM's environment, with the plugin importable.
-There vLLM builds the MoE layer twice on a faked CUDA platform: from the source checkpoint
-with the backend forced (its loaders and `process_weights_after_loading`, the repack), and
-from the converted directory through the plugin's ``moe_control`` method (its loader, no
+There vLLM builds the MoE layer twice on a faked CUDA platform and loads it as a model's
+`load_weights` does (vLLM's `AutoWeightsLoader`, then its model-level
+`process_weights_after_loading`): from the source checkpoint with the backend forced (the
+repack), and from the converted directory through the plugin's ``moe_control`` method (no
 repack). Then, bit for bit:
 
 - every parameter of the converted layer equals vLLM's parameter of that name (dtype, shape,
@@ -224,6 +225,10 @@ def test_converted_layer_equals_vllms_own(
     assert source["ok"], source.get("where")
     assert converted["ok"], converted.get("where")
     assert converted["quantization"] == "moe_control"
+    # Every parameter of the converted layer was loaded from the checkpoint (what vLLM's
+    # model loader checks when it tracks the loading; AutoGPTQ's source layer has bias
+    # parameters no checkpoint fills, so vLLM's own side is not held to it).
+    assert converted["not_loaded"] == []
     assert (converted["method"], converted["backend"]) == (source["method"], source["backend"])
     assert converted["backend"] == case.backend
     # A linear layer of the converted checkpoint keeps the source's method.

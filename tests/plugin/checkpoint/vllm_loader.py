@@ -11,13 +11,14 @@ converted side's ``--moe-backend``, default auto). For each case, vLLM's own pat
 twice on a faked CUDA platform (the parity harness's, `tests/parity/vllm_reference.py`):
 
 - source: the model's quantization config as vLLM resolves it, a real layer from
-  `FusedMoEFactory` with ``--moe-backend`` forced to the case's backend, the per-expert
-  checkpoint tensors through the runner's `load_weights`, then the method's
-  `process_weights_after_loading` (for MARLIN with vLLM's CUDA-only repack replaced by its
-  pure-torch reference, `tests/formats/vllm_cases/marlin.py`);
+  `FusedMoEFactory` with ``--moe-backend`` forced to the case's backend (held at the
+  checkpoint's module path), the per-expert checkpoint tensors through vLLM's
+  `AutoWeightsLoader`, then vLLM's model-level `process_weights_after_loading` (for MARLIN
+  with vLLM's CUDA-only repack replaced by its pure-torch reference,
+  `tests/formats/vllm_cases/marlin.py`);
 - converted: the converted directory's config.json through the same resolution (the
   ``moe_control`` method, registered by the plugin's `register()`), the same factory with
-  ``--moe-backend auto``, the converted tensors through `load_weights`, then
+  ``--moe-backend auto``, the converted tensors through `AutoWeightsLoader`, then
   `process_weights_after_loading`.
 
 Each side's registered parameters are written to ``<id>.<side>.safetensors``;
@@ -73,8 +74,9 @@ def _repack(backend: str) -> Iterator[None]:
         yield
 
 
-def _quant_config(reference: Any, directory: Path, dtype: str) -> Any:
-    """vLLM's quantization config for the model in `directory`, as vLLM resolves it."""
+def _quant_config(reference: Any, directory: Path, dtype: str) -> tuple[Any, Any]:
+    """vLLM's quantization config for the model in `directory`, as vLLM resolves it, and
+    the model config (a stand-in with the attributes vLLM reads) it came from."""
     config = json.loads((directory / "config.json").read_text())
     spec = {
         "id": directory.name,
@@ -84,12 +86,13 @@ def _quant_config(reference: Any, directory: Path, dtype: str) -> Any:
     }
     model_config = reference._model_config_stand_in(spec)
     model_config.model = str(directory)
+    model_config.word_embeddings_untied_by_checkpoint = False
     reference._resolve_quantization(model_config)
-    return reference._build_quant_config(model_config)
+    return reference._build_quant_config(model_config), model_config
 
 
 def _tensors(directory: Path, module: str) -> dict[str, Any]:
-    """The layer's tensors in `directory`, named relative to the experts module."""
+    """The layer's tensors in `directory`, by their checkpoint names."""
     from safetensors import safe_open
 
     out = {}
@@ -97,8 +100,32 @@ def _tensors(directory: Path, module: str) -> dict[str, Any]:
         with safe_open(str(directory / file), "pt") as handle:
             for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 if name.startswith(module + "."):
-                    out[name.removeprefix(module + ".")] = handle.get_tensor(name)
+                    out[name] = handle.get_tensor(name)
     return out
+
+
+def _model_around(runner: Any, module: str, quant_config: Any) -> Any:
+    """A module tree that holds `runner` at the checkpoint's module path, with the
+    quantization config where vLLM's AutoWeightsLoader looks for it."""
+    import torch
+
+    root = torch.nn.Module()
+    root.quant_config = quant_config
+    parent = root
+    *path, last = module.split(".")
+    at = 0
+    while at < len(path):
+        if at + 1 < len(path) and path[at + 1].isdigit():  # "layers.3": a ModuleList
+            index = int(path[at + 1])
+            items = torch.nn.ModuleList([torch.nn.Module() for _ in range(index + 1)])
+            parent.add_module(path[at], items)
+            parent, at = items[index], at + 2
+        else:
+            child = torch.nn.Module()
+            parent.add_module(path[at], child)
+            parent, at = child, at + 1
+    parent.add_module(last, runner)
+    return root
 
 
 def _build(reference: Any, case: dict[str, Any], quant_config: Any, moe_backend: str) -> Any:
@@ -147,19 +174,25 @@ def _side(reference: Any, case: dict[str, Any], which: str, out: Path) -> dict[s
 
     directory = Path(case["source_dir" if which == "source" else "converted_dir"])
     backend = case["backend"]
-    quant_config = _quant_config(reference, directory, case["layer"]["dtype"])
+    quant_config, model_config = _quant_config(reference, directory, case["layer"]["dtype"])
     moe_backend = FORCED[backend] if which == "source" else case.get("moe_backend", "auto")
     runner = _build(reference, case, quant_config, moe_backend)
     experts = runner.routed_experts
     method = experts.quant_method
     method._setup_kernel = lambda layer: None  # see the module doc
-    # What AutoWeightsLoader applies first: the quantization config's checkpoint mapper
-    # (it drops GPTQ's g_idx, which no vLLM 0.33 WNA16 MoE method loads).
-    mapper = quant_config.get_checkpoint_weight_mapper()
-    tensors = mapper.apply(_tensors(directory, case["module"]).items())
-    loaded = list(runner.load_weights(tensors))
+    # As a model's load_weights does: vLLM's AutoWeightsLoader (with the quantization
+    # config's checkpoint mapper, which drops GPTQ's g_idx) over the checkpoint names, the
+    # check DefaultModelLoader makes that every parameter was loaded, then vLLM's own
+    # process_weights_after_loading over the model.
+    import torch
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+    from vllm.model_executor.models.utils import AutoWeightsLoader
+
+    model = _model_around(runner, case["module"], quant_config)
+    expected = {name for name, _ in model.named_parameters()}
+    loaded = AutoWeightsLoader(model).load_weights(_tensors(directory, case["module"]).items())
     with _repack(backend):
-        method.process_weights_after_loading(experts)
+        process_weights_after_loading(model, model_config, torch.device("cpu"))
     params = dict(experts.named_parameters(remove_duplicate=False))
     save_file(
         {name: p.detach().contiguous().clone() for name, p in params.items()},
@@ -172,7 +205,8 @@ def _side(reference: Any, case: dict[str, Any], which: str, out: Path) -> dict[s
         "quantization": quant_config.get_name(),
         "method": type(method).__name__,
         "backend": backend_attr.name,
-        "loaded": sorted(set(loaded)),
+        "loaded": sorted(loaded),
+        "not_loaded": sorted(expected - loaded),
         "parameters": sorted(params),
     }
 
