@@ -108,6 +108,8 @@ CORRUPTED = "corrupted-tensor"
 CHANGED_MANIFEST = "changed-manifest"
 OTHER_MOE_BACKEND = "other-moe-backend"
 BATCHED = "batched-marlin"
+SHAPES_ONLY = "shapes-only"
+BAD_VERIFY = "bad-verify-setting"
 
 
 def _vllm_python() -> Path:
@@ -179,6 +181,12 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, An
     shutil.copytree(root / f"out-{first.id}", damaged)
     damaged_name = _damage_one_byte(damaged)
     entries.append(_entry(CORRUPTED, first, root, damaged, sides=["converted"]))
+    shapes = {"MOE_CONTROL_VERIFY": "shapes"}
+    entries.append(_entry(SHAPES_ONLY, first, root, damaged, sides=["converted"], env=shapes))
+    bad = {"MOE_CONTROL_VERIFY": "fast"}
+    entries.append(
+        _entry(BAD_VERIFY, first, root, root / f"out-{first.id}", sides=["converted"], env=bad)
+    )
     changed = root / "changed"
     shutil.copytree(root / f"out-{first.id}", changed)
     manifest = json.loads((changed / MANIFEST_NAME).read_text())
@@ -273,3 +281,12 @@ def test_a_layout_vllm_cannot_select_is_refused(loaded: tuple[Path, dict[str, An
     assert not result["ok"]
     assert result["error_type"] == "ConvertedCheckpointError"
     assert "converted for BATCHED_MARLIN" in result["error"]
+
+
+def test_shapes_only_skips_the_hashes(loaded: tuple[Path, dict[str, Any], str]) -> None:
+    """MOE_CONTROL_VERIFY=shapes trades the tensor hashes away: the damaged copy loads."""
+    _, results, _ = loaded
+    assert results[SHAPES_ONLY]["converted"]["ok"], results[SHAPES_ONLY]["converted"]
+    result = results[BAD_VERIFY]["converted"]
+    assert not result["ok"] and result["error_type"] == "ConvertedCheckpointError"
+    assert "MOE_CONTROL_VERIFY='fast'" in result["error"]

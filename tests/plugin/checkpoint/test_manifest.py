@@ -5,40 +5,24 @@ the manifest with its own reader (`plugin/moe_control_vllm/checkpoint/manifest.p
 JSON, no torch). The format is declared once, on moe-control's side
 (`service/formats/checkpoint/serving.py`, `plan.py`): these tests check that the reader's
 names are those, and that it reads what a real conversion writes and refuses what it must.
-The reader is loaded from its file, as vLLM's environment would import it.
+The slot tables (`slots.py`, vLLM knowledge) are checked against what the converter writes.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from moe_control_vllm.checkpoint import manifest as reader
+from moe_control_vllm.checkpoint import slots
 
 from service.formats.checkpoint import plan, serving
 from service.formats.checkpoint.job import convert_checkpoint
 from service.formats.io.paths import DataRoot
 from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
 from service.oracle import preset
-
-ROOT = Path(__file__).resolve().parents[3]
-READER = ROOT / "plugin" / "moe_control_vllm" / "checkpoint" / "manifest.py"
-
-
-def _load_reader() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("plugin_checkpoint_manifest", READER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-reader = _load_reader()
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +95,12 @@ def test_refuses_a_changed_manifest(converted: Path, tmp_path: Path) -> None:
     missing = reader.ServingConfig.from_quantization_config(quant)
     with pytest.raises(reader.ConvertedCheckpointError, match="cannot read the manifest"):
         reader.Manifest.load(tmp_path, missing)
+
+
+def test_the_slot_tables_cover_what_the_converter_writes() -> None:
+    for method, names in slots.PARAMETERS.items():
+        assert set(names) == set(serving.CONVERSION_SLOTS), method
+    # Every backend the plugin serves gets its tensors' slots from the converter.
+    assert set(slots.FORCED_BACKEND) <= set(serving.SLOT_RENAMES)
+    assert set(slots.PLACEHOLDERS) <= set(slots.FORCED_BACKEND)
+    assert set(slots.ALIASES.values()) <= set(serving.CONVERSION_SLOTS)

@@ -6,9 +6,10 @@ Usage (in the vLLM environment, the plugin importable)::
     PYTHONPATH=plugin .venv-vllm/bin/python tests/plugin/checkpoint/vllm_loader.py CASE_DIR
 
 ``CASE_DIR/cases.json`` lists ``{"id", "source_dir", "converted_dir", "module", "backend",
-"layer": {...}}``, optionally ``"sides"`` (default both) and ``"moe_backend"`` (the
-converted side's ``--moe-backend``, default auto). For each case, vLLM's own path runs
-twice on a faked CUDA platform (the parity harness's, `tests/parity/vllm_reference.py`):
+"layer": {...}}``, optionally ``"sides"`` (default both), ``"moe_backend"`` (the
+converted side's ``--moe-backend``, default auto) and ``"env"`` (variables set for the
+case). For each case, vLLM's own path runs twice on a faked CUDA platform (the parity
+harness's, `tests/parity/vllm_reference.py`):
 
 - source: the model's quantization config as vLLM resolves it, a real layer from
   `FusedMoEFactory` with ``--moe-backend`` forced to the case's backend (held at the
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import traceback
 from collections.abc import Iterator
@@ -228,6 +230,8 @@ def main(argv: list[str]) -> int:
         sides = case.get("sides", ["source", "converted"])
         results[case["id"]] = {}
         for which in sides:
+            saved = {key: os.environ.get(key) for key in case.get("env", {})}
+            os.environ.update(case.get("env", {}))
             try:
                 result = _side(reference, case, which, case_dir)
             except Exception as raised:  # a refusal is a result, not a crash
@@ -239,6 +243,12 @@ def main(argv: list[str]) -> int:
                     "error": str(error),
                     "where": traceback.format_exc(limit=-3),
                 }
+            finally:
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
             results[case["id"]][which] = result
     (case_dir / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True))
     return 0
