@@ -109,6 +109,7 @@ CHANGED_MANIFEST = "changed-manifest"
 OTHER_MOE_BACKEND = "other-moe-backend"
 BATCHED = "batched-marlin"
 SHAPES_ONLY = "shapes-only"
+TENSOR_PARALLEL = "tensor-parallel"
 BAD_VERIFY = "bad-verify-setting"
 
 
@@ -181,6 +182,11 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, An
     shutil.copytree(root / f"out-{first.id}", damaged)
     damaged_name = _damage_one_byte(damaged)
     entries.append(_entry(CORRUPTED, first, root, damaged, sides=["converted"]))
+    tp2 = {"tensor_parallel_size": 2}
+    converted_first = root / f"out-{first.id}"
+    entries.append(
+        _entry(TENSOR_PARALLEL, first, root, converted_first, sides=["converted"], parallel=tp2)
+    )
     shapes = {"MOE_CONTROL_VERIFY": "shapes"}
     entries.append(_entry(SHAPES_ONLY, first, root, damaged, sides=["converted"], env=shapes))
     bad = {"MOE_CONTROL_VERIFY": "fast"}
@@ -290,3 +296,11 @@ def test_shapes_only_skips_the_hashes(loaded: tuple[Path, dict[str, Any], str]) 
     result = results[BAD_VERIFY]["converted"]
     assert not result["ok"] and result["error_type"] == "ConvertedCheckpointError"
     assert "MOE_CONTROL_VERIFY='fast'" in result["error"]
+
+
+def test_tensor_parallel_experts_are_refused(loaded: tuple[Path, dict[str, Any], str]) -> None:
+    """The files hold whole experts in the kernel layout: no rank's slice of them."""
+    _, results, _ = loaded
+    result = results[TENSOR_PARALLEL]["converted"]
+    assert not result["ok"] and result["error_type"] == "ConvertedCheckpointError"
+    assert "tp_size=2" in result["error"]

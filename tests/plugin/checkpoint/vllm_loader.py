@@ -7,9 +7,10 @@ Usage (in the vLLM environment, the plugin importable)::
 
 ``CASE_DIR/cases.json`` lists ``{"id", "source_dir", "converted_dir", "module", "backend",
 "layer": {...}}``, optionally ``"sides"`` (default both), ``"moe_backend"`` (the
-converted side's ``--moe-backend``, default auto) and ``"env"`` (variables set for the
-case). For each case, vLLM's own path runs twice on a faked CUDA platform (the parity
-harness's, `tests/parity/vllm_reference.py`):
+converted side's ``--moe-backend``, default auto), ``"env"`` (variables set for the
+case) and ``"parallel"`` (``tensor_parallel_size`` etc., as the parity specs give them).
+For each case, vLLM's own path runs twice on a faked CUDA platform (the parity harness's,
+`tests/parity/vllm_reference.py`):
 
 - source: the model's quantization config as vLLM resolves it, a real layer from
   `FusedMoEFactory` with ``--moe-backend`` forced to the case's backend (held at the
@@ -136,7 +137,9 @@ def _build(reference: Any, case: dict[str, Any], quant_config: Any, moe_backend:
     from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
 
     layer = case["layer"]
-    vllm_config = reference._build_vllm_config({"parallel": {}, "lora": False}, moe_backend)
+    parallel = case.get("parallel", {})
+    vllm_config = reference._build_vllm_config({"parallel": parallel, "lora": False}, moe_backend)
+    reference._World._apply_distributed(parallel)  # the stand-in groups of that size
     with set_current_vllm_config(vllm_config):
         runner = FusedMoEFactory(
             num_experts=layer["num_experts"],
