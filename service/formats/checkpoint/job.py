@@ -7,8 +7,9 @@ other small files). Output, in another directory:
   fused MoE module names its parameters (``model.layers.3.block_sparse_moe.experts.
   w13_qweight``...);
 * every other tensor copied byte for byte into a shard of the input shard's name;
-* the small files copied as they are, ``model.safetensors.index.json`` for all tensors, and
-  ``moe-control-manifest.json`` (`manifest`).
+* the small files copied as they are, ``model.safetensors.index.json`` for all tensors,
+  ``moe-control-manifest.json`` (`manifest`), and ``config.json`` with the quantization
+  config that lets vLLM serve the converted files (`serving`).
 
 Work is cut into units (one MoE layer, one shard's other tensors, the small files), each
 recorded in a journal once its file is durable (`journal`), so an interrupted run loses at

@@ -1,8 +1,10 @@
 """The end of a whole-checkpoint job: source hashes, the index and the manifest.
 
 ``moe-control-manifest.json`` records the source files' SHA-256s, ruleset, backend, the
-target layout, every output tensor's SHA-256 and the layer list; it is written last, so its
-presence means the directory is whole. Whichever run finds every unit done (its own, or
+target layout, every output tensor's SHA-256 and the layer list; then ``config.json`` is
+written with the ``quantization_config`` that tells vLLM what the files are and holds the
+manifest's SHA-256 (`serving`). The config is the last file written, so the directory is
+servable only once it is whole. Whichever run finds every unit done (its own, or
 another range's from the journal) writes ``model.safetensors.index.json`` and the manifest,
 unless told not to: a server spreading one job over its GPU workers lets only its final call
 finalize (service/dataplane/spread.py).
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from service import __version__
+from service.formats.checkpoint import serving
 from service.formats.checkpoint.journal import file_identity, source_unit
 from service.formats.checkpoint.plan import (
     FORMAT,
@@ -185,6 +188,7 @@ def finalize(
         "units": list(found.values()),
     }
     atomic_write_bytes(out / MANIFEST_NAME, json.dumps(manifest, indent=1).encode())
+    serving.write_model_config(job, out / MANIFEST_NAME, found.values())
     records.journal.remove()
     return out / MANIFEST_NAME
 

@@ -26,6 +26,7 @@ from service.formats.routes.spec import SourceSpec, Target, resolve_target, sour
 from service.oracle import PlatformProfile, deployment_from_model_config, parse_deployment
 
 __all__ = [
+    "CONFIG_NAME",
     "FORMAT",
     "FORMAT_VERSION",
     "INDEX_NAME",
@@ -43,6 +44,7 @@ __all__ = [
 ]
 
 MANIFEST_NAME = "moe-control-manifest.json"
+CONFIG_NAME = "config.json"
 INDEX_NAME = "model.safetensors.index.json"
 JOURNAL_DIR = ".moe-control-journal"
 FORMAT = "moe-control-checkpoint"
@@ -62,7 +64,7 @@ def read_model_config(input_dir: Path, root: DataRoot, field: str = "checkpoint.
     """The model's config.json object (confined to the root like every other file)."""
     if not input_dir.is_dir():
         raise ConvertInputError(field, f"{input_dir} is not a directory")
-    config = read_json(root.child(input_dir, "config.json", field), field)
+    config = read_json(root.child(input_dir, CONFIG_NAME, field), field)
     if not isinstance(config, dict):
         raise ConvertInputError(field, "config.json does not hold a JSON object")
     return config
@@ -282,8 +284,10 @@ class CheckpointJob:
 
 
 def meta_files(input_dir: Path, shards: list[str]) -> list[str]:
-    """Small top-level files to copy unchanged (config, tokenizer, generation config)."""
-    skip = {*shards, INDEX_NAME, MANIFEST_NAME}
+    """Small top-level files to copy unchanged (tokenizer, generation config). Not
+    config.json: the finished run writes it with the converted files' quantization config
+    (`serving.write_model_config`)."""
+    skip = {*shards, INDEX_NAME, MANIFEST_NAME, CONFIG_NAME}
     return sorted(
         entry.name
         for entry in os.scandir(input_dir)

@@ -142,7 +142,13 @@ def test_converts_every_layer_and_copies_the_rest(checkpoint: tuple[Path, Any]) 
     files = {f["name"]: f for f in manifest["source"]["files"]}
     assert {"config.json", INDEX_NAME, "tokenizer.json"} <= set(files)
     assert all(len(f["sha256"]) == 64 for f in files.values())
-    assert (out / "config.json").read_bytes() == (source / "config.json").read_bytes()
+    # config.json is the source's but for the quantization config of the converted files.
+    written = json.loads((out / "config.json").read_text())
+    original = json.loads((source / "config.json").read_text())
+    quant = written.pop("quantization_config")
+    assert written == {k: v for k, v in original.items() if k != "quantization_config"}
+    assert quant["source_quantization_config"] == original["quantization_config"]
+    assert (quant["quant_method"], quant["backend"]) == ("moe_control", "TRITON")
     assert (out / "tokenizer.json").exists()
     by_name = {t["name"]: t for t in result.tensors}
     assert set(by_name) == set(index["weight_map"])

@@ -1,0 +1,12 @@
+"""The plugin's modules that need neither vLLM nor torch (the converted checkpoint's
+reader, the slot tables) are tested in the product's environment too: its distribution's
+source directory goes on the path."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+PLUGIN_SOURCE = Path(__file__).resolve().parents[3] / "plugin"
+if str(PLUGIN_SOURCE) not in sys.path:
+    sys.path.insert(0, str(PLUGIN_SOURCE))
