@@ -2,8 +2,9 @@
 
 The decision stays what vLLM does (users need the truth about their fleet); a hazard says
 what will go wrong after selection, so the user can pick another backend or checkpoint.
-The hazards of `hazards_for`'s body hold for every release the oracle answers as; those of
-one or some releases are rows of `RELEASE_HAZARDS`, each naming the rulesets it applies to.
+The hazards of `hazards_for`'s body were read from 0.33.0's source and are given under every
+ruleset; those known to hold for some releases only are rows of `RELEASE_HAZARDS`, each
+naming the rulesets it applies to.
 """
 
 from __future__ import annotations

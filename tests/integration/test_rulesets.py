@@ -86,6 +86,31 @@ def test_an_unknown_ruleset_is_invalid_argument_listing_the_known(stub: Any, req
     assert "vllm-0.33 (vLLM >=0.33.0,<0.34)" in violation.description
 
 
+def test_a_release_answers_by_its_own_rules_and_refuses_a_flag_it_does_not_read(
+    stub: Any,
+) -> None:
+    h200 = pb.SelectBackendRequest(spec_json=json.dumps(spec(platform="h200")), ruleset="0.30")
+    assert stub.SelectBackend(h200, timeout=5).backend == "MARLIN"  # no prioritize_humming
+    zen = {"preset": "cpu", "packages": ["zentorch"], "env": {"VLLM_CPU_INT4_W4A8": "0"}}
+    assert (
+        stub.SelectBackend(
+            pb.SelectBackendRequest(spec_json=json.dumps(spec(platform=zen)), ruleset="0.31"),
+            timeout=5,
+        ).backend
+        == "CPU"
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.SelectBackend(
+            pb.SelectBackendRequest(spec_json=json.dumps(spec(platform=zen)), ruleset="0.30"),
+            timeout=5,
+        )
+    code, details = rich_error(caught.value)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT
+    violations = unpack(details, error_details_pb2.BadRequest).field_violations
+    assert [v.field for v in violations] == ["platform.env.VLLM_CPU_INT4_W4A8"]
+    assert "vllm-0.30 does not read this flag" in violations[0].description
+
+
 def test_cli_rulesets_over_the_server_is_the_local_listing(
     server: ServerProcess, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,11 +10,15 @@ from typing import Any
 
 import pytest
 
-from service.oracle import InvalidSpecError, SelectionError, select
+from service.oracle import InvalidSpecError, SelectionError, parse_deployment, select
 from service.oracle.platform import DECISION_ENV_FLAGS
+from service.oracle.release_inputs import unaccepted
 from service.oracle.rulesets import RULESETS, get_ruleset
 from service.oracle.rulesets import vllm_0_30 as v030
 from service.oracle.rulesets import vllm_0_31 as v031
+from tests.parity.compare import differences, ours
+from tests.parity.grid import generate
+from tests.parity.records import load, record_path
 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
 MIXTRAL = {"num_experts": 8, "top_k": 2, "hidden_size": 4096, "intermediate_size": 14336}
@@ -119,3 +123,46 @@ def test_ct_expert_bias_is_a_0_30_hazard() -> None:
         decision = select(spec(ct(4, symmetric=True), layer=layer), ruleset=release)
         codes = {h.code for h in decision.hazards}
         assert ("CT_EXPERT_BIAS_NOT_LOADED" in codes) is expected, release
+
+
+def test_expert_load_balancing_on_xpu_is_a_field_error_in_0_30_only() -> None:
+    eplb = {"data_parallel_size": 2, "enable_expert_parallel": True, "enable_eplb": True}
+    deployment = spec(platform="xpu", parallel=eplb)
+    with pytest.raises(SelectionError):  # 0.31 builds the layer, whose method refuses EPLB
+        select(deployment, ruleset="vllm-0.31")
+    with pytest.raises(InvalidSpecError) as caught:
+        select(deployment, ruleset="vllm-0.30")
+    (violation,) = caught.value.violations
+    assert violation.field == "parallel.enable_eplb"
+    assert "only on CUDA, ROCm devices" in violation.description
+    on_cuda = parse_deployment(spec(platform="a100", parallel=eplb))
+    assert unaccepted(on_cuda, v030.RULESET) == []
+
+
+def test_the_0_30_record_tells_the_releases_apart() -> None:
+    # 0.31's ruleset fails exactly three kinds of the record's answers: CPU deployments
+    # (ZEN_CPU is among 0.31's candidates), asymmetric compressed-tensors checkpoints of
+    # widths without a zero-point type, and EPLB on XPU; so the record proves each row.
+    record = load(record_path("vllm-0.30"))
+    specs = generate()
+    wrong = {
+        spec["id"]
+        for spec, expected in zip(specs, record.answers, strict=True)
+        if differences(expected, ours(spec, "vllm-0.31"))
+    }
+
+    def kind(spec: dict[str, Any]) -> str | None:
+        weights = [
+            group.get("weights") or {}
+            for group in (spec["hf_quantization_config"].get("config_groups") or {}).values()
+        ]
+        if spec["platform"]["device"] == "cpu":
+            return "cpu"
+        if any(not w.get("symmetric", True) and w.get("num_bits") not in (4, 8) for w in weights):
+            return "ct-zero-point-width"
+        if spec["platform"]["device"] == "xpu" and spec["parallel"]["enable_eplb"]:
+            return "xpu-eplb"
+        return None
+
+    kinds = {spec["id"]: kind(spec) for spec in specs}
+    assert {kinds[spec_id] for spec_id in wrong} == {"cpu", "ct-zero-point-width", "xpu-eplb"}

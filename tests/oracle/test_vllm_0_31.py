@@ -16,6 +16,9 @@ from service.oracle.rulesets import RULESETS, get_ruleset
 from service.oracle.rulesets import vllm_0_31 as v031
 from service.oracle.rulesets import vllm_0_32 as v032
 from service.oracle.rulesets.kernel_names import MOE_BACKENDS_0_31, MOE_BACKENDS_0_32
+from tests.parity.compare import differences, ours
+from tests.parity.grid import generate
+from tests.parity.records import load, record_path
 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
 #: Qwen3-30B-A3B's MoE layer.
@@ -99,3 +102,28 @@ def test_everything_else_is_0_32_s() -> None:
     assert old.experts_classes == new.experts_classes and old.user_backends == new.user_backends
     assert old.env_flags == new.env_flags and old.integrations == new.integrations
     assert old.priority.gpu == new.priority.gpu and old.priority.cpu == new.priority.cpu
+
+
+def test_the_0_31_record_tells_the_releases_apart() -> None:
+    # 0.32's ruleset fails exactly two kinds of the record's answers: CUDA SM90 deployments,
+    # where prioritize_humming moved HUMMING ahead, and the kernel_config refusals, whose
+    # choice lists differ; so the record proves both rows.
+    record = load(record_path("vllm-0.31"))
+    specs = generate()
+    wrong = {
+        spec["id"]
+        for spec, expected in zip(specs, record.answers, strict=True)
+        if differences(expected, ours(spec, "vllm-0.32"))
+    }
+    on_sm90 = {
+        spec["id"]
+        for spec in specs
+        if spec["platform"]["device"] == "cuda" and spec["platform"]["capability"] == "9.0"
+    }
+    refused = {
+        spec["id"]
+        for spec, expected in zip(specs, record.answers, strict=True)
+        if (expected.get("error") or {}).get("stage") == "kernel_config"
+    }
+    assert wrong & on_sm90 and refused
+    assert wrong == (wrong & on_sm90) | refused

@@ -9,11 +9,15 @@ Read from the installed 0.30.0 wheel beside 0.31.0's. The rows that differ:
 - compressed-tensors' `WNA16_ZP_SUPPORTED_TYPES_MAP`
   (`quantization/compressed_tensors/schemes/compressed_tensors_wNa16.py`) maps only 4 and 8
   bits, so an asymmetric 2/3/5/6/7-bit checkpoint makes `CompressedTensorsWNA16MoEMethod`'s
-  constructor raise `KeyError(bits)` before it calls the oracle.
+  constructor raise `KeyError(bits)` before it calls the oracle;
+- `ParallelConfig` (`vllm/config/parallel.py`) accepts expert load balancing on CUDA and
+  ROCm only (0.31 added XPU): its pydantic refusal, whose text repeats every argument
+  `vllm serve` passed, is answered as a field error on `parallel.enable_eplb` instead.
 
-Unchanged from 0.31 although the sheet lists them for 0.30: XPU's `supported_quantization`
-already has `moe_wna16` in 0.31 (it arrived in 0.30), and HUMMING's extra int8-dynamic
-activation key (0.31) is never asked for, since the WNA16 oracle passes no activation key.
+Listed for 0.30 by the release sheet but no row here, since they change no answer: XPU's
+`supported_quantization` has `moe_wna16` in 0.30 as in 0.31 (0.30 is where it arrived), and
+HUMMING's int8-dynamic activation key (added in 0.31) is never asked for, since the WNA16
+oracle passes no activation key.
 
 Differences the spec cannot express, so no row carries them: the modular kernel's
 `is_supported_config` has no hash-routing rule (the spec has no hash routing); the
@@ -36,6 +40,8 @@ NAME = "vllm-0.30"
 
 #: The backend 0.31 added, with its experts class, rules and CPU priority slot.
 ABSENT_BACKENDS = frozenset({"ZEN_CPU"})
+#: The devices 0.31 added to ParallelConfig's expert-load-balancing check.
+EPLB_DEVICES_ADDED_LATER = frozenset({"xpu"})
 #: Flags 0.31 started reading for the decision (ZEN_CPU's switch).
 UNREAD_ENV_FLAGS = frozenset({"VLLM_CPU_INT4_W4A8"})
 
@@ -70,5 +76,6 @@ RULESET: Ruleset = dataclasses.replace(
     structural_rules=STRUCTURAL_RULES,
     priority=PRIORITY,
     env_flags=base.RULESET.env_flags - UNREAD_ENV_FLAGS,
+    eplb_devices=base.RULESET.eplb_devices - EPLB_DEVICES_ADDED_LATER,
     integrations=INTEGRATIONS,
 )

@@ -487,6 +487,8 @@ RULESET = Ruleset(
     kernel_config_moe_backends=MOE_BACKENDS_0_33,
     priority=PRIORITY,
     env_flags=frozenset(DECISION_ENV_FLAGS),
+    # ParallelConfig: EPLB needs `is_cuda_alike() or is_xpu()`.
+    eplb_devices=frozenset({"cuda", "rocm", "xpu"}),
     class_check_codes=(
         # FusedMoEExperts.is_supported_config, in its order (service.oracle.engine)
         "DEVICE",
