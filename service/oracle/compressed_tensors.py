@@ -22,6 +22,7 @@ from service.oracle.quant_key import (
     QuantKey,
 )
 from service.oracle.quant_method import (
+    IntegrationRules,
     MoEMethodPlan,
     OracleCall,
     OtherMethod,
@@ -133,8 +134,13 @@ def _ct_scheme_for(
 
 
 def ct_moe_method(
-    spec: DeploymentSpec, name: str, scheme_map: Mapping[str, CtScheme]
+    spec: DeploymentSpec,
+    name: str,
+    scheme_map: Mapping[str, CtScheme],
+    rules: IntegrationRules,
 ) -> MoEMethodPlan:
+    """`CompressedTensorsMoEMethod.get_moe_method` for the layer, and what the WNA16 method's
+    constructor does up to its oracle call; `rules` holds what the release does differently."""
     config = spec.hf_quantization_config
     layer = spec.layer.name
     schemes = [
@@ -187,6 +193,9 @@ def ct_moe_method(
             "not go through the WNA16 backend selection",
         )
     bits = weights.num_bits
+    if not weights.symmetric and bits not in rules.ct_zero_point_bits:
+        # The constructor looks the zero-point type up by bit width, unguarded.
+        raise vllm_error("moe_method", "KeyError", str(bits), quantization=name)
     dtype = SYMMETRIC_TYPES[bits] if weights.symmetric else ASYMMETRIC_TYPES[bits]
     if bits == 4:
         shape = (1, 32) if group_size == 32 else PER_TOKEN

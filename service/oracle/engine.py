@@ -20,6 +20,7 @@ from service.oracle.kernel_config import parse_moe_backend
 from service.oracle.moe_config import ROUTING_METHODS, MoEConfig, moe_config
 from service.oracle.quant_method import OracleCall, OtherMethod
 from service.oracle.quantization import build_moe_method
+from service.oracle.release_inputs import refuse_unaccepted
 from service.oracle.rulesets import DEFAULT_RULESET, get_ruleset
 from service.oracle.rulesets.base import ExpertsClass, RuleContext, Ruleset
 from service.oracle.spec import DeploymentSpec
@@ -180,13 +181,15 @@ def decide(spec: DeploymentSpec, ruleset_name: str = DEFAULT_RULESET) -> Decisio
 def _plan(
     spec: DeploymentSpec, ruleset: Ruleset
 ) -> tuple[DeploymentSpec, MoEConfig, OracleCall | OtherMethod]:
-    """The start-up path up to the oracle call: `vllm serve`'s --moe-backend parse (before
-    anything else looks at the deployment), the layer's MoE config and the quant method
-    vLLM builds for it; raises vLLM's errors on the way."""
+    """The start-up path up to the oracle call: the release's refusal of inputs it does not
+    know, `vllm serve`'s --moe-backend parse (before anything else looks at the
+    deployment), the layer's MoE config and the quant method vLLM builds for it; raises
+    vLLM's errors on the way."""
+    refuse_unaccepted(spec, ruleset)
     backend_name = parse_moe_backend(spec.moe_backend, ruleset.kernel_config_moe_backends)
     spec = dataclasses.replace(spec, moe_backend=backend_name)
     moe = moe_config(spec)
-    return spec, moe, build_moe_method(spec, moe)
+    return spec, moe, build_moe_method(spec, moe, ruleset.integrations)
 
 
 def _decide(spec: DeploymentSpec, ruleset: Ruleset) -> Decision:
@@ -232,7 +235,7 @@ def _decide(spec: DeploymentSpec, ruleset: Ruleset) -> Decision:
         may_have_bias=plan.may_have_bias,
         allow_tile_padding=plan.allow_tile_padding,
         candidates=candidates,
-        hazards=hazards_for(spec, plan, backend, moe),
+        hazards=hazards_for(spec, plan, backend, moe, ruleset.name),
         platform=spec.platform,
     )
 
@@ -244,12 +247,16 @@ def outcome(
     of theirs): what the what-would-change search compares across variants."""
     ruleset = get_ruleset(ruleset_name)
     try:
+        refuse_unaccepted(spec, ruleset)
+    except InvalidSpecError:
+        return None, frozenset()
+    try:
         winner: str | None = _decide(spec, ruleset).backend
     except (SelectionError, InvalidSpecError):
         winner = None
     try:
         moe = moe_config(spec)
-        plan = build_moe_method(spec, moe)
+        plan = build_moe_method(spec, moe, ruleset.integrations)
     except (SelectionError, InvalidSpecError):
         return winner, frozenset()
     if not isinstance(plan, OracleCall):

@@ -1,14 +1,26 @@
-"""Known vLLM 0.33 misbehaviours on a chosen path, found by reading its source.
+"""Known vLLM misbehaviours on a chosen path, found by reading each release's source.
 
 The decision stays what vLLM does (users need the truth about their fleet); a hazard says
 what will go wrong after selection, so the user can pick another backend or checkpoint.
+The hazards of `hazards_for`'s body were read from 0.33.0's source and are given under every
+ruleset; those known to hold for some releases only are rows of `RELEASE_HAZARDS`, each
+naming the rulesets it applies to.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from service.oracle.decision import Hazard
 from service.oracle.moe_config import MoEConfig
-from service.oracle.quant_method import AwqConfig, GptqConfig, MoeWNA16Config, OracleCall
+from service.oracle.quant_method import (
+    AwqConfig,
+    GptqConfig,
+    MoeWNA16Config,
+    OracleCall,
+    WeightArgs,
+)
 from service.oracle.spec import DeploymentSpec
 
 
@@ -34,9 +46,57 @@ def _moe_wna16_group_hazard(config: MoeWNA16Config, moe: MoEConfig) -> Hazard | 
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class ReleaseHazard:
+    """A misbehaviour of some releases only: the rulesets it applies to and when."""
+
+    code: str
+    rulesets: frozenset[str]
+    applies: Callable[[DeploymentSpec, OracleCall, str], bool]
+    message: str
+
+    def hazard(self) -> Hazard:
+        return Hazard(self.code, self.message)
+
+
+def _ct_on(backend: str) -> Callable[[DeploymentSpec, OracleCall, str], bool]:
+    def applies(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
+        return isinstance(plan.quant_config, WeightArgs) and chosen == backend
+
+    return applies
+
+
+def _ct_with_expert_bias(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
+    return isinstance(plan.quant_config, WeightArgs) and spec.layer.has_bias
+
+
+RELEASE_HAZARDS: tuple[ReleaseHazard, ...] = (
+    ReleaseHazard(
+        "RDNA3_CONVERSION_LAYOUT",
+        frozenset({"vllm-0.31"}),
+        _ct_on("RDNA3"),
+        "vLLM 0.31's RDNA3 conversion takes compressed-tensors' N-first weights and scales "
+        "for the kernel's K-first layout (it transposes neither), so the nibble shuffle and "
+        "the synthesised zero points are computed on the wrong axes; and the method registers "
+        "zero points only for asymmetric or CPU checkpoints, so the synthesised ones are "
+        "dropped and the kernel gets none. Outputs are wrong (0.30 and 0.32+ convert it "
+        "correctly).",
+    ),
+    ReleaseHazard(
+        "CT_EXPERT_BIAS_NOT_LOADED",
+        frozenset({"vllm-0.30"}),
+        _ct_with_expert_bias,
+        "vLLM 0.30's compressed-tensors WNA16 MoE method allocates no expert biases: the "
+        "checkpoint's biases have no parameter to load into and the kernels run without "
+        "them (0.31 added them).",
+    ),
+)
+
+
 def hazards_for(
-    spec: DeploymentSpec, plan: OracleCall, backend: str, moe: MoEConfig
+    spec: DeploymentSpec, plan: OracleCall, backend: str, moe: MoEConfig, ruleset: str
 ) -> tuple[Hazard, ...]:
+    """The hazards of the path `ruleset`'s release takes with `backend`."""
     found: list[Hazard] = []
     config = plan.quant_config
     if isinstance(config, GptqConfig) and backend == "EMULATION":
@@ -91,4 +151,9 @@ def hazards_for(
                 "EMULATION discards expert biases during conversion.",
             )
         )
+    found.extend(
+        row.hazard()
+        for row in RELEASE_HAZARDS
+        if ruleset in row.rulesets and row.applies(spec, plan, backend)
+    )
     return tuple(found)

@@ -23,6 +23,20 @@ from service.oracle.quant_key import (
 UNQUANTIZED_METHOD = "UnquantizedFusedMoEMethod"
 
 
+# --- what releases' integrations do differently ---------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IntegrationRules:
+    """The integration behaviour that differs between vLLM releases, as data; the defaults
+    are the newest release's. A ruleset carries one (`Ruleset.integrations`)."""
+
+    #: compressed-tensors' `WNA16_ZP_SUPPORTED_TYPES_MAP` keys: the bit widths an asymmetric
+    #: checkpoint has a zero-point type for. `CompressedTensorsWNA16MoEMethod` indexes the
+    #: map with the checkpoint's bits, so another width raises `KeyError(bits)` there.
+    ct_zero_point_bits: frozenset[int] = frozenset(range(2, 9))
+
+
 # --- parsed quantization configs (what vLLM's config classes hold) -------------------------
 
 

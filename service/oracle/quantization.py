@@ -27,6 +27,7 @@ from service.oracle.quant_method import (
     AwqConfig,
     ConfigKeys,
     GptqConfig,
+    IntegrationRules,
     MoEMethodPlan,
     MoeWNA16Config,
     OracleCall,
@@ -312,8 +313,11 @@ def _awq_method(
     )
 
 
-def build_moe_method(spec: DeploymentSpec, moe: MoEConfig) -> MoEMethodPlan:
-    """Resolve, parse, gate and build: the MoE quant method vLLM constructs for the layer."""
+def build_moe_method(
+    spec: DeploymentSpec, moe: MoEConfig, rules: IntegrationRules
+) -> MoEMethodPlan:
+    """Resolve, parse, gate and build: the MoE quant method vLLM constructs for the layer,
+    as the release whose integration rules `rules` are does."""
     name = resolve_method(spec)
     config = spec.hf_quantization_config
     platform = spec.platform
@@ -351,4 +355,4 @@ def build_moe_method(spec: DeploymentSpec, moe: MoEConfig) -> MoEMethodPlan:
         return _awq_method(parsed, name, spec, moe)
     if isinstance(parsed, MoeWNA16Config):
         return _moe_wna16_method(parsed, name, spec.layer.name)
-    return ct_moe_method(spec, name, scheme_map)
+    return ct_moe_method(spec, name, scheme_map, rules)

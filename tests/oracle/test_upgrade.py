@@ -147,16 +147,17 @@ def test_unknown_and_too_few_rulesets_are_domain_errors() -> None:
 
 
 def _compared(answer: Any) -> tuple[Any, ...]:
-    """What the diff compares of `select`'s answer, read straight from it."""
+    """What the diff compares of `select`'s answer, read straight from it: each backend's
+    verdict, whatever order the release lists its backends in."""
     if isinstance(answer, SelectionError):
         error = (answer.error.stage, answer.error.type, answer.error.message)
         return (
             None,
             None,
             error,
-            tuple((c.backend, c.verdict, c.reason_code) for c in answer.candidates),
+            tuple(sorted((c.backend, c.verdict, c.reason_code) for c in answer.candidates)),
         )
-    verdicts = tuple((c.backend, c.verdict, c.reason_code) for c in answer.candidates)
+    verdicts = tuple(sorted((c.backend, c.verdict, c.reason_code) for c in answer.candidates))
     return answer.backend, answer.experts_class, None, verdicts
 
 

@@ -375,10 +375,34 @@ def generate() -> list[dict[str, Any]]:
         if "eplb" in vname and platform_map[pname]["device"] == "cpu":
             continue  # vLLM refuses EPLB on CPU in config validation; the spec refuses it too
         specs.append(_spec(f"{pname}|{qname}|{vname}", quant, flag, platform_map[pname], **extra))
+    specs.extend(_ct_asymmetric_widths(platform_map))
     unique: dict[str, dict[str, Any]] = {}
     for spec in specs:
         unique.setdefault(spec["id"], spec)
     return list(unique.values())
+
+
+#: Asymmetric compressed-tensors bit widths besides 4 and 8, and where they are asked for.
+CT_ASYMMETRIC_WIDTHS = (2, 3, 6)
+CT_ASYMMETRIC_PLATFORMS = ("a100", "h200", "gfx1100", "cpu")
+
+
+def _ct_asymmetric_widths(platforms: dict[str, dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Asymmetric compressed-tensors checkpoints of 2, 3 and 6 bits, grouped and per channel:
+    vLLM 0.30 has zero-point types for 4 and 8 bits only (its MoE method raises KeyError),
+    0.31 and later for every width from 2 to 8."""
+    for pname, bits, group in itertools.product(
+        CT_ASYMMETRIC_PLATFORMS, CT_ASYMMETRIC_WIDTHS, (128, None)
+    ):
+        strategy = "group" if group else "channel"
+        quant = _ct(bits, group, symmetric=False, strategy=strategy)
+        yield _spec(
+            f"{pname}|ct-int{bits}-asym-{strategy}|qwen1.5-moe-a2.7b",
+            quant,
+            None,
+            platforms[pname],
+            _layer(MODEL_SHAPES["qwen1.5-moe-a2.7b"]),
+        )
 
 
 def main() -> None:

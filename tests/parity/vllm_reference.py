@@ -139,14 +139,17 @@ _DECISION_PATH_MODULES = (
     f"{_MOE}.experts.fused_humming_moe",
     f"{_MOE}.experts.xpu_moe",
     f"{_MOE}.experts.cpu_moe",
-    f"{_MOE}.experts.zentorch_moe",
     f"{_MOE}.experts.int4_emulation_moe",
     f"{_MOE}.experts.rdna3_moe",
     "vllm.models.deepseek_v4",
     "vllm.models.deepseek_v41",
 )
-# Imported when possible: reached only on some platforms / flags.
-_OPTIONAL_MODULES = (f"{_CT_MOE}.compressed_tensors_moe_w4a16_flydsl",)
+# Imported when possible: reached only on some platforms / flags, or absent from some
+# releases (zentorch_moe arrived with the ZEN_CPU backend in 0.31).
+_OPTIONAL_MODULES = (
+    f"{_CT_MOE}.compressed_tensors_moe_w4a16_flydsl",
+    f"{_MOE}.experts.zentorch_moe",
+)
 
 _STAND_IN_MODULES = (
     "vllm._C_stable_libtorch",

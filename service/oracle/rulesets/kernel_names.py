@@ -42,3 +42,23 @@ MOE_BACKENDS_0_33: tuple[str, ...] = (
 MOE_BACKENDS_0_32: tuple[str, ...] = tuple(
     name for name in MOE_BACKENDS_0_33 if name != "aiter_triton_mxfp4_mxfp4"
 )
+
+
+def _with_after(names: tuple[str, ...], anchor: str, added: str) -> tuple[str, ...]:
+    """`names` with `added` inserted directly after `anchor`."""
+    index = names.index(anchor) + 1
+    return (*names[:index], added, *names[index:])
+
+
+#: vLLM 0.31.0's `MoEBackend` (and 0.30.0's, which is the same literal): 0.32.0's without
+#: `flashinfer_moe_ep_cutedsl` and `aiter_mega_moe` (0.32 added both), with
+#: `flashinfer_moe_ep_mega_cutedsl` (0.32 removed it), after the mega deep-gemm entry.
+MOE_BACKENDS_0_31: tuple[str, ...] = _with_after(
+    tuple(
+        name
+        for name in MOE_BACKENDS_0_32
+        if name not in ("flashinfer_moe_ep_cutedsl", "aiter_mega_moe")
+    ),
+    "flashinfer_moe_ep_mega_deep_gemm",
+    "flashinfer_moe_ep_mega_cutedsl",
+)
