@@ -22,6 +22,7 @@ from service.oracle.quant_key import (
     QuantKey,
 )
 from service.oracle.quant_method import (
+    IntegrationRules,
     MoEMethodPlan,
     OracleCall,
     OtherMethod,
@@ -132,9 +133,31 @@ def _ct_scheme_for(
     return None
 
 
+def _rocm_gfx1100_method(
+    spec: DeploymentSpec, weights: WeightArgs, rules: IntegrationRules
+) -> str | None:
+    """The method a release builds for 4-bit schemes on gfx1100 ahead of the WNA16 one
+    (`rocm_moe_rdna.is_supported`: 4 bits, `on_gfx1100()`, the HIP op built), if any."""
+    platform = spec.platform
+    if rules.ct_rocm_gfx1100_method is None or platform.device != "rocm":
+        return None
+    if weights.num_bits != 4 or "gfx1100" not in (platform.arch or ""):
+        return None
+    return rules.ct_rocm_gfx1100_method
+
+
 def ct_moe_method(
-    spec: DeploymentSpec, name: str, scheme_map: Mapping[str, CtScheme]
+    spec: DeploymentSpec,
+    name: str,
+    scheme_map: Mapping[str, CtScheme],
+    rules: IntegrationRules,
 ) -> MoEMethodPlan:
+    """`CompressedTensorsMoEMethod.get_moe_method` and `CompressedTensorsWNA16MoEMethod`.
+
+    Act-order (group or dynamic, only where a release still accepts it) keeps Marlin's
+    strict tile shape; the non-Marlin kernels assert channel-wise scales and group
+    act-order away after the oracle chose them.
+    """
     config = spec.hf_quantization_config
     layer = spec.layer.name
     schemes = [
@@ -195,31 +218,37 @@ def ct_moe_method(
     else:
         shape = PER_CHANNEL if group_size == -1 else (1, group_size)
     key = QuantKey(dtype, shape, weights.symmetric)
+    # vLLM asks this before the FlyDSL check above, which only gfx950 passes.
+    gfx1100_method = _rocm_gfx1100_method(spec, weights, rules)
+    is_actorder = weights.strategy == "group" and weights.actorder in ("group", "dynamic")
 
     def after(backend: str) -> None:
         if backend in ("MARLIN", "BATCHED_MARLIN"):
             marlin_input_dtype_check(platform, name)
-        elif weights.strategy != "group":
+        elif weights.strategy != "group" or weights.actorder == "group":
             raise vllm_error("moe_method", "AssertionError", "", quantization=name)
 
     return OracleCall(
         name,
-        "CompressedTensorsWNA16MoEMethod",
+        gfx1100_method or "CompressedTensorsWNA16MoEMethod",
         key,
         weights,
         not weights.symmetric,
         False,
-        True,
+        not is_actorder,
         after,
         eplb_backends=frozenset({"TRITON"}),
     )
 
 
-def parse_scheme_map(config: Mapping[str, Any], name: str) -> dict[str, CtScheme]:
+def parse_scheme_map(
+    config: Mapping[str, Any], name: str, rules: IntegrationRules
+) -> dict[str, CtScheme]:
     """`CompressedTensorsConfig.from_config`: the target -> scheme map, parsed once.
 
-    Group and dynamic act-order are refused here, as vLLM refuses them while parsing; a
-    `Linear` target also stands for the fused `RoutedExperts` module, as in vLLM.
+    Group and dynamic act-order are refused here, as vLLM refuses them while parsing
+    (releases that still support act-order keep them); a `Linear` target also stands for
+    the fused `RoutedExperts` module, as in vLLM.
     """
     groups = config.get("config_groups") or {}
     if not isinstance(groups, Mapping):
@@ -237,7 +266,8 @@ def parse_scheme_map(config: Mapping[str, Any], name: str) -> dict[str, CtScheme
             continue
         weights = group.get("weights")
         args = _parse_weight_args(weights, f"{path}.weights") if weights is not None else None
-        if args is not None and args.actorder in ("group", "dynamic"):
+        refused = args is not None and args.actorder in ("group", "dynamic")
+        if refused and not rules.act_order_supported:
             raise vllm_error(
                 "quantization",
                 "ValueError",

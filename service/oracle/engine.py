@@ -181,7 +181,7 @@ def _decide(spec: DeploymentSpec, ruleset: Ruleset) -> Decision:
     backend_name = parse_moe_backend(spec.moe_backend, ruleset.kernel_config_moe_backends)
     spec = dataclasses.replace(spec, moe_backend=backend_name)
     moe = moe_config(spec)
-    plan = build_moe_method(spec, moe)
+    plan = build_moe_method(spec, moe, ruleset.integrations)
     if isinstance(plan, OtherMethod):
         return Decision(
             ruleset.name,
@@ -240,16 +240,22 @@ def outcome(
         winner = None
     try:
         moe = moe_config(spec)
-        plan = build_moe_method(spec, moe)
+        plan = build_moe_method(spec, moe, ruleset.integrations)
     except (SelectionError, InvalidSpecError):
         return winner, frozenset()
     if not isinstance(plan, OracleCall):
         return winner, frozenset()
     ctx = _context(plan, spec, moe)
     fmt = _activation_format(ctx)
-    eligible = frozenset(
-        b
-        for b in ruleset.priority(ctx.platform)
-        if evaluate_backend(ruleset, b, ctx, fmt)[0] is not None
+    return winner, frozenset(
+        b for b in ruleset.priority(ctx.platform) if _fits(ruleset, b, ctx, fmt)
     )
-    return winner, eligible
+
+
+def _fits(ruleset: Ruleset, backend: str, ctx: RuleContext, activation_format: str) -> bool:
+    """Whether `backend` passes every check; a check that makes vLLM itself raise (a
+    release's rule comparing a missing group size) does not pass."""
+    try:
+        return evaluate_backend(ruleset, backend, ctx, activation_format)[0] is not None
+    except SelectionError:
+        return False

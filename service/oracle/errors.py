@@ -40,7 +40,13 @@ if TYPE_CHECKING:
 #: Where in vLLM's start-up path a `SelectionError` arises (`ErrorInfo.stage`).
 STAGES = ("kernel_config", "quantization", "capability", "moe_method", "backend")
 #: The exception classes vLLM raises there (`ErrorInfo.type`).
-VLLM_EXCEPTIONS = ("ValueError", "NotImplementedError", "AssertionError", "ArgumentError")
+VLLM_EXCEPTIONS = (
+    "ValueError",
+    "NotImplementedError",
+    "AssertionError",
+    "ArgumentError",
+    "TypeError",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from service.oracle.errors import ErrorInfo, InvalidSpecError, SelectionError
@@ -21,6 +22,46 @@ from service.oracle.quant_key import (
 )
 
 UNQUANTIZED_METHOD = "UnquantizedFusedMoEMethod"
+
+#: `supported_quantization` of the platforms that restrict it (others allow every method),
+#: narrowed to the WNA16 method names, as vLLM 0.30 and later list them.
+PLATFORM_QUANTIZATIONS: Mapping[str, frozenset[str]] = MappingProxyType(
+    {
+        "rocm": frozenset(
+            {"awq", "auto_awq", "awq_marlin", "gptq", "auto_gptq", "compressed-tensors", "inc"}
+        ),
+        "xpu": frozenset(
+            {"awq", "gptq", "moe_wna16", "auto_awq", "auto_gptq", "compressed-tensors"}
+        ),
+    }
+)
+
+
+# --- what releases' integrations do differently ---------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IntegrationRules:
+    """The integration behaviour that differs between vLLM releases, as data; the defaults
+    are the newest release's. A ruleset carries one (`Ruleset.integrations`)."""
+
+    #: Which WNA16 quantization methods each restricting platform lists.
+    platform_quantizations: Mapping[str, frozenset[str]] = field(
+        default_factory=lambda: PLATFORM_QUANTIZATIONS
+    )
+    #: Whether activation ordering (GPTQ `desc_act`, compressed-tensors `actorder` group or
+    #: dynamic) is still supported. False (0.30 and later): refused while parsing the
+    #: config, so the oracle never sees it. True (0.29 and older): kept as the checkpoint
+    #: says and wired through: GPTQ and compressed-tensors pass
+    #: `allow_tile_padding = not act-order` to Marlin's checks and to the oracle, a GPTQModel
+    #: `dynamic` rule may switch `desc_act` on for a channel-wise layer (it is not reset),
+    #: and MoeWNA16's compatibility check reads the raw `desc_act`.
+    act_order_supported: bool = False
+    #: The MoE method compressed-tensors builds for 4-bit schemes on ROCm gfx1100 ahead of
+    #: the WNA16 method, outside the oracle's choice (0.29 and older); None: no such method
+    #: (0.30 and later, where RDNA3 is an oracle backend). It inherits the WNA16 method's
+    #: constructor, so the oracle still runs and the method's asserts still apply.
+    ct_rocm_gfx1100_method: str | None = None
 
 
 # --- parsed quantization configs (what vLLM's config classes hold) -------------------------

@@ -80,6 +80,7 @@ import contextlib
 import copy
 import functools
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -139,14 +140,18 @@ _DECISION_PATH_MODULES = (
     f"{_MOE}.experts.fused_humming_moe",
     f"{_MOE}.experts.xpu_moe",
     f"{_MOE}.experts.cpu_moe",
-    f"{_MOE}.experts.zentorch_moe",
     f"{_MOE}.experts.int4_emulation_moe",
-    f"{_MOE}.experts.rdna3_moe",
     "vllm.models.deepseek_v4",
-    "vllm.models.deepseek_v41",
 )
 # Imported when possible: reached only on some platforms / flags.
 _OPTIONAL_MODULES = (f"{_CT_MOE}.compressed_tensors_moe_w4a16_flydsl",)
+# Imported where the release has them (zentorch_moe from 0.31, rdna3_moe and deepseek_v41
+# from 0.30); where it has one, importing it must work.
+_RELEASE_MODULES = (
+    f"{_MOE}.experts.zentorch_moe",
+    f"{_MOE}.experts.rdna3_moe",
+    "vllm.models.deepseek_v41",
+)
 
 _STAND_IN_MODULES = (
     "vllm._C_stable_libtorch",
@@ -161,6 +166,9 @@ def _import_decision_path() -> None:
     """Import the modules above (and every registered quant config) on the real platform."""
     for name in _DECISION_PATH_MODULES:
         importlib.import_module(name)
+    for name in _RELEASE_MODULES:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
     for name in _OPTIONAL_MODULES:
         with contextlib.suppress(Exception):
             importlib.import_module(name)

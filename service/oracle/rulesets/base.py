@@ -9,15 +9,23 @@ same way vLLM's `select_wna16_moe_backend` does, so a new vLLM release is a new 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from service.oracle.moe_config import MoEConfig, MoEParallelConfig
 from service.oracle.platform import PlatformProfile
 from service.oracle.quant_key import QuantKey
-from service.oracle.quant_method import QuantConfig
+from service.oracle.quant_method import IntegrationRules, QuantConfig
 from service.oracle.releases import Release
 
-__all__ = ["Check", "ExpertsClass", "Release", "RuleContext", "Ruleset", "StructuralRule"]
+__all__ = [
+    "Check",
+    "ExpertsClass",
+    "IntegrationRules",
+    "Release",
+    "RuleContext",
+    "Ruleset",
+    "StructuralRule",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +104,8 @@ class Ruleset:
     #: Every reason code an experts class's checks answer (the engine's common checks and
     #: the classes' own), declared so that metrics can list the codes before any decision.
     class_check_codes: tuple[str, ...] = ()
+    #: What the release's quantization integrations do around the oracle call.
+    integrations: IntegrationRules = field(default_factory=IntegrationRules)
 
     @property
     def reason_codes(self) -> tuple[str, ...]:
