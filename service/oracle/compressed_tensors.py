@@ -90,7 +90,7 @@ def _parse_weight_args(obj: Mapping[str, Any], path: str) -> WeightArgs:
         num_bits,
         type_,
         strategy,
-        None if strategy == "channel" else group_size,
+        group_size,
         symmetric,
         actorder,
         dynamic,
@@ -146,6 +146,39 @@ def _rocm_gfx1100_method(
     return rules.ct_rocm_gfx1100_method
 
 
+def _format_error(num_bits: int, rules: IntegrationRules) -> str:
+    """vLLM's refusal of a scheme that is not pack-quantized with a supported width (it
+    names pack-quantized as the format it got, whatever the format was)."""
+    pieces = (
+        "For Fused MoE layers, only format: ",
+        "pack-quantized ",
+        f" and bits: {list(SYMMETRIC_TYPES)} is supported ",
+        f"but got format: pack-quantized  and bits: {num_bits}",
+    )
+    if rules.ct_format_error_in_pieces:
+        return str(pieces)
+    return (
+        "For Fused MoE layers, only format: pack-quantized and bits: "
+        f"{list(SYMMETRIC_TYPES)} is supported but got format: pack-quantized and bits: "
+        f"{num_bits}"
+    )
+
+
+def _check_legacy_widths(weights: WeightArgs, rules: IntegrationRules, name: str) -> None:
+    """The width checks of releases whose WNA16 MoE method knew int4 and int8 only: 8-bit
+    weights must be channel-wise (the group size as the scheme gives it must be -1), and
+    other widths are refused; both before the oracle runs."""
+    if weights.num_bits == 8 and rules.int8_channelwise_only and weights.group_size != -1:
+        raise vllm_error("moe_method", "AssertionError", "", quantization=name)
+    if rules.ct_moe_bits is not None and weights.num_bits not in rules.ct_moe_bits:
+        raise vllm_error(
+            "moe_method",
+            "ValueError",
+            "CompressedTensorsWNA16MoEMethod only supports int4 and int8 now.",
+            quantization=name,
+        )
+
+
 def ct_moe_method(
     spec: DeploymentSpec,
     name: str,
@@ -187,9 +220,7 @@ def ct_moe_method(
         raise vllm_error(
             "moe_method",
             "ValueError",
-            "For Fused MoE layers, only format: pack-quantized and bits: "
-            f"{list(SYMMETRIC_TYPES)} is supported but got format: pack-quantized and bits: "
-            f"{weights.num_bits}",
+            _format_error(weights.num_bits, rules),
             quantization=name,
         )
     platform = spec.platform
@@ -211,6 +242,7 @@ def ct_moe_method(
         )
     bits = weights.num_bits
     dtype = SYMMETRIC_TYPES[bits] if weights.symmetric else ASYMMETRIC_TYPES[bits]
+    _check_legacy_widths(weights, rules, name)
     if bits == 4:
         shape = (1, 32) if group_size == 32 else PER_TOKEN
     elif bits == 8:
@@ -227,6 +259,13 @@ def ct_moe_method(
             marlin_input_dtype_check(platform, name)
         elif weights.strategy != "group" or weights.actorder == "group":
             raise vllm_error("moe_method", "AssertionError", "", quantization=name)
+        elif rules.ct_non_marlin_symmetric_only and not weights.symmetric:
+            raise vllm_error(
+                "moe_method",
+                "AssertionError",
+                "Only symmetric quantization is supported for MoE",
+                quantization=name,
+            )
 
     return OracleCall(
         name,

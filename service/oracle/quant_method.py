@@ -62,6 +62,21 @@ class IntegrationRules:
     #: (0.30 and later, where RDNA3 is an oracle backend). It inherits the WNA16 method's
     #: constructor, so the oracle still runs and the method's asserts still apply.
     ct_rocm_gfx1100_method: str | None = None
+    #: Whether the 8-bit WNA16 MoE methods take channel-wise scales only (0.28 and older):
+    #: compressed-tensors' and MoeWNA16's constructors `assert group_size == -1` for 8-bit
+    #: weights before they call the oracle. compressed-tensors compares the scheme's group
+    #: size as the checkpoint gives it, so a per-channel scheme without one (None) fails too.
+    int8_channelwise_only: bool = False
+    #: The weight widths compressed-tensors' WNA16 MoE method builds a weight key for; it
+    #: refuses any other width before the oracle runs (0.28 and older: 4 and 8). None: every
+    #: width of the scalar-type table (0.29 and later).
+    ct_moe_bits: frozenset[int] | None = None
+    #: Whether compressed-tensors' non-Marlin path also asserts a symmetric scheme after the
+    #: oracle chose (0.28 and older), so an asymmetric checkpoint runs on Marlin only.
+    ct_non_marlin_symmetric_only: bool = False
+    #: Whether compressed-tensors' MoE format/bits refusal hands `ValueError` its message in
+    #: pieces (0.28 and older), so the error reads as the tuple of those pieces.
+    ct_format_error_in_pieces: bool = False
 
 
 # --- parsed quantization configs (what vLLM's config classes hold) -------------------------

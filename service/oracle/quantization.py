@@ -245,12 +245,18 @@ def _parse_moe_wna16(
     return MoeWNA16Config(str(method), bits, group_size, has_zp, tuple(skip))
 
 
-def _moe_wna16_method(config: MoeWNA16Config, name: str, layer_name: str) -> MoEMethodPlan:
+def _moe_wna16_method(
+    config: MoeWNA16Config, name: str, layer_name: str, rules: IntegrationRules
+) -> MoEMethodPlan:
+    """`MoeWNA16Config.get_quant_method` and `MoeWNA16Method`'s constructor (where 8-bit
+    weights must be channel-wise, it asserts so before the oracle runs)."""
     if any(module in layer_name for module in config.modules_to_not_convert):
         return left_unquantized(name, layer_name, "it matches modules_to_not_convert")
     if config.bits == 4:
         key = K_INT4_STATIC_32 if config.group_size == 32 else K_INT4_STATIC
     elif config.bits == 8:
+        if rules.int8_channelwise_only and config.group_size != -1:
+            raise vllm_error("moe_method", "AssertionError", "", quantization=name)
         key = K_INT8_STATIC
     else:
         raise vllm_error(
@@ -282,7 +288,7 @@ def _gptq_method(
     layer = spec.layer.name
     if not marlin_supports(moe, config.group_size, not config.desc_act, spec.platform):
         fallback = _parse_moe_wna16(config.full_config, spec.platform, name, rules, "moe_method")
-        return _moe_wna16_method(fallback, name, layer)
+        return _moe_wna16_method(fallback, name, layer, rules)
     if _dynamic_override(config.dynamic, layer) is False:
         # get_quant_method sets the Marlin input dtype on whatever method it built.
         marlin_input_dtype_check(spec.platform, name)
@@ -324,7 +330,7 @@ def _awq_method(
         return left_unquantized(name, layer, "it matches modules_to_not_convert")
     if not marlin_supports(moe, config.group_size, True, spec.platform):
         fallback = _parse_moe_wna16(config.full_config, spec.platform, name, rules, "moe_method")
-        return _moe_wna16_method(fallback, name, layer)
+        return _moe_wna16_method(fallback, name, layer, rules)
     return OracleCall(
         name, "AutoAWQMoEMethod", K_INT4_STATIC, config, config.zero_point, True, True
     )
@@ -371,5 +377,5 @@ def build_moe_method(
     if isinstance(parsed, AwqConfig):
         return _awq_method(parsed, name, spec, moe, rules)
     if isinstance(parsed, MoeWNA16Config):
-        return _moe_wna16_method(parsed, name, spec.layer.name)
+        return _moe_wna16_method(parsed, name, spec.layer.name, rules)
     return ct_moe_method(spec, name, scheme_map, rules)
