@@ -375,10 +375,102 @@ def generate() -> list[dict[str, Any]]:
         if "eplb" in vname and platform_map[pname]["device"] == "cpu":
             continue  # vLLM refuses EPLB on CPU in config validation; the spec refuses it too
         specs.append(_spec(f"{pname}|{qname}|{vname}", quant, flag, platform_map[pname], **extra))
+    specs.extend(_kernel_list_and_width_specs(platform_map))
     unique: dict[str, dict[str, Any]] = {}
     for spec in specs:
         unique.setdefault(spec["id"], spec)
     return list(unique.values())
+
+
+#: compressed-tensors and MoeWNA16 checkpoints on the edges of what the int4/int8-only
+#: methods of releases up to 0.28 take: channel-wise with an explicit group size of -1
+#: (where the per-channel variants above leave it unset), 8-bit asymmetric, 2-bit, and a
+#: format other than pack-quantized.
+WIDTH_VARIANTS: list[tuple[str, dict[str, Any], str | None]] = [
+    ("ct-int8-channel-explicit", _ct(bits=8, group=-1, strategy="channel"), None),
+    ("ct-int4-channel-explicit", _ct(group=-1, strategy="channel"), None),
+    (
+        "ct-int8-asym-channel-explicit",
+        _ct(bits=8, group=-1, strategy="channel", symmetric=False),
+        None,
+    ),
+    ("ct-int2-g128", _ct(bits=2), None),
+    ("ct-int4-g128-dense-format", {**_ct(), "format": "dense"}, None),
+    ("gptq-int8-channel-as-moe-wna16", _gptq(bits=8, group=-1), "moe_wna16"),
+]
+#: Activations some releases' Humming and Triton WNA16 experts lack (SITU and
+#: SWIGLUOAI_UNINTERLEAVE), beside one every kernel takes.
+KERNEL_LIST_ACTIVATIONS = ("silu", "situ", "swigluoai_uninterleave")
+#: Expert counts on both sides of Triton's padded-expert cap (rounded up to 32, < 1024).
+EXPERT_COUNT_EDGES = (992, 993)
+
+
+def _kernel_list_and_width_specs(platforms: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Scenarios for what older releases' experts lists and integrations refuse: every
+    quantization forced onto HUMMING (whose weight keys were a short list up to 0.28),
+    HUMMING and TRITON forced with the activations their lists lacked, HUMMING under batch
+    invariance (not declared before 0.28), the int4/int8-only widths, and the expert counts
+    around Triton's cap (which 0.27 lacks)."""
+    specs: list[dict[str, Any]] = []
+    quants = {q[0]: q for q in (*QUANT_VARIANTS, *WIDTH_VARIANTS)}
+    mixtral = _layer(MODEL_SHAPES["mixtral-8x7b"])
+    for pname, (qname, quant, flag) in itertools.product(
+        ("h200", "h200-batch-invariant"), quants.values()
+    ):
+        specs.append(
+            _spec(
+                f"{pname}|{qname}|forced-humming|kernel-lists",
+                quant,
+                flag,
+                platforms[pname],
+                mixtral,
+                moe_backend="humming",
+            )
+        )
+    for backend, pname, activation, qname in itertools.product(
+        ("humming", "triton", "auto"),
+        ("h200", "a100", "mi300x"),
+        KERNEL_LIST_ACTIVATIONS,
+        ("gptq-int4-g128", "ct-int4-g128", "ct-int4-g32", "gptq-as-moe-wna16"),
+    ):
+        _, quant, flag = quants[qname]
+        specs.append(
+            _spec(
+                f"{pname}|{qname}|{activation}|forced-{backend}|kernel-lists",
+                quant,
+                flag,
+                platforms[pname],
+                _layer(MODEL_SHAPES["mixtral-8x7b"], activation=activation),
+                moe_backend=backend,
+            )
+        )
+    for pname, (qname, quant, flag), sname in itertools.product(
+        ("a100", "h200", "mi300x", "gfx1100", "cpu", "xpu", "v100"),
+        WIDTH_VARIANTS,
+        ("qwen1.5-moe-a2.7b", "marlin-bad-intermediate"),
+    ):
+        shape = {**MODEL_SHAPES, **EDGE_SHAPES}[sname]
+        specs.append(
+            _spec(f"{pname}|{qname}|{sname}|widths", quant, flag, platforms[pname], _layer(shape))
+        )
+    for experts, backend, pname, qname in itertools.product(
+        EXPERT_COUNT_EDGES,
+        ("auto", "triton", "emulation"),
+        ("a100", "mi300x"),
+        ("gptq-int4-g128", "ct-int4-g32"),
+    ):
+        _, quant, flag = quants[qname]
+        specs.append(
+            _spec(
+                f"{pname}|{qname}|experts-{experts}|forced-{backend}",
+                quant,
+                flag,
+                platforms[pname],
+                _layer((experts, 1024, 512, 8)),
+                moe_backend=backend,
+            )
+        )
+    return specs
 
 
 def main() -> None:

@@ -826,29 +826,32 @@ def _judge(backend: Any, arguments: dict) -> _Verdict:
 
 
 def _candidate(verdict: _Verdict, label: str) -> dict:
+    return {"backend": verdict.backend.name, "verdict": label, "reason": verdict.reason}
+
+
+def _unreached(backend: Any) -> dict:
     # vLLM never judges a backend it does not reach (it returns at the first that fits, or
-    # judges only the forced one): such a backend has no reason from vLLM.
-    reason = "" if label == "not_reached" else verdict.reason
-    return {"backend": verdict.backend.name, "verdict": label, "reason": reason}
+    # judges only the forced one): such a backend has no reason from vLLM, and judging it
+    # here could raise where vLLM does not (a release's rule that cannot compare a value).
+    return {"backend": backend.name, "verdict": "not_reached", "reason": ""}
 
 
 def _auto_candidates(priority: list, arguments: dict) -> tuple[list[dict], _Verdict | None]:
-    verdicts = [_judge(backend, arguments) for backend in priority]
-    chosen = next((v for v in verdicts if v.passes), None)
-    candidates, seen_chosen = [], False
-    for verdict in verdicts:
-        if verdict is chosen:
-            label, seen_chosen = "selected", True
-        else:
-            label = "not_reached" if seen_chosen else "rejected"
-        candidates.append(_candidate(verdict, label))
-    return candidates, chosen
+    candidates: list[dict] = []
+    for index, backend in enumerate(priority):
+        verdict = _judge(backend, arguments)
+        if verdict.passes:
+            candidates.append(_candidate(verdict, "selected"))
+            candidates.extend(_unreached(b) for b in priority[index + 1 :])
+            return candidates, verdict
+        candidates.append(_candidate(verdict, "rejected"))
+    return candidates, None
 
 
 def _forced_candidates(forced: Any, priority: list, arguments: dict):
     verdict = _judge(forced, arguments)
     first = _candidate(verdict, "selected" if verdict.passes else "rejected")
-    rest = [_candidate(_judge(b, arguments), "not_reached") for b in priority if b != forced]
+    rest = [_unreached(b) for b in priority if b != forced]
     return [first, *rest], (verdict if verdict.passes else None)
 
 
@@ -864,8 +867,7 @@ def _candidates(call: _SelectCall) -> tuple[list[dict], _Verdict | None, str]:
     try:
         forced = iw.map_wna16_backend(requested)
     except ValueError:
-        unreached = [_candidate(_judge(b, arguments), "not_reached") for b in priority]
-        return unreached, None, "unknown"
+        return [_unreached(b) for b in priority], None, "unknown"
     return (*_forced_candidates(forced, priority, arguments), "forced")
 
 

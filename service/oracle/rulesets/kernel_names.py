@@ -42,3 +42,38 @@ MOE_BACKENDS_0_33: tuple[str, ...] = (
 MOE_BACKENDS_0_32: tuple[str, ...] = tuple(
     name for name in MOE_BACKENDS_0_33 if name != "aiter_triton_mxfp4_mxfp4"
 )
+
+#: vLLM 0.29.0's `MoEBackend`, in declaration order: without `aiter_triton_mxfp4_bf16` and
+#: `rdna3` (0.30 added both), so `vllm serve --moe-backend rdna3` is refused there.
+MOE_BACKENDS_0_29: tuple[str, ...] = (
+    "auto",
+    "triton",
+    "batched_triton",
+    "deep_gemm",
+    "deep_gemm_mega_moe",
+    "cutlass",
+    "flashinfer_trtllm",
+    "flashinfer_cutlass",
+    "flashinfer_cutedsl",
+    "flashinfer_b12x",
+    "b12x",
+    "flashinfer_moe_ep_mega_deep_gemm",
+    "flashinfer_moe_ep_mega_cutedsl",
+    "marlin",
+    "humming",
+    "triton_unfused",
+    "aiter",
+    "flydsl",
+    "hpc",
+    "emulation",
+)
+
+#: The names 0.29 added to `MoEBackend`: vLLM 0.28.0's literal lacks them.
+ADDED_IN_0_29: frozenset[str] = frozenset(
+    {"b12x", "flashinfer_moe_ep_mega_deep_gemm", "flashinfer_moe_ep_mega_cutedsl"}
+)
+#: vLLM 0.28.0's `MoEBackend` (`vllm/config/kernel.py`), in declaration order; 0.27.0's is
+#: the same list.
+MOE_BACKENDS_0_28: tuple[str, ...] = tuple(
+    name for name in MOE_BACKENDS_0_29 if name not in ADDED_IN_0_29
+)
