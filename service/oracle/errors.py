@@ -46,6 +46,7 @@ VLLM_EXCEPTIONS = (
     "AssertionError",
     "ArgumentError",
     "TypeError",
+    "ValidationError",
 )
 
 

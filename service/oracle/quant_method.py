@@ -62,6 +62,9 @@ class IntegrationRules:
     #: (0.30 and later, where RDNA3 is an oracle backend). It inherits the WNA16 method's
     #: constructor, so the oracle still runs and the method's asserts still apply.
     ct_rocm_gfx1100_method: str | None = None
+    #: The devices `ParallelConfig` allows expert-parallel load balancing on, in the order
+    #: its refusal names them (XPU from 0.31).
+    eplb_devices: tuple[str, ...] = ("cuda", "rocm", "xpu")
 
 
 # --- parsed quantization configs (what vLLM's config classes hold) -------------------------
