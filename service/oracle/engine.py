@@ -223,7 +223,7 @@ def _decide(spec: DeploymentSpec, ruleset: Ruleset) -> Decision:
         may_have_bias=plan.may_have_bias,
         allow_tile_padding=plan.allow_tile_padding,
         candidates=candidates,
-        hazards=hazards_for(spec, plan, backend, moe),
+        hazards=hazards_for(spec, plan, backend, moe, ruleset.name),
         platform=spec.platform,
     )
 

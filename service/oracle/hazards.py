@@ -1,14 +1,25 @@
-"""Known vLLM 0.33 misbehaviours on a chosen path, found by reading its source.
+"""Known vLLM misbehaviours on a chosen path, found by reading each release's source.
 
 The decision stays what vLLM does (users need the truth about their fleet); a hazard says
 what will go wrong after selection, so the user can pick another backend or checkpoint.
+The hazards of `hazards_for`'s body hold for every release the oracle answers as; those of
+one or some releases are rows of `RELEASE_HAZARDS`, each naming the rulesets it applies to.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from service.oracle.decision import Hazard
 from service.oracle.moe_config import MoEConfig
-from service.oracle.quant_method import AwqConfig, GptqConfig, MoeWNA16Config, OracleCall
+from service.oracle.quant_method import (
+    AwqConfig,
+    GptqConfig,
+    MoeWNA16Config,
+    OracleCall,
+    WeightArgs,
+)
 from service.oracle.spec import DeploymentSpec
 
 
@@ -34,9 +45,76 @@ def _moe_wna16_group_hazard(config: MoeWNA16Config, moe: MoEConfig) -> Hazard | 
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class ReleaseHazard:
+    """A misbehaviour of some releases only: the rulesets it applies to and when."""
+
+    code: str
+    rulesets: frozenset[str]
+    applies: Callable[[DeploymentSpec, OracleCall, str], bool]
+    message: str
+
+    def hazard(self) -> Hazard:
+        return Hazard(self.code, self.message)
+
+
+#: The method 0.29 and older build for 4-bit compressed-tensors layers on gfx1100.
+CT_RDNA3_METHOD = "CompressedTensorsWNA16RDNA3MoEMethod"
+
+
+def _ct_rdna3_method(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
+    return plan.moe_method == CT_RDNA3_METHOD
+
+
+def _moe_wna16_with_gptq_act_order(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
+    config = spec.hf_quantization_config
+    return (
+        isinstance(plan.quant_config, MoeWNA16Config)
+        and plan.quant_config.linear_quant_method == "gptq"
+        and config.get("desc_act") is True
+        and config.get("group_size") != -1
+    )
+
+
+def _ct_dynamic_act_order(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
+    return isinstance(plan.quant_config, WeightArgs) and plan.quant_config.actorder == "dynamic"
+
+
+RELEASE_HAZARDS: tuple[ReleaseHazard, ...] = (
+    ReleaseHazard(
+        "CT_RDNA3_METHOD_LOAD_FAILS",
+        frozenset({"vllm-0.29"}),
+        _ct_rdna3_method,
+        f"On gfx1100 vLLM builds {CT_RDNA3_METHOD} for this layer (the backend above is "
+        "the oracle's choice, which it only logs: the method runs its own RDNA3 HIP kernel). "
+        "The method inherits create_weights, which pops 'intermediate_size_full', but the "
+        "layer passes that only to the methods it names, and not to this one: loading the "
+        "model raises KeyError('intermediate_size_full').",
+    ),
+    ReleaseHazard(
+        "MOE_WNA16_DROPS_ACT_ORDER",
+        frozenset({"vllm-0.29"}),
+        _moe_wna16_with_gptq_act_order,
+        "The checkpoint has GPTQ activation ordering (desc_act), but MoeWNA16's weight loader "
+        "skips g_idx and its kernels read the groups in column order: outputs are wrong "
+        "(vLLM 0.30 refuses such checkpoints).",
+    ),
+    ReleaseHazard(
+        "CT_DYNAMIC_ACT_ORDER_DROPPED",
+        frozenset({"vllm-0.29"}),
+        _ct_dynamic_act_order,
+        "compressed-tensors' actorder 'dynamic' is its alias of 'group' (columns must be "
+        "reordered by g_idx at runtime), but vLLM compares the stored string with 'group': "
+        "the Marlin conversion resets g_idx to empty and the other kernels never read it, "
+        "so outputs are wrong (vLLM 0.30 refuses such checkpoints).",
+    ),
+)
+
+
 def hazards_for(
-    spec: DeploymentSpec, plan: OracleCall, backend: str, moe: MoEConfig
+    spec: DeploymentSpec, plan: OracleCall, backend: str, moe: MoEConfig, ruleset: str
 ) -> tuple[Hazard, ...]:
+    """The hazards of the path `ruleset`'s release takes with `backend`."""
     found: list[Hazard] = []
     config = plan.quant_config
     if isinstance(config, GptqConfig) and backend == "EMULATION":
@@ -91,4 +169,9 @@ def hazards_for(
                 "EMULATION discards expert biases during conversion.",
             )
         )
+    found.extend(
+        row.hazard()
+        for row in RELEASE_HAZARDS
+        if ruleset in row.rulesets and row.applies(spec, plan, backend)
+    )
     return tuple(found)

@@ -79,6 +79,9 @@ RELEASES: Mapping[str, Release] = MappingProxyType(
         r.name: r
         for r in (
             Release(
+                "vllm-0.29", first="0.29.0", below="0.30", torch="2.13.0", humming_kernels="0.1.12"
+            ),
+            Release(
                 "vllm-0.32", first="0.32.0", below="0.33", torch="2.13.0", humming_kernels="0.1.17"
             ),
             Release(

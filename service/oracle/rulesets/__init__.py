@@ -12,6 +12,7 @@ from typing import Any
 
 from service.oracle.releases import DEFAULT_RULESET, RELEASES, Release, resolve_ruleset
 from service.oracle.rulesets.base import Ruleset
+from service.oracle.rulesets.vllm_0_29 import RULESET as VLLM_0_29
 from service.oracle.rulesets.vllm_0_32 import RULESET as VLLM_0_32
 from service.oracle.rulesets.vllm_0_33 import RULESET as VLLM_0_33
 
@@ -28,7 +29,12 @@ __all__ = [
 #: Every ruleset, by its name, in the order of the release table (oldest first); every
 #: row of that table has its ruleset here (tests/oracle/test_rulesets.py).
 RULESETS: Mapping[str, Ruleset] = MappingProxyType(
-    {r.name: r for r in sorted((VLLM_0_32, VLLM_0_33), key=lambda r: list(RELEASES).index(r.name))}
+    {
+        r.name: r
+        for r in sorted(
+            (VLLM_0_29, VLLM_0_32, VLLM_0_33), key=lambda r: list(RELEASES).index(r.name)
+        )
+    }
 )
 
 

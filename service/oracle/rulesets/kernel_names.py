@@ -42,3 +42,28 @@ MOE_BACKENDS_0_33: tuple[str, ...] = (
 MOE_BACKENDS_0_32: tuple[str, ...] = tuple(
     name for name in MOE_BACKENDS_0_33 if name != "aiter_triton_mxfp4_mxfp4"
 )
+
+#: vLLM 0.29.0's `MoEBackend`, in declaration order: without `aiter_triton_mxfp4_bf16` and
+#: `rdna3` (0.30 added both), so `vllm serve --moe-backend rdna3` is refused there.
+MOE_BACKENDS_0_29: tuple[str, ...] = (
+    "auto",
+    "triton",
+    "batched_triton",
+    "deep_gemm",
+    "deep_gemm_mega_moe",
+    "cutlass",
+    "flashinfer_trtllm",
+    "flashinfer_cutlass",
+    "flashinfer_cutedsl",
+    "flashinfer_b12x",
+    "b12x",
+    "flashinfer_moe_ep_mega_deep_gemm",
+    "flashinfer_moe_ep_mega_cutedsl",
+    "marlin",
+    "humming",
+    "triton_unfused",
+    "aiter",
+    "flydsl",
+    "hpc",
+    "emulation",
+)
