@@ -152,10 +152,10 @@ def ct_moe_method(
     scheme_map: Mapping[str, CtScheme],
     rules: IntegrationRules,
 ) -> MoEMethodPlan:
-    """`CompressedTensorsMoEMethod.get_moe_method` and `CompressedTensorsWNA16MoEMethod`.
-
-    Act-order (group or dynamic, only where a release still accepts it) keeps Marlin's
-    strict tile shape; the non-Marlin kernels assert channel-wise scales and group
+    """`CompressedTensorsMoEMethod.get_moe_method` for the layer, and what the WNA16 method's
+    constructor does up to and after its oracle call; `rules` holds what the release does
+    differently. Act-order (group or dynamic, only where a release still accepts it) keeps
+    Marlin's strict tile shape; the non-Marlin kernels assert channel-wise scales and group
     act-order away after the oracle chose them.
     """
     config = spec.hf_quantization_config
@@ -210,6 +210,9 @@ def ct_moe_method(
             "not go through the WNA16 backend selection",
         )
     bits = weights.num_bits
+    if not weights.symmetric and bits not in rules.ct_zero_point_bits:
+        # The constructor looks the zero-point type up by bit width, unguarded.
+        raise vllm_error("moe_method", "KeyError", str(bits), quantization=name)
     dtype = SYMMETRIC_TYPES[bits] if weights.symmetric else ASYMMETRIC_TYPES[bits]
     if bits == 4:
         shape = (1, 32) if group_size == 32 else PER_TOKEN

@@ -47,6 +47,7 @@ VLLM_EXCEPTIONS = (
     "ArgumentError",
     "TypeError",
     "ValidationError",
+    "KeyError",
 )
 
 

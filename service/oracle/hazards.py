@@ -58,6 +58,17 @@ class ReleaseHazard:
         return Hazard(self.code, self.message)
 
 
+def _ct_on(backend: str) -> Callable[[DeploymentSpec, OracleCall, str], bool]:
+    def applies(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
+        return isinstance(plan.quant_config, WeightArgs) and chosen == backend
+
+    return applies
+
+
+def _ct_with_expert_bias(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
+    return isinstance(plan.quant_config, WeightArgs) and spec.layer.has_bias
+
+
 #: The method 0.29 and older build for 4-bit compressed-tensors layers on gfx1100.
 CT_RDNA3_METHOD = "CompressedTensorsWNA16RDNA3MoEMethod"
 
@@ -81,6 +92,25 @@ def _ct_dynamic_act_order(spec: DeploymentSpec, plan: OracleCall, chosen: str) -
 
 
 RELEASE_HAZARDS: tuple[ReleaseHazard, ...] = (
+    ReleaseHazard(
+        "RDNA3_CONVERSION_LAYOUT",
+        frozenset({"vllm-0.31"}),
+        _ct_on("RDNA3"),
+        "vLLM 0.31's RDNA3 conversion takes compressed-tensors' N-first weights and scales "
+        "for the kernel's K-first layout (it transposes neither), so the nibble shuffle and "
+        "the synthesised zero points are computed on the wrong axes; and the method registers "
+        "zero points only for asymmetric or CPU checkpoints, so the synthesised ones are "
+        "dropped and the kernel gets none. Outputs are wrong (0.30 and 0.32+ convert it "
+        "correctly).",
+    ),
+    ReleaseHazard(
+        "CT_EXPERT_BIAS_NOT_LOADED",
+        frozenset({"vllm-0.29", "vllm-0.30"}),
+        _ct_with_expert_bias,
+        "vLLM 0.30's (and 0.29's) compressed-tensors WNA16 MoE method allocates no expert "
+        "biases: the checkpoint's biases have no parameter to load into and the kernels run "
+        "without them (0.31 added them).",
+    ),
     ReleaseHazard(
         "CT_RDNA3_METHOD_LOAD_FAILS",
         frozenset({"vllm-0.29"}),

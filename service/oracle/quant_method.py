@@ -65,6 +65,10 @@ class IntegrationRules:
     #: The devices `ParallelConfig` allows expert-parallel load balancing on, in the order
     #: its refusal names them (XPU from 0.31).
     eplb_devices: tuple[str, ...] = ("cuda", "rocm", "xpu")
+    #: compressed-tensors' `WNA16_ZP_SUPPORTED_TYPES_MAP` keys: the bit widths an asymmetric
+    #: checkpoint has a zero-point type for. `CompressedTensorsWNA16MoEMethod` indexes the
+    #: map with the checkpoint's bits, so another width raises `KeyError(bits)` there.
+    ct_zero_point_bits: frozenset[int] = frozenset(range(2, 9))
 
 
 # --- parsed quantization configs (what vLLM's config classes hold) -------------------------

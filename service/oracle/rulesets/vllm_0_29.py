@@ -52,6 +52,7 @@ from types import MappingProxyType
 from service.oracle.quant_method import (
     AwqConfig,
     GptqConfig,
+    IntegrationRules,
     MoeWNA16Config,
     WeightArgs,
     marlin_supports,
@@ -59,7 +60,13 @@ from service.oracle.quant_method import (
 )
 from service.oracle.releases import RELEASES
 from service.oracle.rulesets import vllm_0_30 as base
-from service.oracle.rulesets.base import ExpertsClass, RuleContext, Ruleset, StructuralRule
+from service.oracle.rulesets.base import (
+    ExpertsClass,
+    Priority,
+    RuleContext,
+    Ruleset,
+    StructuralRule,
+)
 from service.oracle.rulesets.kernel_names import MOE_BACKENDS_0_29
 
 NAME = "vllm-0.29"
@@ -152,15 +159,12 @@ EXPERTS_CLASSES: dict[str, tuple[ExpertsClass, ...]] = {
     if backend != ADDED_IN_0_30
 }
 
-_BASE_PRIORITY = base.RULESET.priority
+#: 0.30's priority without RDNA3 (it led the CUDA/ROCm list).
+PRIORITY: Priority = dataclasses.replace(
+    base.PRIORITY, gpu=tuple(b for b in base.PRIORITY.gpu if b != ADDED_IN_0_30)
+)
 
-
-def priority(platform: object) -> tuple[str, ...]:
-    """0.30's priority list without RDNA3."""
-    return tuple(b for b in _BASE_PRIORITY(platform) if b != ADDED_IN_0_30)  # type: ignore[arg-type]
-
-
-INTEGRATIONS = dataclasses.replace(
+INTEGRATIONS: IntegrationRules = dataclasses.replace(
     base.RULESET.integrations,
     platform_quantizations=MappingProxyType(
         {
@@ -182,6 +186,6 @@ RULESET: Ruleset = dataclasses.replace(
     structural_rules=STRUCTURAL_RULES,
     user_backends={k: v for k, v in base.RULESET.user_backends.items() if v != ADDED_IN_0_30},
     kernel_config_moe_backends=MOE_BACKENDS_0_29,
-    priority=priority,
+    priority=PRIORITY,
     integrations=INTEGRATIONS,
 )
