@@ -35,9 +35,7 @@ class's checks but Humming's gemm type) is 0.30's; these rows differ:
   `rocm_moe_rdna.py`); it inherits the WNA16 method's constructor, so the oracle still runs
   (normally choosing TRITON) and its choice is what vLLM reports, though the layer then runs
   the RDNA3 HIP kernel.
-- XPU's `supported_quantization` (`vllm/platforms/xpu.py:113`) lacks "moe_wna16", and
-  `ParallelConfig` refuses expert-parallel load balancing on XPU (`vllm/config/parallel.py`
-  514, as in 0.30).
+- XPU's `supported_quantization` (`vllm/platforms/xpu.py:113`) lacks "moe_wna16".
 
 What the spec cannot express: compressed-tensors' weight key for a 2/3/5/6/7-bit
 per-channel scheme is built from the unnormalised None group size
@@ -174,7 +172,6 @@ INTEGRATIONS: IntegrationRules = dataclasses.replace(
     ),
     act_order_supported=True,
     ct_rocm_gfx1100_method="CompressedTensorsWNA16RDNA3MoEMethod",
-    eplb_devices=("cuda", "rocm"),
 )
 
 RULESET: Ruleset = dataclasses.replace(

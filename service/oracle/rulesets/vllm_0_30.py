@@ -9,7 +9,10 @@ Read from the installed 0.30.0 wheel beside 0.31.0's. The rows that differ:
 - compressed-tensors' `WNA16_ZP_SUPPORTED_TYPES_MAP`
   (`quantization/compressed_tensors/schemes/compressed_tensors_wNa16.py`) maps only 4 and 8
   bits, so an asymmetric 2/3/5/6/7-bit checkpoint makes `CompressedTensorsWNA16MoEMethod`'s
-  constructor raise `KeyError(bits)` before it calls the oracle.
+  constructor raise `KeyError(bits)` before it calls the oracle;
+- `ParallelConfig` (`vllm/config/parallel.py:527`) refuses expert-parallel load balancing
+  on anything but CUDA and ROCm (0.31 added XPU): pydantic's `ValidationError` while the
+  engine config is built.
 
 Unchanged from 0.31 although the sheet lists them for 0.30: XPU's `supported_quantization`
 already has `moe_wna16` in 0.31 (it arrived in 0.30), and HUMMING's extra int8-dynamic
@@ -54,9 +57,10 @@ STRUCTURAL_RULES: tuple[StructuralRule, ...] = tuple(
 PRIORITY: Priority = dataclasses.replace(
     base.PRIORITY, cpu=tuple(b for b in base.PRIORITY.cpu if b not in ABSENT_BACKENDS)
 )
-#: compressed-tensors' zero-point types exist for 4 and 8 bits only.
+#: compressed-tensors' zero-point types exist for 4 and 8 bits only; ParallelConfig balances
+#: experts on CUDA and ROCm only.
 INTEGRATIONS: IntegrationRules = dataclasses.replace(
-    base.RULESET.integrations, ct_zero_point_bits=frozenset({4, 8})
+    base.RULESET.integrations, ct_zero_point_bits=frozenset({4, 8}), eplb_devices=("cuda", "rocm")
 )
 #: The experts classes that differ from 0.33's, by backend (as 0.31's; ZEN_CPU is absent).
 EXPERTS_DELTA = base.EXPERTS_DELTA
