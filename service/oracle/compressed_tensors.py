@@ -269,13 +269,13 @@ def parse_scheme_map(
             continue
         weights = group.get("weights")
         args = _parse_weight_args(weights, f"{path}.weights") if weights is not None else None
-        refused = args is not None and args.actorder in ("group", "dynamic")
-        if refused and not rules.act_order_supported:
+        act_order = None if args is None else args.actorder
+        if act_order in ("group", "dynamic") and not rules.act_order_supported:
             raise vllm_error(
                 "quantization",
                 "ValueError",
                 "Compressed-tensors group/dynamic activation ordering "
-                f"(actorder={args.actorder!r}) is no longer supported. Use a checkpoint with "
+                f"(actorder={act_order!r}) is no longer supported. Use a checkpoint with "
                 "static/weight activation ordering or without activation ordering.",
                 quantization=name,
             )
