@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from service.oracle.decision import Hazard
 from service.oracle.moe_config import MoEConfig
 from service.oracle.quant_method import (
+    CT_RDNA3_METHOD,
     AwqConfig,
     GptqConfig,
     MoeWNA16Config,
@@ -67,10 +68,6 @@ def _ct_on(backend: str) -> Callable[[DeploymentSpec, OracleCall, str], bool]:
 
 def _ct_with_expert_bias(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
     return isinstance(plan.quant_config, WeightArgs) and spec.layer.has_bias
-
-
-#: The method 0.29 and older build for 4-bit compressed-tensors layers on gfx1100.
-CT_RDNA3_METHOD = "CompressedTensorsWNA16RDNA3MoEMethod"
 
 
 def _ct_rdna3_method(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:

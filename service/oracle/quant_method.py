@@ -22,6 +22,8 @@ from service.oracle.quant_key import (
 )
 
 UNQUANTIZED_METHOD = "UnquantizedFusedMoEMethod"
+#: The method vLLM 0.29 and older build for 4-bit compressed-tensors layers on gfx1100.
+CT_RDNA3_METHOD = "CompressedTensorsWNA16RDNA3MoEMethod"
 
 #: `supported_quantization` of the platforms that restrict it (others allow every method),
 #: narrowed to the WNA16 method names, as vLLM 0.30 and later list them.

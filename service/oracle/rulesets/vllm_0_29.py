@@ -48,6 +48,7 @@ import dataclasses
 from types import MappingProxyType
 
 from service.oracle.quant_method import (
+    CT_RDNA3_METHOD,
     AwqConfig,
     GptqConfig,
     IntegrationRules,
@@ -59,6 +60,7 @@ from service.oracle.quant_method import (
 from service.oracle.releases import RELEASES
 from service.oracle.rulesets import vllm_0_30 as base
 from service.oracle.rulesets.base import (
+    Check,
     ExpertsClass,
     Priority,
     RuleContext,
@@ -90,7 +92,7 @@ def preferred_humming_gemm(ctx: RuleContext) -> str:
     return "indexed"
 
 
-def _humming_gemm_check(gemm_type: str) -> object:
+def _humming_gemm_check(gemm_type: str) -> Check:
     def check(ctx: RuleContext) -> tuple[str, str] | None:
         preferred = preferred_humming_gemm(ctx)
         if preferred == gemm_type:
@@ -105,7 +107,7 @@ def _humming_gemm_check(gemm_type: str) -> object:
 
 def _humming_class(cls: ExpertsClass) -> ExpertsClass:
     check = _humming_gemm_check(HUMMING_GEMM_TYPES[cls.name])
-    return dataclasses.replace(cls, extra_checks=(check,))  # type: ignore[arg-type]
+    return dataclasses.replace(cls, extra_checks=(check,))
 
 
 # --- the Marlin rule without group-size normalisation ----------------------------------------
@@ -171,7 +173,7 @@ INTEGRATIONS: IntegrationRules = dataclasses.replace(
         }
     ),
     act_order_supported=True,
-    ct_rocm_gfx1100_method="CompressedTensorsWNA16RDNA3MoEMethod",
+    ct_rocm_gfx1100_method=CT_RDNA3_METHOD,
 )
 
 RULESET: Ruleset = dataclasses.replace(
