@@ -185,10 +185,10 @@ def ct_moe_method(
     scheme_map: Mapping[str, CtScheme],
     rules: IntegrationRules,
 ) -> MoEMethodPlan:
-    """`CompressedTensorsMoEMethod.get_moe_method` and `CompressedTensorsWNA16MoEMethod`.
-
-    Act-order (group or dynamic, only where a release still accepts it) keeps Marlin's
-    strict tile shape; the non-Marlin kernels assert channel-wise scales and group
+    """`CompressedTensorsMoEMethod.get_moe_method` for the layer, and what the WNA16 method's
+    constructor does up to and after its oracle call; `rules` holds what the release does
+    differently. Act-order (group or dynamic, only where a release still accepts it) keeps
+    Marlin's strict tile shape; the non-Marlin kernels assert channel-wise scales and group
     act-order away after the oracle chose them.
     """
     config = spec.hf_quantization_config
@@ -241,6 +241,9 @@ def ct_moe_method(
             "not go through the WNA16 backend selection",
         )
     bits = weights.num_bits
+    if not weights.symmetric and bits not in rules.ct_zero_point_bits:
+        # The constructor looks the zero-point type up by bit width, unguarded.
+        raise vllm_error("moe_method", "KeyError", str(bits), quantization=name)
     dtype = SYMMETRIC_TYPES[bits] if weights.symmetric else ASYMMETRIC_TYPES[bits]
     _check_legacy_widths(weights, rules, name)
     if bits == 4:
@@ -305,13 +308,13 @@ def parse_scheme_map(
             continue
         weights = group.get("weights")
         args = _parse_weight_args(weights, f"{path}.weights") if weights is not None else None
-        refused = args is not None and args.actorder in ("group", "dynamic")
-        if refused and not rules.act_order_supported:
+        act_order = None if args is None else args.actorder
+        if act_order in ("group", "dynamic") and not rules.act_order_supported:
             raise vllm_error(
                 "quantization",
                 "ValueError",
                 "Compressed-tensors group/dynamic activation ordering "
-                f"(actorder={args.actorder!r}) is no longer supported. Use a checkpoint with "
+                f"(actorder={act_order!r}) is no longer supported. Use a checkpoint with "
                 "static/weight activation ordering or without activation ordering.",
                 quantization=name,
             )

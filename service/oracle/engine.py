@@ -17,6 +17,7 @@ from service.oracle.explain import explain_rejection, not_reached
 from service.oracle.hazards import hazards_for
 from service.oracle.kernel_config import parse_moe_backend
 from service.oracle.moe_config import ROUTING_METHODS, MoEConfig, moe_config
+from service.oracle.platform import env_flags_unread
 from service.oracle.quant_method import OracleCall, OtherMethod
 from service.oracle.quantization import build_moe_method
 from service.oracle.rulesets import DEFAULT_RULESET, get_ruleset
@@ -176,7 +177,15 @@ def decide(spec: DeploymentSpec, ruleset_name: str = DEFAULT_RULESET) -> Decisio
         raise
 
 
+def _refuse_unread_env_flags(spec: DeploymentSpec, ruleset: Ruleset) -> None:
+    """A flag the spec sets that this release does not read is a field error, not ignored."""
+    violations = env_flags_unread(spec.platform.env, ruleset.env_flags, ruleset.name)
+    if violations:
+        raise InvalidSpecError(violations)
+
+
 def _decide(spec: DeploymentSpec, ruleset: Ruleset) -> Decision:
+    _refuse_unread_env_flags(spec, ruleset)
     # `vllm serve` parses --moe-backend before anything else looks at the deployment.
     backend_name = parse_moe_backend(spec.moe_backend, ruleset.kernel_config_moe_backends)
     spec = dataclasses.replace(spec, moe_backend=backend_name)
@@ -223,7 +232,7 @@ def _decide(spec: DeploymentSpec, ruleset: Ruleset) -> Decision:
         may_have_bias=plan.may_have_bias,
         allow_tile_padding=plan.allow_tile_padding,
         candidates=candidates,
-        hazards=hazards_for(spec, plan, backend, moe),
+        hazards=hazards_for(spec, plan, backend, moe, ruleset.name),
         platform=spec.platform,
     )
 
@@ -234,6 +243,10 @@ def outcome(
     """(the backend vLLM selects or None where it fails, the backends that pass every check
     of theirs): what the what-would-change search compares across variants."""
     ruleset = get_ruleset(ruleset_name)
+    try:
+        _refuse_unread_env_flags(spec, ruleset)
+    except InvalidSpecError:
+        return None, frozenset()
     try:
         winner: str | None = _decide(spec, ruleset).backend
     except (SelectionError, InvalidSpecError):

@@ -46,6 +46,8 @@ VLLM_EXCEPTIONS = (
     "AssertionError",
     "ArgumentError",
     "TypeError",
+    "ValidationError",
+    "KeyError",
 )
 
 

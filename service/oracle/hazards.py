@@ -1,14 +1,26 @@
-"""Known vLLM 0.33 misbehaviours on a chosen path, found by reading its source.
+"""Known vLLM misbehaviours on a chosen path, found by reading each release's source.
 
 The decision stays what vLLM does (users need the truth about their fleet); a hazard says
 what will go wrong after selection, so the user can pick another backend or checkpoint.
+The hazards of `hazards_for`'s body hold for every release the oracle answers as; those of
+one or some releases are rows of `RELEASE_HAZARDS`, each naming the rulesets it applies to.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from service.oracle.decision import Hazard
 from service.oracle.moe_config import MoEConfig
-from service.oracle.quant_method import AwqConfig, GptqConfig, MoeWNA16Config, OracleCall
+from service.oracle.quant_method import (
+    CT_RDNA3_METHOD,
+    AwqConfig,
+    GptqConfig,
+    MoeWNA16Config,
+    OracleCall,
+    WeightArgs,
+)
 from service.oracle.spec import DeploymentSpec
 
 
@@ -34,9 +46,102 @@ def _moe_wna16_group_hazard(config: MoeWNA16Config, moe: MoEConfig) -> Hazard | 
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class ReleaseHazard:
+    """A misbehaviour of some releases only: the rulesets it applies to and when."""
+
+    code: str
+    rulesets: frozenset[str]
+    applies: Callable[[DeploymentSpec, OracleCall, str], bool]
+    message: str
+
+    def hazard(self) -> Hazard:
+        return Hazard(self.code, self.message)
+
+
+def _ct_on(backend: str) -> Callable[[DeploymentSpec, OracleCall, str], bool]:
+    def applies(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
+        return isinstance(plan.quant_config, WeightArgs) and chosen == backend
+
+    return applies
+
+
+def _ct_with_expert_bias(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
+    return isinstance(plan.quant_config, WeightArgs) and spec.layer.has_bias
+
+
+def _ct_rdna3_method(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
+    return plan.moe_method == CT_RDNA3_METHOD
+
+
+def _moe_wna16_with_gptq_act_order(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
+    config = spec.hf_quantization_config
+    return (
+        isinstance(plan.quant_config, MoeWNA16Config)
+        and plan.quant_config.linear_quant_method == "gptq"
+        and config.get("desc_act") is True
+        and config.get("group_size") != -1
+    )
+
+
+def _ct_dynamic_act_order(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
+    return isinstance(plan.quant_config, WeightArgs) and plan.quant_config.actorder == "dynamic"
+
+
+RELEASE_HAZARDS: tuple[ReleaseHazard, ...] = (
+    ReleaseHazard(
+        "RDNA3_CONVERSION_LAYOUT",
+        frozenset({"vllm-0.31"}),
+        _ct_on("RDNA3"),
+        "vLLM 0.31's RDNA3 conversion takes compressed-tensors' N-first weights and scales "
+        "for the kernel's K-first layout (it transposes neither), so the nibble shuffle and "
+        "the synthesised zero points are computed on the wrong axes; and the method registers "
+        "zero points only for asymmetric or CPU checkpoints, so the synthesised ones are "
+        "dropped and the kernel gets none. Outputs are wrong (0.30 and 0.32+ convert it "
+        "correctly).",
+    ),
+    ReleaseHazard(
+        "CT_EXPERT_BIAS_NOT_LOADED",
+        frozenset({"vllm-0.29", "vllm-0.30"}),
+        _ct_with_expert_bias,
+        "vLLM 0.30's (and 0.29's) compressed-tensors WNA16 MoE method allocates no expert "
+        "biases: the checkpoint's biases have no parameter to load into and the kernels run "
+        "without them (0.31 added them).",
+    ),
+    ReleaseHazard(
+        "CT_RDNA3_METHOD_LOAD_FAILS",
+        frozenset({"vllm-0.29"}),
+        _ct_rdna3_method,
+        f"On gfx1100 vLLM builds {CT_RDNA3_METHOD} for this layer (the backend above is "
+        "the oracle's choice, which it only logs: the method runs its own RDNA3 HIP kernel). "
+        "The method inherits create_weights, which pops 'intermediate_size_full', but the "
+        "layer passes that only to the methods it names, and not to this one: loading the "
+        "model raises KeyError('intermediate_size_full').",
+    ),
+    ReleaseHazard(
+        "MOE_WNA16_DROPS_ACT_ORDER",
+        frozenset({"vllm-0.29"}),
+        _moe_wna16_with_gptq_act_order,
+        "The checkpoint has GPTQ activation ordering (desc_act), but MoeWNA16's weight loader "
+        "skips g_idx and its kernels read the groups in column order: outputs are wrong "
+        "(vLLM 0.30 refuses such checkpoints).",
+    ),
+    ReleaseHazard(
+        "CT_DYNAMIC_ACT_ORDER_DROPPED",
+        frozenset({"vllm-0.29"}),
+        _ct_dynamic_act_order,
+        "compressed-tensors' actorder 'dynamic' is its alias of 'group' (columns must be "
+        "reordered by g_idx at runtime), but vLLM compares the stored string with 'group': "
+        "the Marlin conversion resets g_idx to empty and the other kernels never read it, "
+        "so outputs are wrong (vLLM 0.30 refuses such checkpoints).",
+    ),
+)
+
+
 def hazards_for(
-    spec: DeploymentSpec, plan: OracleCall, backend: str, moe: MoEConfig
+    spec: DeploymentSpec, plan: OracleCall, backend: str, moe: MoEConfig, ruleset: str
 ) -> tuple[Hazard, ...]:
+    """The hazards of the path `ruleset`'s release takes with `backend`."""
     found: list[Hazard] = []
     config = plan.quant_config
     if isinstance(config, GptqConfig) and backend == "EMULATION":
@@ -91,4 +196,9 @@ def hazards_for(
                 "EMULATION discards expert biases during conversion.",
             )
         )
+    found.extend(
+        row.hazard()
+        for row in RELEASE_HAZARDS
+        if ruleset in row.rulesets and row.applies(spec, plan, backend)
+    )
     return tuple(found)

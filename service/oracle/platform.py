@@ -237,6 +237,23 @@ def _env_violations(env: Mapping[str, str], prefix: str) -> list[FieldViolation]
     return found
 
 
+def env_flags_unread(
+    env: Mapping[str, str], reads: frozenset[str], release: str, prefix: str = "platform.env"
+) -> list[FieldViolation]:
+    """The flags of `env` that `release` does not read for the decision (only other
+    releases do): each a violation naming the flag and the flags `release` reads. Answering
+    as if it mattered, or silently dropping it, would both mislead."""
+    return [
+        FieldViolation(
+            f"{prefix}.{name}",
+            f"{release} does not read this flag for the WNA16 MoE decision (other releases "
+            f"do); the flags it reads: {sorted(reads)}",
+        )
+        for name in env
+        if name not in reads
+    ]
+
+
 def _env_value(value: str | int | bool) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"

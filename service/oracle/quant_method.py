@@ -22,6 +22,8 @@ from service.oracle.quant_key import (
 )
 
 UNQUANTIZED_METHOD = "UnquantizedFusedMoEMethod"
+#: The method vLLM 0.29 and older build for 4-bit compressed-tensors layers on gfx1100.
+CT_RDNA3_METHOD = "CompressedTensorsWNA16RDNA3MoEMethod"
 
 #: `supported_quantization` of the platforms that restrict it (others allow every method),
 #: narrowed to the WNA16 method names, as vLLM 0.30 and later list them.
@@ -62,6 +64,13 @@ class IntegrationRules:
     #: (0.30 and later, where RDNA3 is an oracle backend). It inherits the WNA16 method's
     #: constructor, so the oracle still runs and the method's asserts still apply.
     ct_rocm_gfx1100_method: str | None = None
+    #: The devices `ParallelConfig` allows expert-parallel load balancing on, in the order
+    #: its refusal names them (XPU from 0.31).
+    eplb_devices: tuple[str, ...] = ("cuda", "rocm", "xpu")
+    #: compressed-tensors' `WNA16_ZP_SUPPORTED_TYPES_MAP` keys: the bit widths an asymmetric
+    #: checkpoint has a zero-point type for. `CompressedTensorsWNA16MoEMethod` indexes the
+    #: map with the checkpoint's bits, so another width raises `KeyError(bits)` there.
+    ct_zero_point_bits: frozenset[int] = frozenset(range(2, 9))
     #: Whether the 8-bit WNA16 MoE methods take channel-wise scales only (0.28 and older):
     #: compressed-tensors' and MoeWNA16's constructors `assert group_size == -1` for 8-bit
     #: weights before they call the oracle. compressed-tensors compares the scheme's group

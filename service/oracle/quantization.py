@@ -17,6 +17,7 @@ from typing import Any
 from service.oracle.compressed_tensors import CtScheme, ct_moe_method, parse_scheme_map
 from service.oracle.errors import InvalidSpecError
 from service.oracle.moe_config import MoEConfig
+from service.oracle.parallel_config import eplb_refusal
 from service.oracle.platform import PlatformProfile
 from service.oracle.quant_key import (
     K_INT4_STATIC,
@@ -365,6 +366,10 @@ def build_moe_method(
             f"Minimum capability: {minimum}. Current capability: {platform.capability_int}.",
             quantization=name,
         )
+    # The engine config (its ParallelConfig) is validated next, before the layer is built.
+    refusal = eplb_refusal(spec.parallel, platform.device, rules.eplb_devices, name)
+    if refusal is not None:
+        raise refusal
     if not moe.is_act_and_mul and platform.device not in ("cuda", "rocm", "xpu"):
         raise vllm_error(
             "moe_method",

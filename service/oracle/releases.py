@@ -88,6 +88,12 @@ RELEASES: Mapping[str, Release] = MappingProxyType(
                 "vllm-0.29", first="0.29.0", below="0.30", torch="2.13.0", humming_kernels="0.1.12"
             ),
             Release(
+                "vllm-0.30", first="0.30.0", below="0.31", torch="2.13.0", humming_kernels="0.1.12"
+            ),
+            Release(
+                "vllm-0.31", first="0.31.0", below="0.32", torch="2.13.0", humming_kernels="0.1.16"
+            ),
+            Release(
                 "vllm-0.32", first="0.32.0", below="0.33", torch="2.13.0", humming_kernels="0.1.17"
             ),
             Release(

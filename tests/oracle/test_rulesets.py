@@ -44,8 +44,8 @@ UNKNOWN = [
     "vllm-0.34",
     "0.34",
     "0.34.0",
-    "0.31.0",
-    "vllm-0.31",
+    "0.26.0",
+    "vllm-0.26",
     "0.3",
     "0.33.0.1",
     "33",
@@ -137,7 +137,7 @@ def test_a_ruleset_that_is_no_string_is_refused() -> None:
 def test_the_argument_wins_over_the_spec() -> None:
     # The argument is checked even where the spec's would do, and decides over it.
     with pytest.raises(UnknownRulesetError):
-        select(spec(ruleset="0.33"), ruleset="0.27")
+        select(spec(ruleset="0.33"), ruleset="0.26")
     assert select(spec(ruleset="0.33"), ruleset="v0.33.0").ruleset == "vllm-0.33"
     assert select(spec(ruleset="0.33"), ruleset="0.32.0").ruleset == "vllm-0.32"
     assert select(spec(ruleset="vllm-0.32"), ruleset="0.33").ruleset == "vllm-0.33"
@@ -145,7 +145,8 @@ def test_the_argument_wins_over_the_spec() -> None:
 
 def test_the_listing_carries_the_release_metadata() -> None:
     entries = {entry["name"]: entry for entry in listing()}
-    assert [entry["name"] for entry in listing()] == ["vllm-0.32", "vllm-0.33"]
+    assert [entry["name"] for entry in listing()] == list(RELEASES)
+    assert list(RELEASES)[-2:] == ["vllm-0.32", "vllm-0.33"]
     assert entries["vllm-0.33"] == {
         "name": "vllm-0.33",
         "default": True,

@@ -21,6 +21,7 @@ __all__ = [
     "Check",
     "ExpertsClass",
     "IntegrationRules",
+    "Priority",
     "Release",
     "RuleContext",
     "Ruleset",
@@ -87,6 +88,36 @@ class ExpertsClass:
 
 
 @dataclass(frozen=True, slots=True)
+class Priority:
+    """`_get_priority_backends`: the order backends are tried in, per device kind.
+
+    CUDA and ROCm share `gpu`; on a CUDA device whose capability is in
+    `humming_preferred_capabilities`, `prioritize_humming` moves HUMMING directly ahead of
+    MARLIN (an empty set: the release has no `prioritize_humming`)."""
+
+    gpu: tuple[str, ...]
+    cpu: tuple[str, ...]
+    xpu: tuple[str, ...]
+    humming_preferred_capabilities: frozenset[int] = frozenset()
+
+    def __call__(self, platform: PlatformProfile) -> tuple[str, ...]:
+        if platform.device == "cpu":
+            return self.cpu
+        if platform.device == "xpu":
+            return self.xpu
+        order = list(self.gpu)
+        if (
+            platform.device == "cuda"
+            and platform.capability_int in self.humming_preferred_capabilities
+            and "HUMMING" in order
+            and "MARLIN" in order
+        ):
+            order.remove("HUMMING")
+            order.insert(order.index("MARLIN"), "HUMMING")
+        return tuple(order)
+
+
+@dataclass(frozen=True, slots=True)
 class Ruleset:
     """vLLM's WNA16 MoE backend rules for one release."""
 
@@ -100,11 +131,14 @@ class Ruleset:
     user_backends: dict[str, str]
     #: Every name KernelConfig accepts for `moe_backend` (its `MoEBackend` literal).
     kernel_config_moe_backends: tuple[str, ...]
-    priority: Callable[[PlatformProfile], tuple[str, ...]]
+    priority: Priority
     #: Every reason code an experts class's checks answer (the engine's common checks and
     #: the classes' own), declared so that metrics can list the codes before any decision.
     class_check_codes: tuple[str, ...] = ()
-    #: What the release's quantization integrations do around the oracle call.
+    #: The environment flags this release reads for the decision (a subset of
+    #: `platform.DECISION_ENV_FLAGS`); a spec setting another is refused under it.
+    env_flags: frozenset[str] = frozenset()
+    #: What this release's quantization integrations do where releases differ.
     integrations: IntegrationRules = field(default_factory=IntegrationRules)
 
     @property

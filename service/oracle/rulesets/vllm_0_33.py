@@ -9,7 +9,7 @@ Reason texts are vLLM's, character for character; codes are ours and stable.
 from __future__ import annotations
 
 from service.oracle.moe_config import MoEParallelConfig
-from service.oracle.platform import PlatformProfile
+from service.oracle.platform import DECISION_ENV_FLAGS, PlatformProfile
 from service.oracle.quant_key import (
     K_INT4_STATIC,
     K_INT4_STATIC_32,
@@ -29,6 +29,7 @@ from service.oracle.quant_method import (
 from service.oracle.releases import RELEASES
 from service.oracle.rulesets.base import (
     ExpertsClass,
+    Priority,
     RuleContext,
     Ruleset,
     StructuralRule,
@@ -437,7 +438,8 @@ STRUCTURAL_RULES: tuple[StructuralRule, ...] = (
 
 # --- priority --------------------------------------------------------------------------------
 
-_GPU_PRIORITY = (
+#: `_get_priority_backends` for CUDA and ROCm, before `prioritize_humming` reorders it.
+GPU_PRIORITY = (
     "RDNA3",
     "FLASHINFER_TRTLLM",
     "MARLIN",
@@ -449,18 +451,12 @@ _GPU_PRIORITY = (
 #: `prefers_humming`: compute capabilities where HUMMING is moved directly ahead of MARLIN.
 HUMMING_PREFERRED_CAPABILITIES = frozenset({90})
 
-
-def priority(platform: PlatformProfile) -> tuple[str, ...]:
-    """`_get_priority_backends` with `prioritize_humming` applied."""
-    if platform.device == "cpu":
-        return ("ZEN_CPU", "CPU")
-    if platform.device == "xpu":
-        return ("XPU",)
-    order = list(_GPU_PRIORITY)
-    if platform.device == "cuda" and platform.capability_int in HUMMING_PREFERRED_CAPABILITIES:
-        order.remove("HUMMING")
-        order.insert(order.index("MARLIN"), "HUMMING")
-    return tuple(order)
+PRIORITY = Priority(
+    gpu=GPU_PRIORITY,
+    cpu=("ZEN_CPU", "CPU"),
+    xpu=("XPU",),
+    humming_preferred_capabilities=HUMMING_PREFERRED_CAPABILITIES,
+)
 
 
 RULESET = Ruleset(
@@ -489,7 +485,8 @@ RULESET = Ruleset(
         "rdna3": "RDNA3",
     },
     kernel_config_moe_backends=MOE_BACKENDS_0_33,
-    priority=priority,
+    priority=PRIORITY,
+    env_flags=frozenset(DECISION_ENV_FLAGS),
     class_check_codes=(
         # FusedMoEExperts.is_supported_config, in its order (service.oracle.engine)
         "DEVICE",

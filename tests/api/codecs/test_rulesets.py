@@ -13,14 +13,16 @@ from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.servicer import SelectionServicer
 from service.metrics import Metrics
 from service.oracle import PLATFORM_PRESETS, UnknownRulesetError
+from service.oracle.releases import RELEASES
 from service.oracle.rulesets import listing
 from tests.api.test_servicer import GPTQ, LAYER, Platforms, ask
 
 
 def test_the_response_carries_every_ruleset_and_reads_back_as_the_listing() -> None:
     response = codec.rulesets_response()
-    assert [r.name for r in response.rulesets] == ["vllm-0.32", "vllm-0.33"]
-    old, info = response.rulesets
+    assert [r.name for r in response.rulesets] == list(RELEASES)
+    (old,) = [r for r in response.rulesets if r.name == "vllm-0.32"]
+    info = response.rulesets[-1]
     assert (old.torch_version, old.humming_kernels_version) == ("2.13.0", "0.1.17")
     assert not old.is_default
     assert (info.name, info.first_version, info.below_version) == ("vllm-0.33", "0.33.0", "0.34")
@@ -49,7 +51,7 @@ def test_the_request_field_takes_every_spelling(name: str) -> None:
 
 def test_an_unknown_request_field_is_refused_before_anything_is_decided() -> None:
     with pytest.raises(UnknownRulesetError) as caught:
-        selection_codec.select_query(pb.SelectBackendRequest(spec_json="{}", ruleset="0.30"))
+        selection_codec.select_query(pb.SelectBackendRequest(spec_json="{}", ruleset="0.26"))
     (violation,) = caught.value.violations
     assert violation.field == "ruleset"
     assert "vllm-0.33 (vLLM >=0.33.0,<0.34)" in violation.description

@@ -1,0 +1,121 @@
+"""vLLM 0.30's ruleset is 0.31's plus the rows 0.30.0's source differs in; each row here.
+
+The checked-in record (tests/parity/records/vllm-0.30.jsonl.gz) proves the whole ruleset
+against 0.30.0's own code; these name the delta rows so that a failure reads plainly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from service.oracle import InvalidSpecError, SelectionError, select
+from service.oracle.platform import DECISION_ENV_FLAGS
+from service.oracle.rulesets import RULESETS, get_ruleset
+from service.oracle.rulesets import vllm_0_30 as v030
+from service.oracle.rulesets import vllm_0_31 as v031
+
+GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+MIXTRAL = {"num_experts": 8, "top_k": 2, "hidden_size": 4096, "intermediate_size": 14336}
+ZEN_CPU = {"preset": "cpu", "packages": ["zentorch"]}
+
+
+def ct(bits: int, *, symmetric: bool) -> dict[str, Any]:
+    weights = {
+        "num_bits": bits,
+        "type": "int",
+        "strategy": "group",
+        "group_size": 128,
+        "symmetric": symmetric,
+    }
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
+    }
+
+
+def spec(quant: dict[str, Any] = GPTQ, platform: Any = "a100", **extra: Any) -> dict[str, Any]:
+    return {"hf_quantization_config": quant, "layer": MIXTRAL, "platform": platform, **extra}
+
+
+def test_the_series_resolves_here() -> None:
+    assert get_ruleset("v0.30.0") is RULESETS["vllm-0.30"] is v030.RULESET
+
+
+def test_zen_cpu_does_not_exist() -> None:
+    assert "ZEN_CPU" in v031.RULESET.backends
+    assert "ZEN_CPU" not in v030.RULESET.backends
+    assert "ZEN_CPU" not in v030.RULESET.experts_classes
+    assert all("ZEN_CPU" not in rule.backends for rule in v030.RULESET.structural_rules)
+    assert v030.PRIORITY.cpu == ("CPU",)
+
+
+def test_a_zen_cpu_with_zentorch_gets_cpu() -> None:
+    assert select(spec(platform=ZEN_CPU), ruleset="vllm-0.31").backend == "ZEN_CPU"
+    decision = select(spec(platform=ZEN_CPU), ruleset="vllm-0.30")
+    assert decision.backend == "CPU"
+    assert [c.backend for c in decision.candidates] == ["CPU"]
+
+
+def test_the_other_rules_are_0_31_s_in_order() -> None:
+    kept = [r for r in v031.RULESET.structural_rules if r.backends != frozenset({"ZEN_CPU"})]
+    assert [(r.backends, r.code) for r in v030.RULESET.structural_rules] == [
+        (r.backends, r.code) for r in kept
+    ]
+
+
+def test_vllm_cpu_int4_w4a8_is_a_field_error_naming_what_0_30_reads() -> None:
+    platform = {**ZEN_CPU, "env": {"VLLM_CPU_INT4_W4A8": "0"}}
+    in_0_31 = select(spec(platform=platform), ruleset="vllm-0.31")
+    assert in_0_31.backend == "CPU"
+    assert in_0_31.candidates[0].reason == "VLLM_CPU_INT4_W4A8=0 disables the DA8W4 path"
+    with pytest.raises(InvalidSpecError) as caught:
+        select(spec(platform=platform), ruleset="vllm-0.30")
+    (violation,) = caught.value.violations
+    assert violation.field == "platform.env.VLLM_CPU_INT4_W4A8"
+    assert "vllm-0.30" in violation.description
+    assert str(sorted(set(DECISION_ENV_FLAGS) - {"VLLM_CPU_INT4_W4A8"})) in violation.description
+
+
+def test_the_flags_0_30_reads_are_still_accepted() -> None:
+    platform = {"preset": "a100", "env": {"VLLM_BATCH_INVARIANT": "1"}}
+    decision = select(spec(platform=platform), ruleset="vllm-0.30")
+    reasons = {c.backend: c.reason for c in decision.candidates}
+    assert reasons["MARLIN"] == "kernel does not support batch invariance"
+    assert decision.backend == select(spec(platform=platform), ruleset="vllm-0.31").backend
+
+
+@pytest.mark.parametrize("bits", [2, 3, 5, 6, 7])
+def test_asymmetric_ct_widths_other_than_4_and_8_raise_key_error(bits: int) -> None:
+    with pytest.raises(SelectionError) as caught:
+        select(spec(ct(bits, symmetric=False)), ruleset="vllm-0.30")
+    assert caught.value.to_json()["error"] == {
+        "stage": "moe_method",
+        "type": "KeyError",
+        "message": str(bits),
+    }
+    try:
+        select(spec(ct(bits, symmetric=False)), ruleset="vllm-0.31")
+    except SelectionError as exc:
+        assert exc.to_json()["error"]["type"] != "KeyError"
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_asymmetric_4_and_8_bit_ct_and_symmetric_3_bit_reach_the_oracle(bits: int) -> None:
+    for quant in (ct(bits, symmetric=False), ct(3, symmetric=True)):
+        try:
+            decision = select(spec(quant), ruleset="vllm-0.30")
+        except SelectionError as exc:
+            assert exc.to_json()["error"]["stage"] == "backend"
+        else:
+            assert decision.backend is not None
+
+
+def test_ct_expert_bias_is_a_0_30_hazard() -> None:
+    layer = {**MIXTRAL, "has_bias": True}
+    for release, expected in (("vllm-0.30", True), ("vllm-0.31", False)):
+        decision = select(spec(ct(4, symmetric=True), layer=layer), ruleset=release)
+        codes = {h.code for h in decision.hazards}
+        assert ("CT_EXPERT_BIAS_NOT_LOADED" in codes) is expected, release
