@@ -84,11 +84,34 @@ def _moe_wna16_with_gptq_act_order(spec: DeploymentSpec, plan: OracleCall, chose
     )
 
 
+def _non_gated_with_doubled_w13(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
+    integrations = (GptqConfig, AwqConfig, MoeWNA16Config)
+    return isinstance(plan.quant_config, integrations) and not spec.layer.is_gated
+
+
 def _ct_dynamic_act_order(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
     return isinstance(plan.quant_config, WeightArgs) and plan.quant_config.actorder == "dynamic"
 
 
 RELEASE_HAZARDS: tuple[ReleaseHazard, ...] = (
+    ReleaseHazard(
+        "CT_HUMMING_SCHEMA_TYPE_ERROR",
+        frozenset({"vllm-0.27", "vllm-0.28"}),
+        _ct_on("HUMMING"),
+        "vLLM 0.28 and older have no compressed-tensors branch in the Humming weight "
+        "conversion (`_humming_wna16_weight_schema`): converting this layer's weights raises "
+        "TypeError('Humming WNA16 checkpoint schema requires AutoAWQConfig or AutoGPTQConfig, "
+        "got QuantizationArgs.') and the model fails to load (0.29 converts it).",
+    ),
+    ReleaseHazard(
+        "NON_GATED_W13_DOUBLED",
+        frozenset({"vllm-0.27"}),
+        _non_gated_with_doubled_w13,
+        "vLLM 0.27's AutoGPTQ, AutoAWQ and MoeWNA16 MoE methods allocate w13 with twice the "
+        "intermediate size whatever the activation: a non-gated layer's checkpoint has one "
+        "projection there, so half of w13 is never loaded (uninitialised memory) and the "
+        "kernels run with a doubled intermediate size (0.28 sizes w13 by the activation).",
+    ),
     ReleaseHazard(
         "RDNA3_CONVERSION_LAYOUT",
         frozenset({"vllm-0.31"}),
@@ -102,15 +125,15 @@ RELEASE_HAZARDS: tuple[ReleaseHazard, ...] = (
     ),
     ReleaseHazard(
         "CT_EXPERT_BIAS_NOT_LOADED",
-        frozenset({"vllm-0.29", "vllm-0.30"}),
+        frozenset({"vllm-0.27", "vllm-0.28", "vllm-0.29", "vllm-0.30"}),
         _ct_with_expert_bias,
-        "vLLM 0.30's (and 0.29's) compressed-tensors WNA16 MoE method allocates no expert "
-        "biases: the checkpoint's biases have no parameter to load into and the kernels run "
-        "without them (0.31 added them).",
+        "vLLM 0.30's (and older releases') compressed-tensors WNA16 MoE method allocates no "
+        "expert biases: the checkpoint's biases have no parameter to load into and the "
+        "kernels run without them (0.31 added them).",
     ),
     ReleaseHazard(
         "CT_RDNA3_METHOD_LOAD_FAILS",
-        frozenset({"vllm-0.29"}),
+        frozenset({"vllm-0.27", "vllm-0.28", "vllm-0.29"}),
         _ct_rdna3_method,
         f"On gfx1100 vLLM builds {CT_RDNA3_METHOD} for this layer (the backend above is "
         "the oracle's choice, which it only logs: the method runs its own RDNA3 HIP kernel). "
@@ -120,7 +143,7 @@ RELEASE_HAZARDS: tuple[ReleaseHazard, ...] = (
     ),
     ReleaseHazard(
         "MOE_WNA16_DROPS_ACT_ORDER",
-        frozenset({"vllm-0.29"}),
+        frozenset({"vllm-0.27", "vllm-0.28", "vllm-0.29"}),
         _moe_wna16_with_gptq_act_order,
         "The checkpoint has GPTQ activation ordering (desc_act), but MoeWNA16's weight loader "
         "skips g_idx and its kernels read the groups in column order: outputs are wrong "
@@ -128,7 +151,7 @@ RELEASE_HAZARDS: tuple[ReleaseHazard, ...] = (
     ),
     ReleaseHazard(
         "CT_DYNAMIC_ACT_ORDER_DROPPED",
-        frozenset({"vllm-0.29"}),
+        frozenset({"vllm-0.27", "vllm-0.28", "vllm-0.29"}),
         _ct_dynamic_act_order,
         "compressed-tensors' actorder 'dynamic' is its alias of 'group' (columns must be "
         "reordered by g_idx at runtime), but vLLM compares the stored string with 'group': "
