@@ -27,8 +27,9 @@ class's checks but Humming's gemm type) is 0.30's; these rows differ:
   `allow_tile_padding=not is_actorder` and asserts `actorder != "group"` on non-Marlin
   backends (`Q/compressed_tensors/compressed_tensors_moe/compressed_tensors_moe_wna16.py`
   103, 136); MoeWNA16's compatibility check reads the raw `desc_act` (`Q/moe_wna16.py:162`)
-  and its config does not validate it. So the TRITON rules on GPTQ act-order and on group
-  act-order are live here.
+  and its config does not validate it. So TRITON's group act-order rule is live here (its
+  GPTQ act-order rule is not: AutoGPTQ always passes `may_have_bias`, which TRITON's bias
+  rule refuses first).
 - On ROCm, a 4-bit compressed-tensors scheme on gfx1100 builds
   `CompressedTensorsWNA16RDNA3MoEMethod` ahead of everything else
   (`Q/compressed_tensors/compressed_tensors_moe/compressed_tensors_moe.py:93`,
@@ -39,7 +40,12 @@ class's checks but Humming's gemm type) is 0.30's; these rows differ:
 
 What the spec cannot express: compressed-tensors' weight key for a 2/3/5/6/7-bit
 per-channel scheme is built from the unnormalised None group size
-(`GroupShape(row=1, col=None)`); the oracle models a per-channel key there.
+(`GroupShape(row=1, col=None)`); the oracle models a per-channel key there. What happens
+after the MoE method is built is a hazard, not the answer: the gfx1100 method's inherited
+`create_weights` pops `intermediate_size_full`, which the layer
+(`fused_moe/routed_experts.py:209`) passes only to the methods it names
+(`CT_RDNA3_METHOD_LOAD_FAILS`), and g_idx is dropped for compressed-tensors' `dynamic`
+act-order and by MoeWNA16 (`CT_DYNAMIC_ACT_ORDER_DROPPED`, `MOE_WNA16_DROPS_ACT_ORDER`).
 """
 
 from __future__ import annotations
