@@ -14,6 +14,9 @@ from service.oracle.rulesets import RULESETS
 from service.oracle.rulesets import vllm_0_28 as v028
 from service.oracle.rulesets import vllm_0_29 as v029
 from service.oracle.rulesets.kernel_names import MOE_BACKENDS_0_28, MOE_BACKENDS_0_29
+from tests.parity.compare import differences, ours
+from tests.parity.grid import generate
+from tests.parity.records import load, record_path
 
 OLD, NEW = "vllm-0.28", "vllm-0.29"
 
@@ -161,3 +164,37 @@ def test_everything_else_is_0_29_s() -> None:
     assert old.priority is new.priority and old.user_backends == new.user_backends
     changed = {b for b in new.experts_classes if old.experts_classes[b] != new.experts_classes[b]}
     assert changed == set(v028.EXPERTS_DELTA) == {"HUMMING", "TRITON"}
+
+
+def _reason_texts(expected: dict[str, Any]) -> str:
+    error = expected.get("error") or {}
+    reasons = " | ".join(c["reason"] for c in expected.get("candidates", []))
+    return f"{error.get('stage')}: {error.get('message')} | {reasons}"
+
+
+#: What identifies, in a recorded 0.28.0 answer, each row of the delta (a text it carries).
+DELTA_ROWS = {
+    "8-bit must be channel-wise": "moe_method:  |",
+    "int4 and int8 only": "only supports int4 and int8 now.",
+    "symmetric off Marlin": "Only symmetric quantization is supported for MoE",
+    "format refusal in pieces": "('For Fused MoE layers, only format: ', ",
+    "KernelConfig names": "kernel_config: argument --moe-backend: invalid choice",
+    "Humming keys": "scheme QuantKey(uint4b8,scale(f16,static,GroupShape(row=1, col=32))",
+    "Triton keys": "support quantization scheme QuantKey(uint4,",
+    "Triton activations": "MoEActivation.SWIGLUOAI_UNINTERLEAVE activation",
+}
+
+
+def test_the_0_28_record_proves_every_delta_row() -> None:
+    # 0.29's ruleset gets some of the record's answers wrong: each such answer carries one
+    # of the delta rows' texts, and every row has at least one answer that proves it.
+    record = load(record_path(OLD))
+    wrong = [
+        _reason_texts(expected)
+        for spec_, expected in zip(generate(), record.answers, strict=True)
+        if differences(expected, ours(spec_, NEW))
+    ]
+    unexplained = [text for text in wrong if not any(t in text for t in DELTA_ROWS.values())]
+    assert not unexplained, unexplained[:3]
+    proved = {row for row, text in DELTA_ROWS.items() if any(text in w for w in wrong)}
+    assert proved == set(DELTA_ROWS)
