@@ -54,8 +54,9 @@ round-up, which needs the all2all packages, is skipped: it changes nothing repor
 ``select_wna16_moe_backend`` is wrapped where the methods look it up, to record its
 arguments; the per-backend candidate list is recomputed with vLLM's
 ``_get_priority_backends``, ``_backend_incompatibility_reason``, ``backend_to_kernel_cls``
-and ``is_supported_config``, and checked against what the real call returned (a mismatch
-is reported as a ``harness_error``).
+and ``is_supported_config``, for the backends vLLM itself judges (up to the first that
+fits, or only the forced one; judging the others could raise where vLLM does not), and
+checked against what the real call returned (a mismatch is reported as a ``harness_error``).
 
 The spec's ``moe_backend`` takes the path ``vllm serve --moe-backend`` takes: vLLM's own
 argument parser (``EngineArgs.add_cli_args`` on a ``FlexibleArgumentParser``, built once, with
