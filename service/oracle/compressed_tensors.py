@@ -90,7 +90,7 @@ def _parse_weight_args(obj: Mapping[str, Any], path: str) -> WeightArgs:
         num_bits,
         type_,
         strategy,
-        None if strategy == "channel" else group_size,
+        group_size,
         symmetric,
         actorder,
         dynamic,
@@ -133,6 +133,52 @@ def _ct_scheme_for(
     return None
 
 
+def _rocm_gfx1100_method(
+    spec: DeploymentSpec, weights: WeightArgs, rules: IntegrationRules
+) -> str | None:
+    """The method a release builds for 4-bit schemes on gfx1100 ahead of the WNA16 one
+    (`rocm_moe_rdna.is_supported`: 4 bits, `on_gfx1100()`, the HIP op built), if any."""
+    platform = spec.platform
+    if rules.ct_rocm_gfx1100_method is None or platform.device != "rocm":
+        return None
+    if weights.num_bits != 4 or "gfx1100" not in (platform.arch or ""):
+        return None
+    return rules.ct_rocm_gfx1100_method
+
+
+def _format_error(num_bits: int, rules: IntegrationRules) -> str:
+    """vLLM's refusal of a scheme that is not pack-quantized with a supported width (it
+    names pack-quantized as the format it got, whatever the format was)."""
+    pieces = (
+        "For Fused MoE layers, only format: ",
+        "pack-quantized ",
+        f" and bits: {list(SYMMETRIC_TYPES)} is supported ",
+        f"but got format: pack-quantized  and bits: {num_bits}",
+    )
+    if rules.ct_format_error_in_pieces:
+        return str(pieces)
+    return (
+        "For Fused MoE layers, only format: pack-quantized and bits: "
+        f"{list(SYMMETRIC_TYPES)} is supported but got format: pack-quantized and bits: "
+        f"{num_bits}"
+    )
+
+
+def _check_legacy_widths(weights: WeightArgs, rules: IntegrationRules, name: str) -> None:
+    """The width checks of releases whose WNA16 MoE method knew int4 and int8 only: 8-bit
+    weights must be channel-wise (the group size as the scheme gives it must be -1), and
+    other widths are refused; both before the oracle runs."""
+    if weights.num_bits == 8 and rules.int8_channelwise_only and weights.group_size != -1:
+        raise vllm_error("moe_method", "AssertionError", "", quantization=name)
+    if rules.ct_moe_bits is not None and weights.num_bits not in rules.ct_moe_bits:
+        raise vllm_error(
+            "moe_method",
+            "ValueError",
+            "CompressedTensorsWNA16MoEMethod only supports int4 and int8 now.",
+            quantization=name,
+        )
+
+
 def ct_moe_method(
     spec: DeploymentSpec,
     name: str,
@@ -140,7 +186,11 @@ def ct_moe_method(
     rules: IntegrationRules,
 ) -> MoEMethodPlan:
     """`CompressedTensorsMoEMethod.get_moe_method` for the layer, and what the WNA16 method's
-    constructor does up to its oracle call; `rules` holds what the release does differently."""
+    constructor does up to and after its oracle call; `rules` holds what the release does
+    differently. Act-order (group or dynamic, only where a release still accepts it) keeps
+    Marlin's strict tile shape; the non-Marlin kernels assert channel-wise scales and group
+    act-order away after the oracle chose them.
+    """
     config = spec.hf_quantization_config
     layer = spec.layer.name
     schemes = [
@@ -170,9 +220,7 @@ def ct_moe_method(
         raise vllm_error(
             "moe_method",
             "ValueError",
-            "For Fused MoE layers, only format: pack-quantized and bits: "
-            f"{list(SYMMETRIC_TYPES)} is supported but got format: pack-quantized and bits: "
-            f"{weights.num_bits}",
+            _format_error(weights.num_bits, rules),
             quantization=name,
         )
     platform = spec.platform
@@ -197,6 +245,7 @@ def ct_moe_method(
         # The constructor looks the zero-point type up by bit width, unguarded.
         raise vllm_error("moe_method", "KeyError", str(bits), quantization=name)
     dtype = SYMMETRIC_TYPES[bits] if weights.symmetric else ASYMMETRIC_TYPES[bits]
+    _check_legacy_widths(weights, rules, name)
     if bits == 4:
         shape = (1, 32) if group_size == 32 else PER_TOKEN
     elif bits == 8:
@@ -204,31 +253,44 @@ def ct_moe_method(
     else:
         shape = PER_CHANNEL if group_size == -1 else (1, group_size)
     key = QuantKey(dtype, shape, weights.symmetric)
+    # vLLM asks this before the FlyDSL check above, which only gfx950 passes.
+    gfx1100_method = _rocm_gfx1100_method(spec, weights, rules)
+    is_actorder = weights.strategy == "group" and weights.actorder in ("group", "dynamic")
 
     def after(backend: str) -> None:
         if backend in ("MARLIN", "BATCHED_MARLIN"):
             marlin_input_dtype_check(platform, name)
-        elif weights.strategy != "group":
+        elif weights.strategy != "group" or weights.actorder == "group":
             raise vllm_error("moe_method", "AssertionError", "", quantization=name)
+        elif rules.ct_non_marlin_symmetric_only and not weights.symmetric:
+            raise vllm_error(
+                "moe_method",
+                "AssertionError",
+                "Only symmetric quantization is supported for MoE",
+                quantization=name,
+            )
 
     return OracleCall(
         name,
-        "CompressedTensorsWNA16MoEMethod",
+        gfx1100_method or "CompressedTensorsWNA16MoEMethod",
         key,
         weights,
         not weights.symmetric,
         False,
-        True,
+        not is_actorder,
         after,
         eplb_backends=frozenset({"TRITON"}),
     )
 
 
-def parse_scheme_map(config: Mapping[str, Any], name: str) -> dict[str, CtScheme]:
+def parse_scheme_map(
+    config: Mapping[str, Any], name: str, rules: IntegrationRules
+) -> dict[str, CtScheme]:
     """`CompressedTensorsConfig.from_config`: the target -> scheme map, parsed once.
 
-    Group and dynamic act-order are refused here, as vLLM refuses them while parsing; a
-    `Linear` target also stands for the fused `RoutedExperts` module, as in vLLM.
+    Group and dynamic act-order are refused here, as vLLM refuses them while parsing
+    (releases that still support act-order keep them); a `Linear` target also stands for
+    the fused `RoutedExperts` module, as in vLLM.
     """
     groups = config.get("config_groups") or {}
     if not isinstance(groups, Mapping):
@@ -246,12 +308,13 @@ def parse_scheme_map(config: Mapping[str, Any], name: str) -> dict[str, CtScheme
             continue
         weights = group.get("weights")
         args = _parse_weight_args(weights, f"{path}.weights") if weights is not None else None
-        if args is not None and args.actorder in ("group", "dynamic"):
+        act_order = None if args is None else args.actorder
+        if act_order in ("group", "dynamic") and not rules.act_order_supported:
             raise vllm_error(
                 "quantization",
                 "ValueError",
                 "Compressed-tensors group/dynamic activation ordering "
-                f"(actorder={args.actorder!r}) is no longer supported. Use a checkpoint with "
+                f"(actorder={act_order!r}) is no longer supported. Use a checkpoint with "
                 "static/weight activation ordering or without activation ordering.",
                 quantization=name,
             )

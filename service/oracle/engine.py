@@ -263,12 +263,18 @@ def outcome(
         return winner, frozenset()
     ctx = _context(plan, spec, moe)
     fmt = _activation_format(ctx)
-    eligible = frozenset(
-        b
-        for b in ruleset.priority(ctx.platform)
-        if evaluate_backend(ruleset, b, ctx, fmt)[0] is not None
+    return winner, frozenset(
+        b for b in ruleset.priority(ctx.platform) if _fits(ruleset, b, ctx, fmt)
     )
-    return winner, eligible
+
+
+def _fits(ruleset: Ruleset, backend: str, ctx: RuleContext, activation_format: str) -> bool:
+    """Whether `backend` passes every check; a check that makes vLLM itself raise (a
+    release's rule comparing a missing group size) does not pass."""
+    try:
+        return evaluate_backend(ruleset, backend, ctx, activation_format)[0] is not None
+    except SelectionError:
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,14 +313,17 @@ def trace_backend(spec: DeploymentSpec, ruleset_name: str, backend: str) -> Back
     if not isinstance(plan, OracleCall):
         return None
     ctx = _context(plan, spec, moe)
-    rule = next(
-        (
-            (r.code, r.text(ctx))
-            for r in ruleset.structural_rules
-            if backend in r.backends and r.applies(ctx)
-        ),
-        None,
-    )
+    try:
+        rule = next(
+            (
+                (r.code, r.text(ctx))
+                for r in ruleset.structural_rules
+                if backend in r.backends and r.applies(ctx)
+            ),
+            None,
+        )
+    except SelectionError as raised:  # a release's rule that makes vLLM itself raise
+        rule = (raised.error.type, raised.error.message)
     fmt = _activation_format(ctx)
     classes = tuple(
         (cls.name, _class_rejection(cls, ctx, fmt)) for cls in ruleset.experts_classes[backend]

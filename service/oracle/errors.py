@@ -45,6 +45,8 @@ VLLM_EXCEPTIONS = (
     "NotImplementedError",
     "AssertionError",
     "ArgumentError",
+    "TypeError",
+    "ValidationError",
     "KeyError",
 )
 

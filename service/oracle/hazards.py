@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from service.oracle.decision import Hazard
 from service.oracle.moe_config import MoEConfig
 from service.oracle.quant_method import (
+    CT_RDNA3_METHOD,
     AwqConfig,
     GptqConfig,
     MoeWNA16Config,
@@ -70,7 +71,48 @@ def _ct_with_expert_bias(spec: DeploymentSpec, plan: OracleCall, chosen: str) ->
     return isinstance(plan.quant_config, WeightArgs) and spec.layer.has_bias
 
 
+def _ct_rdna3_method(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
+    return plan.moe_method == CT_RDNA3_METHOD
+
+
+def _moe_wna16_with_gptq_act_order(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
+    config = spec.hf_quantization_config
+    return (
+        isinstance(plan.quant_config, MoeWNA16Config)
+        and plan.quant_config.linear_quant_method == "gptq"
+        and config.get("desc_act") is True
+        and config.get("group_size") != -1
+    )
+
+
+def _non_gated_with_doubled_w13(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
+    integrations = (GptqConfig, AwqConfig, MoeWNA16Config)
+    return isinstance(plan.quant_config, integrations) and not spec.layer.is_gated
+
+
+def _ct_dynamic_act_order(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
+    return isinstance(plan.quant_config, WeightArgs) and plan.quant_config.actorder == "dynamic"
+
+
 RELEASE_HAZARDS: tuple[ReleaseHazard, ...] = (
+    ReleaseHazard(
+        "CT_HUMMING_SCHEMA_TYPE_ERROR",
+        frozenset({"vllm-0.27", "vllm-0.28"}),
+        _ct_on("HUMMING"),
+        "vLLM 0.28 and older have no compressed-tensors branch in the Humming weight "
+        "conversion (`_humming_wna16_weight_schema`): converting this layer's weights raises "
+        "TypeError('Humming WNA16 checkpoint schema requires AutoAWQConfig or AutoGPTQConfig, "
+        "got QuantizationArgs.') and the model fails to load (0.29 converts it).",
+    ),
+    ReleaseHazard(
+        "NON_GATED_W13_DOUBLED",
+        frozenset({"vllm-0.27"}),
+        _non_gated_with_doubled_w13,
+        "vLLM 0.27's AutoGPTQ, AutoAWQ and MoeWNA16 MoE methods allocate w13 with twice the "
+        "intermediate size whatever the activation: a non-gated layer's checkpoint has one "
+        "projection there, so half of w13 is never loaded (uninitialised memory) and the "
+        "kernels run with a doubled intermediate size (0.28 sizes w13 by the activation).",
+    ),
     ReleaseHazard(
         "RDNA3_CONVERSION_LAYOUT",
         frozenset({"vllm-0.31"}),
@@ -84,11 +126,38 @@ RELEASE_HAZARDS: tuple[ReleaseHazard, ...] = (
     ),
     ReleaseHazard(
         "CT_EXPERT_BIAS_NOT_LOADED",
-        frozenset({"vllm-0.30"}),
+        frozenset({"vllm-0.27", "vllm-0.28", "vllm-0.29", "vllm-0.30"}),
         _ct_with_expert_bias,
-        "vLLM 0.30's compressed-tensors WNA16 MoE method allocates no expert biases: the "
-        "checkpoint's biases have no parameter to load into and the kernels run without "
-        "them (0.31 added them).",
+        "vLLM 0.30's (and older releases') compressed-tensors WNA16 MoE method allocates no "
+        "expert biases: the checkpoint's biases have no parameter to load into and the "
+        "kernels run without them (0.31 added them).",
+    ),
+    ReleaseHazard(
+        "CT_RDNA3_METHOD_LOAD_FAILS",
+        frozenset({"vllm-0.27", "vllm-0.28", "vllm-0.29"}),
+        _ct_rdna3_method,
+        f"On gfx1100 vLLM builds {CT_RDNA3_METHOD} for this layer (the backend above is "
+        "the oracle's choice, which it only logs: the method runs its own RDNA3 HIP kernel). "
+        "The method inherits create_weights, which pops 'intermediate_size_full', but the "
+        "layer passes that only to the methods it names, and not to this one: loading the "
+        "model raises KeyError('intermediate_size_full').",
+    ),
+    ReleaseHazard(
+        "MOE_WNA16_DROPS_ACT_ORDER",
+        frozenset({"vllm-0.27", "vllm-0.28", "vllm-0.29"}),
+        _moe_wna16_with_gptq_act_order,
+        "The checkpoint has GPTQ activation ordering (desc_act), but MoeWNA16's weight loader "
+        "skips g_idx and its kernels read the groups in column order: outputs are wrong "
+        "(vLLM 0.30 refuses such checkpoints).",
+    ),
+    ReleaseHazard(
+        "CT_DYNAMIC_ACT_ORDER_DROPPED",
+        frozenset({"vllm-0.27", "vllm-0.28", "vllm-0.29"}),
+        _ct_dynamic_act_order,
+        "compressed-tensors' actorder 'dynamic' is its alias of 'group' (columns must be "
+        "reordered by g_idx at runtime), but vLLM compares the stored string with 'group': "
+        "the Marlin conversion resets g_idx to empty and the other kernels never read it, "
+        "so outputs are wrong (vLLM 0.30 refuses such checkpoints).",
     ),
 )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from service.oracle.errors import ErrorInfo, InvalidSpecError, SelectionError
@@ -21,6 +22,21 @@ from service.oracle.quant_key import (
 )
 
 UNQUANTIZED_METHOD = "UnquantizedFusedMoEMethod"
+#: The method vLLM 0.29 and older build for 4-bit compressed-tensors layers on gfx1100.
+CT_RDNA3_METHOD = "CompressedTensorsWNA16RDNA3MoEMethod"
+
+#: `supported_quantization` of the platforms that restrict it (others allow every method),
+#: narrowed to the WNA16 method names, as vLLM 0.30 and later list them.
+PLATFORM_QUANTIZATIONS: Mapping[str, frozenset[str]] = MappingProxyType(
+    {
+        "rocm": frozenset(
+            {"awq", "auto_awq", "awq_marlin", "gptq", "auto_gptq", "compressed-tensors", "inc"}
+        ),
+        "xpu": frozenset(
+            {"awq", "gptq", "moe_wna16", "auto_awq", "auto_gptq", "compressed-tensors"}
+        ),
+    }
+)
 
 
 # --- what releases' integrations do differently ---------------------------------------------
@@ -31,10 +47,45 @@ class IntegrationRules:
     """The integration behaviour that differs between vLLM releases, as data; the defaults
     are the newest release's. A ruleset carries one (`Ruleset.integrations`)."""
 
+    #: Which WNA16 quantization methods each restricting platform lists.
+    platform_quantizations: Mapping[str, frozenset[str]] = field(
+        default_factory=lambda: PLATFORM_QUANTIZATIONS
+    )
+    #: Whether activation ordering (GPTQ `desc_act`, compressed-tensors `actorder` group or
+    #: dynamic) is still supported. False (0.30 and later): refused while parsing the
+    #: config, so the oracle never sees it. True (0.29 and older): kept as the checkpoint
+    #: says and wired through: GPTQ and compressed-tensors pass
+    #: `allow_tile_padding = not act-order` to Marlin's checks and to the oracle, a GPTQModel
+    #: `dynamic` rule may switch `desc_act` on for a channel-wise layer (it is not reset),
+    #: and MoeWNA16's compatibility check reads the raw `desc_act`.
+    act_order_supported: bool = False
+    #: The MoE method compressed-tensors builds for 4-bit schemes on ROCm gfx1100 ahead of
+    #: the WNA16 method, outside the oracle's choice (0.29 and older); None: no such method
+    #: (0.30 and later, where RDNA3 is an oracle backend). It inherits the WNA16 method's
+    #: constructor, so the oracle still runs and the method's asserts still apply.
+    ct_rocm_gfx1100_method: str | None = None
+    #: The devices `ParallelConfig` allows expert-parallel load balancing on, in the order
+    #: its refusal names them (XPU from 0.31).
+    eplb_devices: tuple[str, ...] = ("cuda", "rocm", "xpu")
     #: compressed-tensors' `WNA16_ZP_SUPPORTED_TYPES_MAP` keys: the bit widths an asymmetric
     #: checkpoint has a zero-point type for. `CompressedTensorsWNA16MoEMethod` indexes the
     #: map with the checkpoint's bits, so another width raises `KeyError(bits)` there.
     ct_zero_point_bits: frozenset[int] = frozenset(range(2, 9))
+    #: Whether the 8-bit WNA16 MoE methods take channel-wise scales only (0.28 and older):
+    #: compressed-tensors' and MoeWNA16's constructors `assert group_size == -1` for 8-bit
+    #: weights before they call the oracle. compressed-tensors compares the scheme's group
+    #: size as the checkpoint gives it, so a per-channel scheme without one (None) fails too.
+    int8_channelwise_only: bool = False
+    #: The weight widths compressed-tensors' WNA16 MoE method builds a weight key for; it
+    #: refuses any other width before the oracle runs (0.28 and older: 4 and 8). None: every
+    #: width of the scalar-type table (0.29 and later).
+    ct_moe_bits: frozenset[int] | None = None
+    #: Whether compressed-tensors' non-Marlin path also asserts a symmetric scheme after the
+    #: oracle chose (0.28 and older), so an asymmetric checkpoint runs on Marlin only.
+    ct_non_marlin_symmetric_only: bool = False
+    #: Whether compressed-tensors' MoE format/bits refusal hands `ValueError` its message in
+    #: pieces (0.28 and older), so the error reads as the tuple of those pieces.
+    ct_format_error_in_pieces: bool = False
 
 
 # --- parsed quantization configs (what vLLM's config classes hold) -------------------------

@@ -17,6 +17,7 @@ from typing import Any
 from service.oracle.compressed_tensors import CtScheme, ct_moe_method, parse_scheme_map
 from service.oracle.errors import InvalidSpecError
 from service.oracle.moe_config import MoEConfig
+from service.oracle.parallel_config import eplb_refusal
 from service.oracle.platform import PlatformProfile
 from service.oracle.quant_key import (
     K_INT4_STATIC,
@@ -44,13 +45,6 @@ from service.oracle.spec import DeploymentSpec
 SUPPORTED_HF_METHODS = ("gptq", "awq", "compressed-tensors")
 _GPTQ_USER_FLAGS = (None, "gptq", "gptq_marlin", "auto_gptq", "marlin")
 _AWQ_USER_FLAGS = (None, "awq", "awq_marlin", "auto_awq", "marlin")
-#: `supported_quantization` of the platforms that restrict it (others allow every method).
-_PLATFORM_QUANTIZATIONS: Mapping[str, frozenset[str]] = {
-    "rocm": frozenset(
-        {"awq", "auto_awq", "awq_marlin", "gptq", "auto_gptq", "compressed-tensors", "inc"}
-    ),
-    "xpu": frozenset({"awq", "gptq", "moe_wna16", "auto_awq", "auto_gptq", "compressed-tensors"}),
-}
 #: Minimum compute capability of each config class (`get_min_capability`).
 _MIN_CAPABILITY = {"auto_gptq": 60, "auto_awq": 75, "moe_wna16": 70, "compressed-tensors": 70}
 #: Which config class a resolved method name builds.
@@ -90,21 +84,31 @@ def _gptq_desc_act_error(desc_act: Any, group_size: Any, dynamic: Mapping[str, A
     return None
 
 
-def _moe_wna16_compatible(config: Mapping[str, Any], platform: PlatformProfile) -> bool:
+def _moe_wna16_compatible(
+    config: Mapping[str, Any], platform: PlatformProfile, rules: IntegrationRules
+) -> bool:
+    """`MoeWNA16Config.is_moe_wna16_compatible`: where act-order is still supported it
+    reads the raw `desc_act` (so a channel-wise `desc_act` checkpoint is incompatible);
+    later releases ask whether the desc_act validation would pass."""
     quant_method = str(config.get("quant_method", "")).lower()
     bits = config.get("bits")
-    act_order_ok = (
-        _gptq_desc_act_error(
-            config.get("desc_act", False), config.get("group_size"), config.get("dynamic") or {}
+    if rules.act_order_supported:
+        act_order_ok = not config.get("desc_act")
+    else:
+        act_order_ok = (
+            _gptq_desc_act_error(
+                config.get("desc_act", False),
+                config.get("group_size"),
+                config.get("dynamic") or {},
+            )
+            is None
         )
-        is None
-    )
     gptq_ok = quant_method == "gptq" and act_order_ok and bits in (4, 8)
     awq_ok = quant_method == "awq" and bits == 4 and platform.capability_int >= 75
     return gptq_ok or awq_ok
 
 
-def resolve_method(spec: DeploymentSpec) -> str:
+def resolve_method(spec: DeploymentSpec, rules: IntegrationRules) -> str:
     """The quantization method name vLLM settles on (`ModelConfig._verify_quantization`)."""
     config = spec.hf_quantization_config
     raw = config.get("quant_method")
@@ -126,7 +130,7 @@ def resolve_method(spec: DeploymentSpec) -> str:
         resolved = "auto_gptq"
     elif hf_method == "awq" and user in _AWQ_USER_FLAGS and platform.device != "cpu":
         resolved = "auto_awq"
-    elif user == "moe_wna16" and _moe_wna16_compatible(config, platform):
+    elif user == "moe_wna16" and _moe_wna16_compatible(config, platform, rules):
         resolved = "moe_wna16"
     if resolved is None:
         # No override claimed it: the checkpoint's own method name stands, and must agree
@@ -139,7 +143,7 @@ def resolve_method(spec: DeploymentSpec) -> str:
                 f"the quantization method specified in the `quantization` argument ({user}).",
             )
         resolved = raw
-    allowed = _PLATFORM_QUANTIZATIONS.get(platform.device)
+    allowed = rules.platform_quantizations.get(platform.device)
     if allowed is not None and resolved not in allowed:
         raise vllm_error(
             "quantization",
@@ -152,7 +156,7 @@ def resolve_method(spec: DeploymentSpec) -> str:
 # --- config parsing (each class's from_config and __init__) ---------------------------------
 
 
-def _parse_gptq(config: Mapping[str, Any], name: str) -> GptqConfig:
+def _parse_gptq(config: Mapping[str, Any], name: str, rules: IntegrationRules) -> GptqConfig:
     keys = ConfigKeys(config, name)
     dynamic = keys.get_or(("dynamic",), {}) or {}
     if not isinstance(dynamic, Mapping):
@@ -163,7 +167,9 @@ def _parse_gptq(config: Mapping[str, Any], name: str) -> GptqConfig:
     group_size = keys.int_("group_size")
     desc_act = keys.bool_("desc_act")
     sym = keys.bool_("sym")
-    error = _gptq_desc_act_error(desc_act, group_size, dynamic)
+    error = (
+        None if rules.act_order_supported else _gptq_desc_act_error(desc_act, group_size, dynamic)
+    )
     if error:
         raise vllm_error("quantization", "ValueError", error, quantization=name)
     if desc_act and group_size == -1:
@@ -196,10 +202,15 @@ def _parse_awq(config: Mapping[str, Any], name: str) -> AwqConfig:
 
 
 def _parse_moe_wna16(
-    config: Mapping[str, Any], platform: PlatformProfile, name: str, stage: str = "quantization"
+    config: Mapping[str, Any],
+    platform: PlatformProfile,
+    name: str,
+    rules: IntegrationRules,
+    stage: str = "quantization",
 ) -> MoeWNA16Config:
     """`MoeWNA16Config.from_config`; `stage` says whether vLLM reaches it while parsing the
-    model's config or as the fallback inside another method's `get_quant_method`."""
+    model's config or as the fallback inside another method's `get_quant_method`. Where
+    act-order is still supported it does not look at `desc_act` at all."""
     keys = ConfigKeys(config, name)
     method = keys.get("quant_method")
     bits = keys.int_("bits")
@@ -215,8 +226,12 @@ def _parse_moe_wna16(
             stage, "ValueError", "moe_wna16 only support gptq and awq.", quantization=name
         )
     if method == "gptq":
-        error = _gptq_desc_act_error(
-            config.get("desc_act", False), group_size, config.get("dynamic") or {}
+        error = (
+            None
+            if rules.act_order_supported
+            else _gptq_desc_act_error(
+                config.get("desc_act", False), group_size, config.get("dynamic") or {}
+            )
         )
         if error:
             raise vllm_error(stage, "ValueError", error, quantization=name)
@@ -231,12 +246,18 @@ def _parse_moe_wna16(
     return MoeWNA16Config(str(method), bits, group_size, has_zp, tuple(skip))
 
 
-def _moe_wna16_method(config: MoeWNA16Config, name: str, layer_name: str) -> MoEMethodPlan:
+def _moe_wna16_method(
+    config: MoeWNA16Config, name: str, layer_name: str, rules: IntegrationRules
+) -> MoEMethodPlan:
+    """`MoeWNA16Config.get_quant_method` and `MoeWNA16Method`'s constructor (where 8-bit
+    weights must be channel-wise, it asserts so before the oracle runs)."""
     if any(module in layer_name for module in config.modules_to_not_convert):
         return left_unquantized(name, layer_name, "it matches modules_to_not_convert")
     if config.bits == 4:
         key = K_INT4_STATIC_32 if config.group_size == 32 else K_INT4_STATIC
     elif config.bits == 8:
+        if rules.int8_channelwise_only and config.group_size != -1:
+            raise vllm_error("moe_method", "AssertionError", "", quantization=name)
         key = K_INT8_STATIC
     else:
         raise vllm_error(
@@ -260,12 +281,15 @@ def _dynamic_override(dynamic: Mapping[str, Any], layer: str, key: str | None = 
 
 
 def _gptq_method(
-    config: GptqConfig, name: str, spec: DeploymentSpec, moe: MoEConfig
+    config: GptqConfig, name: str, spec: DeploymentSpec, moe: MoEConfig, rules: IntegrationRules
 ) -> MoEMethodPlan:
+    """`AutoGPTQConfig.get_quant_method` and `AutoGPTQMoEMethod`: act-order (only where a
+    release still accepts it; `desc_act` is False otherwise) keeps Marlin's strict tile
+    shape, in the layer check and in the oracle call alike."""
     layer = spec.layer.name
-    if not marlin_supports(moe, config.group_size, True, spec.platform):
-        fallback = _parse_moe_wna16(config.full_config, spec.platform, name, "moe_method")
-        return _moe_wna16_method(fallback, name, layer)
+    if not marlin_supports(moe, config.group_size, not config.desc_act, spec.platform):
+        fallback = _parse_moe_wna16(config.full_config, spec.platform, name, rules, "moe_method")
+        return _moe_wna16_method(fallback, name, layer, rules)
     if _dynamic_override(config.dynamic, layer) is False:
         # get_quant_method sets the Marlin input dtype on whatever method it built.
         marlin_input_dtype_check(spec.platform, name)
@@ -281,7 +305,7 @@ def _gptq_method(
             overrides["desc_act"] if isinstance(overrides.get("desc_act"), bool) else desc_act
         )
         sym = overrides["sym"] if isinstance(overrides.get("sym"), bool) else sym
-        if desc_act and group_size == -1:
+        if desc_act and group_size == -1 and not rules.act_order_supported:
             desc_act = False
         if (bits, sym) not in ((4, True), (8, True)):
             raise vllm_error(
@@ -296,18 +320,18 @@ def _gptq_method(
     def after(_backend: str) -> None:
         marlin_input_dtype_check(spec.platform, name)
 
-    return OracleCall(name, "AutoGPTQMoEMethod", key, effective, not sym, True, True, after)
+    return OracleCall(name, "AutoGPTQMoEMethod", key, effective, not sym, True, not desc_act, after)
 
 
 def _awq_method(
-    config: AwqConfig, name: str, spec: DeploymentSpec, moe: MoEConfig
+    config: AwqConfig, name: str, spec: DeploymentSpec, moe: MoEConfig, rules: IntegrationRules
 ) -> MoEMethodPlan:
     layer = spec.layer.name
     if any(module in layer for module in config.modules_to_not_convert):
         return left_unquantized(name, layer, "it matches modules_to_not_convert")
     if not marlin_supports(moe, config.group_size, True, spec.platform):
-        fallback = _parse_moe_wna16(config.full_config, spec.platform, name, "moe_method")
-        return _moe_wna16_method(fallback, name, layer)
+        fallback = _parse_moe_wna16(config.full_config, spec.platform, name, rules, "moe_method")
+        return _moe_wna16_method(fallback, name, layer, rules)
     return OracleCall(
         name, "AutoAWQMoEMethod", K_INT4_STATIC, config, config.zero_point, True, True
     )
@@ -317,21 +341,21 @@ def build_moe_method(
     spec: DeploymentSpec, moe: MoEConfig, rules: IntegrationRules
 ) -> MoEMethodPlan:
     """Resolve, parse, gate and build: the MoE quant method vLLM constructs for the layer,
-    as the release whose integration rules `rules` are does."""
-    name = resolve_method(spec)
+    as the release whose integration behaviour `rules` holds builds it."""
+    name = resolve_method(spec, rules)
     config = spec.hf_quantization_config
     platform = spec.platform
     config_class = _CONFIG_CLASS[name]
     parsed: QuantConfig | None = None
     scheme_map: dict[str, CtScheme] = {}
     if config_class == "auto_gptq":
-        parsed = _parse_gptq(config, name)
+        parsed = _parse_gptq(config, name, rules)
     elif config_class == "auto_awq":
         parsed = _parse_awq(config, name)
     elif config_class == "moe_wna16":
-        parsed = _parse_moe_wna16(config, platform, name)
+        parsed = _parse_moe_wna16(config, platform, name, rules)
     else:
-        scheme_map = parse_scheme_map(config, name)
+        scheme_map = parse_scheme_map(config, name, rules)
     minimum = _MIN_CAPABILITY[config_class]
     gated = platform.capability is not None and platform.device in ("cuda", "rocm")
     if gated and platform.capability_int < minimum:
@@ -342,6 +366,10 @@ def build_moe_method(
             f"Minimum capability: {minimum}. Current capability: {platform.capability_int}.",
             quantization=name,
         )
+    # The engine config (its ParallelConfig) is validated next, before the layer is built.
+    refusal = eplb_refusal(spec.parallel, platform.device, rules.eplb_devices, name)
+    if refusal is not None:
+        raise refusal
     if not moe.is_act_and_mul and platform.device not in ("cuda", "rocm", "xpu"):
         raise vllm_error(
             "moe_method",
@@ -350,9 +378,9 @@ def build_moe_method(
             quantization=name,
         )
     if isinstance(parsed, GptqConfig):
-        return _gptq_method(parsed, name, spec, moe)
+        return _gptq_method(parsed, name, spec, moe, rules)
     if isinstance(parsed, AwqConfig):
-        return _awq_method(parsed, name, spec, moe)
+        return _awq_method(parsed, name, spec, moe, rules)
     if isinstance(parsed, MoeWNA16Config):
-        return _moe_wna16_method(parsed, name, spec.layer.name)
+        return _moe_wna16_method(parsed, name, spec.layer.name, rules)
     return ct_moe_method(spec, name, scheme_map, rules)

@@ -1,11 +1,11 @@
 """What a chosen release does not accept of a valid spec: a domain error on the field.
 
 The spec parser accepts what any release the oracle answers as accepts; an older release may
-lack a flag (an environment flag it never reads) or refuse a value in its own configuration
-checks (expert load balancing on a device its `ParallelConfig` rejects). Answering as if the
-flag mattered, dropping it silently, or copying the text of a pydantic error whose wording
-depends on every other argument `vllm serve` was given would all mislead, so each is a field
-violation naming the field and what that release accepts.
+lack a flag (an environment flag it never reads). Answering as if the flag mattered or
+dropping it silently would both mislead, so each is a field violation naming the field and
+the flags that release reads. (A value a release's own configuration checks refuse, such as
+expert load balancing on a device its `ParallelConfig` rejects, is vLLM's own answer:
+`service.oracle.parallel_config`.)
 """
 
 from __future__ import annotations
@@ -13,9 +13,6 @@ from __future__ import annotations
 from service.oracle.errors import FieldViolation, InvalidSpecError
 from service.oracle.rulesets.base import Ruleset
 from service.oracle.spec import DeploymentSpec
-
-#: How vLLM's messages name the device kinds.
-_DEVICE_NAMES = {"cuda": "CUDA", "rocm": "ROCm", "xpu": "XPU", "cpu": "CPU"}
 
 
 def unaccepted(spec: DeploymentSpec, ruleset: Ruleset) -> list[FieldViolation]:
@@ -29,15 +26,6 @@ def unaccepted(spec: DeploymentSpec, ruleset: Ruleset) -> list[FieldViolation]:
         for name in spec.platform.env
         if name not in ruleset.env_flags
     ]
-    if spec.parallel.enable_eplb and spec.platform.device not in ruleset.eplb_devices:
-        devices = ", ".join(sorted(_DEVICE_NAMES[d] for d in ruleset.eplb_devices))
-        found.append(
-            FieldViolation(
-                "parallel.enable_eplb",
-                f"{ruleset.name} supports expert load balancing only on {devices} devices "
-                f"(its ParallelConfig refuses it on {_DEVICE_NAMES[spec.platform.device]})",
-            )
-        )
     return found
 
 

@@ -79,6 +79,15 @@ RELEASES: Mapping[str, Release] = MappingProxyType(
         r.name: r
         for r in (
             Release(
+                "vllm-0.27", first="0.27.0", below="0.28", torch="2.13.0", humming_kernels="0.1.10"
+            ),
+            Release(
+                "vllm-0.28", first="0.28.0", below="0.29", torch="2.13.0", humming_kernels="0.1.12"
+            ),
+            Release(
+                "vllm-0.29", first="0.29.0", below="0.30", torch="2.13.0", humming_kernels="0.1.12"
+            ),
+            Release(
                 "vllm-0.30", first="0.30.0", below="0.31", torch="2.13.0", humming_kernels="0.1.12"
             ),
             Release(

@@ -376,6 +376,8 @@ def generate() -> list[dict[str, Any]]:
             continue  # vLLM refuses EPLB on CPU in config validation; the spec refuses it too
         specs.append(_spec(f"{pname}|{qname}|{vname}", quant, flag, platform_map[pname], **extra))
     specs.extend(_ct_asymmetric_widths(platform_map))
+    specs.extend(_act_order_and_legacy_specs(platform_map))
+    specs.extend(_kernel_list_and_width_specs(platform_map))
     unique: dict[str, dict[str, Any]] = {}
     for spec in specs:
         unique.setdefault(spec["id"], spec)
@@ -403,6 +405,184 @@ def _ct_asymmetric_widths(platforms: dict[str, dict[str, Any]]) -> Iterator[dict
             platforms[pname],
             _layer(MODEL_SHAPES["qwen1.5-moe-a2.7b"]),
         )
+
+
+#: A shape whose intermediate size is a multiple of 32 but not of 64: Marlin fits it with
+#: group 32 only when it may pad the thread tile, which act-order forbids.
+TILE_PADDED_SHAPE = (8, 2048, 1056, 2)
+
+#: Checkpoints with activation ordering in the forms releases up to 0.29 accept and later
+#: ones refuse while parsing, plus the GPTQModel `dynamic` rules that switch it on.
+ACT_ORDER_VARIANTS: list[tuple[str, dict[str, Any], str | None]] = [
+    ("gptq-int4-g32-descact", _gptq(group=32, desc_act=True), None),
+    ("gptq-int4-g32", _gptq(group=32), None),
+    ("gptq-dynamic-descact-experts", _gptq(dynamic={"+:.*experts.*": {"desc_act": True}}), None),
+    (
+        "gptq-channel-dynamic-descact",
+        _gptq(group=-1, dynamic={"+:.*experts.*": {"desc_act": True}}),
+        None,
+    ),
+    ("gptq-descact-as-moe-wna16", _gptq(desc_act=True), "moe_wna16"),
+    ("gptq-channel-descact-as-moe-wna16", _gptq(group=-1, desc_act=True), "moe_wna16"),
+    ("ct-int4-g32-actorder-group", _ct(group=32, actorder="group"), None),
+    ("ct-int4-g32-actorder-dynamic", _ct(group=32, actorder="dynamic"), None),
+    ("ct-int4-g32-actorder-weight", _ct(group=32, actorder="weight"), None),
+    ("ct-int4-g32", _ct(group=32), None),
+]
+#: VLLM_HUMMING_MOE_GEMM_TYPE values: 0.29 reads the flag alone, later releases also ask
+#: whether expert parallelism is on.
+HUMMING_GEMM_ENVS = (None, "auto", "GROUPED", "grouped_contiguous", "indexed", "bogus")
+
+
+def _act_order_and_legacy_specs(platforms: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Scenarios for the rules releases before 0.30 have: activation ordering accepted
+    (Marlin's strict tile shape, TRITON's act-order rules, the fall-backs), Humming's gemm
+    type without expert parallelism's say, and act-order under every forced backend."""
+    specs: list[dict[str, Any]] = []
+    shapes = {
+        "qwen1.5-moe-a2.7b": MODEL_SHAPES["qwen1.5-moe-a2.7b"],
+        "tile-padded": TILE_PADDED_SHAPE,
+    }
+    for pname, (qname, quant, flag), (sname, shape) in itertools.product(
+        ("a100", "h200", "mi300x", "gfx1100", "cpu", "xpu", "v100"),
+        ACT_ORDER_VARIANTS,
+        shapes.items(),
+    ):
+        specs.append(
+            _spec(
+                f"{pname}|{qname}|{sname}|act-order", quant, flag, platforms[pname], _layer(shape)
+            )
+        )
+    quants = {q[0]: q for q in (*QUANT_VARIANTS, *ACT_ORDER_VARIANTS)}
+    for backend, pname, qname in itertools.product(
+        ("triton", "marlin", "humming", "emulation"),
+        ("a100", "h200"),
+        ("gptq-int4-descact", "gptq-int4-g32-descact", "ct-int4-g32-actorder-dynamic"),
+    ):
+        _, quant, flag = quants[qname]
+        specs.append(
+            _spec(
+                f"{pname}|{qname}|tile-padded|forced-{backend}|act-order",
+                quant,
+                flag,
+                platforms[pname],
+                _layer(TILE_PADDED_SHAPE),
+                moe_backend=backend,
+            )
+        )
+    h200 = platforms["h200"]
+    parallels = {
+        "single": {},
+        "ep2": {"tensor_parallel_size": 2, "enable_expert_parallel": True},
+    }
+    for env, (parallel_name, parallel), qname in itertools.product(
+        HUMMING_GEMM_ENVS, parallels.items(), ("gptq-int4-g128", "ct-int4-g32")
+    ):
+        _, quant, flag = quants[qname]
+        platform = {**h200, "env": {} if env is None else {"VLLM_HUMMING_MOE_GEMM_TYPE": env}}
+        specs.append(
+            _spec(
+                f"h200-humming-gemm-{env}|{qname}|{parallel_name}|forced-humming",
+                quant,
+                flag,
+                platform,
+                _layer(MODEL_SHAPES["qwen3-30b-a3b"]),
+                moe_backend="humming",
+                parallel=parallel,
+            )
+        )
+    return specs
+
+
+#: compressed-tensors and MoeWNA16 checkpoints on the edges of what the int4/int8-only
+#: methods of releases up to 0.28 take: channel-wise with an explicit group size of -1
+#: (where the per-channel variants above leave it unset), 8-bit asymmetric, 2-bit, and a
+#: format other than pack-quantized.
+WIDTH_VARIANTS: list[tuple[str, dict[str, Any], str | None]] = [
+    ("ct-int8-channel-explicit", _ct(bits=8, group=-1, strategy="channel"), None),
+    ("ct-int4-channel-explicit", _ct(group=-1, strategy="channel"), None),
+    (
+        "ct-int8-asym-channel-explicit",
+        _ct(bits=8, group=-1, strategy="channel", symmetric=False),
+        None,
+    ),
+    ("ct-int2-g128", _ct(bits=2), None),
+    ("ct-int4-g128-dense-format", {**_ct(), "format": "dense"}, None),
+    ("gptq-int8-channel-as-moe-wna16", _gptq(bits=8, group=-1), "moe_wna16"),
+]
+#: Activations some releases' Humming and Triton WNA16 experts lack (SITU and
+#: SWIGLUOAI_UNINTERLEAVE), beside one every kernel takes.
+KERNEL_LIST_ACTIVATIONS = ("silu", "situ", "swigluoai_uninterleave")
+#: Expert counts on both sides of Triton's padded-expert cap (rounded up to 32, < 1024).
+EXPERT_COUNT_EDGES = (992, 993)
+
+
+def _kernel_list_and_width_specs(platforms: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Scenarios for what older releases' experts lists and integrations refuse: every
+    quantization forced onto HUMMING (whose weight keys were a short list up to 0.28),
+    HUMMING and TRITON forced with the activations their lists lacked, HUMMING under batch
+    invariance (not declared before 0.28), the int4/int8-only widths, and the expert counts
+    around Triton's cap (which 0.27 lacks)."""
+    specs: list[dict[str, Any]] = []
+    quants = {q[0]: q for q in (*QUANT_VARIANTS, *WIDTH_VARIANTS)}
+    mixtral = _layer(MODEL_SHAPES["mixtral-8x7b"])
+    for pname, (qname, quant, flag) in itertools.product(
+        ("h200", "h200-batch-invariant"), quants.values()
+    ):
+        specs.append(
+            _spec(
+                f"{pname}|{qname}|forced-humming|kernel-lists",
+                quant,
+                flag,
+                platforms[pname],
+                mixtral,
+                moe_backend="humming",
+            )
+        )
+    for backend, pname, activation, qname in itertools.product(
+        ("humming", "triton", "auto"),
+        ("h200", "a100", "mi300x"),
+        KERNEL_LIST_ACTIVATIONS,
+        ("gptq-int4-g128", "ct-int4-g128", "ct-int4-g32", "gptq-as-moe-wna16"),
+    ):
+        _, quant, flag = quants[qname]
+        specs.append(
+            _spec(
+                f"{pname}|{qname}|{activation}|forced-{backend}|kernel-lists",
+                quant,
+                flag,
+                platforms[pname],
+                _layer(MODEL_SHAPES["mixtral-8x7b"], activation=activation),
+                moe_backend=backend,
+            )
+        )
+    for pname, (qname, quant, flag), sname in itertools.product(
+        ("a100", "h200", "mi300x", "gfx1100", "cpu", "xpu", "v100"),
+        WIDTH_VARIANTS,
+        ("qwen1.5-moe-a2.7b", "marlin-bad-intermediate"),
+    ):
+        shape = {**MODEL_SHAPES, **EDGE_SHAPES}[sname]
+        specs.append(
+            _spec(f"{pname}|{qname}|{sname}|widths", quant, flag, platforms[pname], _layer(shape))
+        )
+    for experts, backend, pname, qname in itertools.product(
+        EXPERT_COUNT_EDGES,
+        ("auto", "triton", "emulation"),
+        ("a100", "mi300x"),
+        ("gptq-int4-g128", "ct-int4-g32"),
+    ):
+        _, quant, flag = quants[qname]
+        specs.append(
+            _spec(
+                f"{pname}|{qname}|experts-{experts}|forced-{backend}",
+                quant,
+                flag,
+                platforms[pname],
+                _layer((experts, 1024, 512, 8)),
+                moe_backend=backend,
+            )
+        )
+    return specs
 
 
 def main() -> None:

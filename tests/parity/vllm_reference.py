@@ -54,8 +54,9 @@ round-up, which needs the all2all packages, is skipped: it changes nothing repor
 ``select_wna16_moe_backend`` is wrapped where the methods look it up, to record its
 arguments; the per-backend candidate list is recomputed with vLLM's
 ``_get_priority_backends``, ``_backend_incompatibility_reason``, ``backend_to_kernel_cls``
-and ``is_supported_config``, and checked against what the real call returned (a mismatch
-is reported as a ``harness_error``).
+and ``is_supported_config``, for the backends vLLM itself judges (up to the first that
+fits, or only the forced one; judging the others could raise where vLLM does not), and
+checked against what the real call returned (a mismatch is reported as a ``harness_error``).
 
 The spec's ``moe_backend`` takes the path ``vllm serve --moe-backend`` takes: vLLM's own
 argument parser (``EngineArgs.add_cli_args`` on a ``FlexibleArgumentParser``, built once, with
@@ -80,6 +81,7 @@ import contextlib
 import copy
 import functools
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -140,15 +142,16 @@ _DECISION_PATH_MODULES = (
     f"{_MOE}.experts.xpu_moe",
     f"{_MOE}.experts.cpu_moe",
     f"{_MOE}.experts.int4_emulation_moe",
-    f"{_MOE}.experts.rdna3_moe",
     "vllm.models.deepseek_v4",
-    "vllm.models.deepseek_v41",
 )
-# Imported when possible: reached only on some platforms / flags, or absent from some
-# releases (zentorch_moe arrived with the ZEN_CPU backend in 0.31).
-_OPTIONAL_MODULES = (
-    f"{_CT_MOE}.compressed_tensors_moe_w4a16_flydsl",
+# Imported when possible: reached only on some platforms / flags.
+_OPTIONAL_MODULES = (f"{_CT_MOE}.compressed_tensors_moe_w4a16_flydsl",)
+# Imported where the release has them (zentorch_moe from 0.31, rdna3_moe and deepseek_v41
+# from 0.30); where it has one, importing it must work.
+_RELEASE_MODULES = (
     f"{_MOE}.experts.zentorch_moe",
+    f"{_MOE}.experts.rdna3_moe",
+    "vllm.models.deepseek_v41",
 )
 
 _STAND_IN_MODULES = (
@@ -164,6 +167,9 @@ def _import_decision_path() -> None:
     """Import the modules above (and every registered quant config) on the real platform."""
     for name in _DECISION_PATH_MODULES:
         importlib.import_module(name)
+    for name in _RELEASE_MODULES:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
     for name in _OPTIONAL_MODULES:
         with contextlib.suppress(Exception):
             importlib.import_module(name)
@@ -821,29 +827,32 @@ def _judge(backend: Any, arguments: dict) -> _Verdict:
 
 
 def _candidate(verdict: _Verdict, label: str) -> dict:
+    return {"backend": verdict.backend.name, "verdict": label, "reason": verdict.reason}
+
+
+def _unreached(backend: Any) -> dict:
     # vLLM never judges a backend it does not reach (it returns at the first that fits, or
-    # judges only the forced one): such a backend has no reason from vLLM.
-    reason = "" if label == "not_reached" else verdict.reason
-    return {"backend": verdict.backend.name, "verdict": label, "reason": reason}
+    # judges only the forced one): such a backend has no reason from vLLM, and judging it
+    # here could raise where vLLM does not (a release's rule that cannot compare a value).
+    return {"backend": backend.name, "verdict": "not_reached", "reason": ""}
 
 
 def _auto_candidates(priority: list, arguments: dict) -> tuple[list[dict], _Verdict | None]:
-    verdicts = [_judge(backend, arguments) for backend in priority]
-    chosen = next((v for v in verdicts if v.passes), None)
-    candidates, seen_chosen = [], False
-    for verdict in verdicts:
-        if verdict is chosen:
-            label, seen_chosen = "selected", True
-        else:
-            label = "not_reached" if seen_chosen else "rejected"
-        candidates.append(_candidate(verdict, label))
-    return candidates, chosen
+    candidates: list[dict] = []
+    for index, backend in enumerate(priority):
+        verdict = _judge(backend, arguments)
+        if verdict.passes:
+            candidates.append(_candidate(verdict, "selected"))
+            candidates.extend(_unreached(b) for b in priority[index + 1 :])
+            return candidates, verdict
+        candidates.append(_candidate(verdict, "rejected"))
+    return candidates, None
 
 
 def _forced_candidates(forced: Any, priority: list, arguments: dict):
     verdict = _judge(forced, arguments)
     first = _candidate(verdict, "selected" if verdict.passes else "rejected")
-    rest = [_candidate(_judge(b, arguments), "not_reached") for b in priority if b != forced]
+    rest = [_unreached(b) for b in priority if b != forced]
     return [first, *rest], (verdict if verdict.passes else None)
 
 
@@ -859,8 +868,7 @@ def _candidates(call: _SelectCall) -> tuple[list[dict], _Verdict | None, str]:
     try:
         forced = iw.map_wna16_backend(requested)
     except ValueError:
-        unreached = [_candidate(_judge(b, arguments), "not_reached") for b in priority]
-        return unreached, None, "unknown"
+        return [_unreached(b) for b in priority], None, "unknown"
     return (*_forced_candidates(forced, priority, arguments), "forced")
 
 

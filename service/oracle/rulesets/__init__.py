@@ -12,6 +12,9 @@ from typing import Any
 
 from service.oracle.releases import DEFAULT_RULESET, RELEASES, Release, resolve_ruleset
 from service.oracle.rulesets.base import Ruleset
+from service.oracle.rulesets.vllm_0_27 import RULESET as VLLM_0_27
+from service.oracle.rulesets.vllm_0_28 import RULESET as VLLM_0_28
+from service.oracle.rulesets.vllm_0_29 import RULESET as VLLM_0_29
 from service.oracle.rulesets.vllm_0_30 import RULESET as VLLM_0_30
 from service.oracle.rulesets.vllm_0_31 import RULESET as VLLM_0_31
 from service.oracle.rulesets.vllm_0_32 import RULESET as VLLM_0_32
@@ -33,7 +36,7 @@ RULESETS: Mapping[str, Ruleset] = MappingProxyType(
     {
         r.name: r
         for r in sorted(
-            (VLLM_0_30, VLLM_0_31, VLLM_0_32, VLLM_0_33),
+            (VLLM_0_27, VLLM_0_28, VLLM_0_29, VLLM_0_30, VLLM_0_31, VLLM_0_32, VLLM_0_33),
             key=lambda r: list(RELEASES).index(r.name),
         )
     }

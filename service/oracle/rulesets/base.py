@@ -138,8 +138,6 @@ class Ruleset:
     #: The environment flags this release reads for the decision (a subset of
     #: `platform.DECISION_ENV_FLAGS`); a spec setting another is refused under it.
     env_flags: frozenset[str] = frozenset()
-    #: The device kinds whose `ParallelConfig` accepts expert load balancing.
-    eplb_devices: frozenset[str] = frozenset()
     #: What this release's quantization integrations do where releases differ.
     integrations: IntegrationRules = field(default_factory=IntegrationRules)
 

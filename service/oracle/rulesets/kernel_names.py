@@ -62,3 +62,20 @@ MOE_BACKENDS_0_31: tuple[str, ...] = _with_after(
     "flashinfer_moe_ep_mega_deep_gemm",
     "flashinfer_moe_ep_mega_cutedsl",
 )
+
+
+#: vLLM 0.29.0's `MoEBackend`: 0.30.0's without `aiter_triton_mxfp4_bf16` and `rdna3` (0.30
+#: added both), so `vllm serve --moe-backend rdna3` is refused there.
+MOE_BACKENDS_0_29: tuple[str, ...] = tuple(
+    name for name in MOE_BACKENDS_0_31 if name not in ("aiter_triton_mxfp4_bf16", "rdna3")
+)
+
+#: The names 0.29 added to `MoEBackend`: vLLM 0.28.0's literal lacks them.
+ADDED_IN_0_29: frozenset[str] = frozenset(
+    {"b12x", "flashinfer_moe_ep_mega_deep_gemm", "flashinfer_moe_ep_mega_cutedsl"}
+)
+#: vLLM 0.28.0's `MoEBackend` (`vllm/config/kernel.py`), in declaration order; 0.27.0's is
+#: the same list.
+MOE_BACKENDS_0_28: tuple[str, ...] = tuple(
+    name for name in MOE_BACKENDS_0_29 if name not in ADDED_IN_0_29
+)

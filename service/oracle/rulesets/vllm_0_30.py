@@ -10,9 +10,9 @@ Read from the installed 0.30.0 wheel beside 0.31.0's. The rows that differ:
   (`quantization/compressed_tensors/schemes/compressed_tensors_wNa16.py`) maps only 4 and 8
   bits, so an asymmetric 2/3/5/6/7-bit checkpoint makes `CompressedTensorsWNA16MoEMethod`'s
   constructor raise `KeyError(bits)` before it calls the oracle;
-- `ParallelConfig` (`vllm/config/parallel.py`) accepts expert load balancing on CUDA and
-  ROCm only (0.31 added XPU): its pydantic refusal, whose text repeats every argument
-  `vllm serve` passed, is answered as a field error on `parallel.enable_eplb` instead.
+- `ParallelConfig` (`vllm/config/parallel.py:527`) refuses expert-parallel load balancing
+  on anything but CUDA and ROCm (0.31 added XPU): pydantic's `ValidationError` while the
+  engine config is built.
 
 Listed for 0.30 by the release sheet but no row here, since they change no answer: XPU's
 `supported_quantization` has `moe_wna16` in 0.30 as in 0.31 (0.30 is where it arrived), and
@@ -40,8 +40,6 @@ NAME = "vllm-0.30"
 
 #: The backend 0.31 added, with its experts class, rules and CPU priority slot.
 ABSENT_BACKENDS = frozenset({"ZEN_CPU"})
-#: The devices 0.31 added to ParallelConfig's expert-load-balancing check.
-EPLB_DEVICES_ADDED_LATER = frozenset({"xpu"})
 #: Flags 0.31 started reading for the decision (ZEN_CPU's switch).
 UNREAD_ENV_FLAGS = frozenset({"VLLM_CPU_INT4_W4A8"})
 
@@ -60,9 +58,10 @@ STRUCTURAL_RULES: tuple[StructuralRule, ...] = tuple(
 PRIORITY: Priority = dataclasses.replace(
     base.PRIORITY, cpu=tuple(b for b in base.PRIORITY.cpu if b not in ABSENT_BACKENDS)
 )
-#: compressed-tensors' zero-point types exist for 4 and 8 bits only.
+#: compressed-tensors' zero-point types exist for 4 and 8 bits only; ParallelConfig balances
+#: experts on CUDA and ROCm only.
 INTEGRATIONS: IntegrationRules = dataclasses.replace(
-    base.RULESET.integrations, ct_zero_point_bits=frozenset({4, 8})
+    base.RULESET.integrations, ct_zero_point_bits=frozenset({4, 8}), eplb_devices=("cuda", "rocm")
 )
 #: The experts classes that differ from 0.33's, by backend (as 0.31's; ZEN_CPU is absent).
 EXPERTS_DELTA = base.EXPERTS_DELTA
@@ -76,6 +75,5 @@ RULESET: Ruleset = dataclasses.replace(
     structural_rules=STRUCTURAL_RULES,
     priority=PRIORITY,
     env_flags=base.RULESET.env_flags - UNREAD_ENV_FLAGS,
-    eplb_devices=base.RULESET.eplb_devices - EPLB_DEVICES_ADDED_LATER,
     integrations=INTEGRATIONS,
 )

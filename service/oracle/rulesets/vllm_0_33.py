@@ -488,7 +488,6 @@ RULESET = Ruleset(
     priority=PRIORITY,
     env_flags=frozenset(DECISION_ENV_FLAGS),
     # ParallelConfig: EPLB needs `is_cuda_alike() or is_xpu()`.
-    eplb_devices=frozenset({"cuda", "rocm", "xpu"}),
     class_check_codes=(
         # FusedMoEExperts.is_supported_config, in its order (service.oracle.engine)
         "DEVICE",
