@@ -25,39 +25,25 @@ Skipped when no vLLM 0.33.0 environment exists (`make test` builds `.venv-vllm`)
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
 from service.formats.errors import ConversionUnsupported
-from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint, write_stacked
+from service.formats.readers import LAYOUTS, write_checkpoint, write_stacked
 from service.formats.registry import convert, read_layer, read_stacked_layer
-from service.formats.synthetic.quantize import random_layer
-from tests.formats.exactness_cases import (
-    INTER,
-    Case,
-    E,
-    Exact,
-    H,
-    Refused,
-    Wrong,
-    expectation,
-    grid,
-)
+from tests.formats import conversion_records
+from tests.formats.exactness_cases import Case, E, Exact, Refused, Wrong, expectation
+from tests.formats.exactness_run import CASES, ROOT, case_layer, case_quant, prepare, run_checker
 
 pytestmark = pytest.mark.parity
 
-ROOT = Path(__file__).resolve().parents[2]
-CHECKER = ROOT / "tests" / "formats" / "vllm_checker.py"
-CASES = grid()
 VLLM_NAMES = {
     "TRITON": {
         "w13": "w13_qweight",
@@ -90,51 +76,22 @@ def _vllm_python() -> Path:
     return default
 
 
-def _layer(case: Case) -> QuantizedMoELayer:
-    return random_layer(
-        E,
-        H,
-        INTER,
-        bits=case.bits,
-        group_size=case.group_size,
-        symmetric=case.sym,
-        generator=torch.Generator().manual_seed(CASES.index(case)),
-        act_order=case.act,
-        bias=case.bias,
-        scale_dtype=case.dtype,
-    )
+@dataclass(frozen=True)
+class VllmRun:
+    """One run of vLLM 0.33.0 over every case: its outputs' folder, results and inputs."""
 
-
-def _quant(case: Case) -> SourceQuantization:
-    return SourceQuantization(case.bits, case.group_size, case.sym, desc_act=case.act)
+    directory: Path
+    results: dict[str, Any]
+    inputs: dict[str, dict[str, torch.Tensor]]
 
 
 @pytest.fixture(scope="module")
-def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> VllmRun:
     """Every case through vLLM in one subprocess (one vLLM start-up)."""
     python = _vllm_python()
     directory = tmp_path_factory.mktemp("vllm_cases")
-    entries = []
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # see conftest.one_torch_thread
-    try:
-        for case in CASES:
-            checkpoint = write_checkpoint(LAYOUTS[case.source], _layer(case), _quant(case))
-            save_file(checkpoint, str(directory / f"{case.id}.in.safetensors"))
-            entries.append({"id": case.id, "case": "wna16_convert", "spec": case.spec()})
-    finally:
-        torch.set_num_threads(threads)
-    (directory / "cases.json").write_text(json.dumps(entries))
-    completed = subprocess.run(
-        [str(python), str(CHECKER), str(directory)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-        env={**os.environ, "PYTHONPATH": ""},
-    )
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    return directory, json.loads((directory / "results.json").read_text())
+    inputs = prepare(directory)
+    return VllmRun(directory, run_checker(python, directory), inputs)
 
 
 def _strip_g_idx(layer: QuantizedMoELayer) -> QuantizedMoELayer:
@@ -194,8 +151,8 @@ NOT_LOADED = {
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_matches_vllm(case: Case, vllm_run: tuple[Path, dict[str, Any]]) -> None:
-    directory, results = vllm_run
+def test_matches_vllm(case: Case, vllm_run: VllmRun) -> None:
+    directory, results = vllm_run.directory, vllm_run.results
     result = results[case.id]
     expected = expectation(case)
     if isinstance(expected, Refused):
@@ -205,8 +162,8 @@ def test_matches_vllm(case: Case, vllm_run: tuple[Path, dict[str, Any]]) -> None
         return
     assert result["ok"], f"{result['error_type']}: {result['error']}\n{result['where']}"
     vllm = load_file(str(directory / f"{case.id}.out.safetensors"))
-    layer = _layer(case)
-    quant = _quant(case)
+    layer = case_layer(case)
+    quant = case_quant(case)
 
     # 1. The stacked parameters vLLM's loaders built are our stacked layout, bit for bit.
     ours_stacked = write_stacked(LAYOUTS[case.stacked], layer, quant)
@@ -276,3 +233,18 @@ def test_grid_covers_every_outcome_kind() -> None:
     assert ("compressed_tensors", "TRITON") in backends
     assert ("compressed_tensors", "EMULATION") in backends
     assert ("auto_awq", "EMULATION") in backends
+
+
+def test_live_conversions_equal_the_record(vllm_run: VllmRun) -> None:
+    """vLLM 0.33.0 live gives exactly its checked-in conversion record: the recording path
+    (`make parity-record`) digests what the live comparison sees."""
+    record = conversion_records.load(conversion_records.record_path("vllm-0.33"))
+    stale = record.stale_for(conversion_records.cases_hash(CASES, vllm_run.inputs))
+    assert stale is None, stale
+    recorded = record.by_id()
+    for case in CASES:
+        result = vllm_run.results[case.id]
+        produced = vllm_run.directory / f"{case.id}.out.safetensors"
+        outputs = load_file(str(produced)) if result["ok"] else {}
+        live = conversion_records.outcome(case, result, outputs)
+        assert live == recorded[case.id], case.id
