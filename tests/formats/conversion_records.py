@@ -31,8 +31,9 @@ RECORDS_DIR = Path(__file__).resolve().with_name("records")
 SUFFIX = ".conversions.jsonl.gz"
 #: Bumped when the header or line layout changes (a reader refuses other formats).
 FORMAT = 1
-#: How much of an exception's message is kept: enough to tell refusals apart.
-MESSAGE_CHARS = 160
+#: How much of an exception's message is kept (whitespace collapsed): enough to tell
+#: refusals apart, without the tensor reprs some messages end with.
+MESSAGE_CHARS = 240
 
 
 #: The digest's hash part for a tensor whose bytes are not reproducible (uninitialised memory).
@@ -65,7 +66,7 @@ def outcome(case: Case, result: dict[str, Any], outputs: dict[str, torch.Tensor]
     """One recorded line: the checker's result for a case, its tensors as digests."""
     case_id = case.id
     if not result["ok"]:
-        message = str(result["error"]).splitlines()[0] if result["error"] else ""
+        message = " ".join(str(result["error"]).split())
         return {
             "id": case_id,
             "ok": False,

@@ -34,34 +34,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
+from service.formats.canonical import QuantizedMoELayer
 from service.formats.errors import ConversionUnsupported
 from service.formats.readers import LAYOUTS, write_checkpoint, write_stacked
 from service.formats.registry import convert, read_layer, read_stacked_layer
 from tests.formats import conversion_records
 from tests.formats.exactness_cases import Case, E, Exact, Refused, Wrong, expectation
+from tests.formats.exactness_model import VLLM_NAMES, model_of_vllm, strip_g_idx
 from tests.formats.exactness_run import CASES, ROOT, case_layer, case_quant, prepare, run_checker
 
 pytestmark = pytest.mark.parity
-
-VLLM_NAMES = {
-    "TRITON": {
-        "w13": "w13_qweight",
-        "w2": "w2_qweight",
-        "w13_scale": "w13_scales",
-        "w2_scale": "w2_scales",
-        "w13_qzeros": "w13_qzeros",
-        "w2_qzeros": "w2_qzeros",
-        "w13_bias": "w13_bias",
-        "w2_bias": "w2_bias",
-    },
-    "EMULATION": {
-        "w13": "w13_weight",
-        "w2": "w2_weight",
-        "w13_bias": "w13_bias",
-        "w2_bias": "w2_bias",
-    },
-}
 
 
 def _vllm_python() -> Path:
@@ -92,41 +74,6 @@ def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> VllmRun:
     directory = tmp_path_factory.mktemp("vllm_cases")
     inputs = prepare(directory)
     return VllmRun(directory, run_checker(python, directory), inputs)
-
-
-def _strip_g_idx(layer: QuantizedMoELayer) -> QuantizedMoELayer:
-    return QuantizedMoELayer(w13=replace(layer.w13, g_idx=None), w2=replace(layer.w2, g_idx=None))
-
-
-def _vllm_emulation(experts: QuantizedExperts, zero_minus_one: bool) -> torch.Tensor:
-    """vLLM 0.33's emulation arithmetic: (q - z) in int16 -> bf16, times the bf16 scale."""
-    index = experts.group_index().unsqueeze(1).expand(-1, experts.n, -1)
-    zeros = experts.zero_points().to(torch.int16) - (1 if zero_minus_one else 0)
-    q = experts.codes.to(torch.int16) - torch.gather(zeros, 2, index)
-    scale = torch.gather(experts.scales, 2, index).to(torch.bfloat16)
-    return q.to(torch.bfloat16) * scale
-
-
-def _model_of_vllm(case: Case, layer: QuantizedMoELayer) -> dict[str, torch.Tensor | None]:
-    """What vLLM outputs for this case, by our writers plus each known departure."""
-    departures = expectation(case).departures  # type: ignore[union-attr]
-    if case.backend == "EMULATION":
-        minus_one = "gptq-v1-zero" in departures
-        model: dict[str, torch.Tensor | None] = {
-            "w13_weight": _vllm_emulation(layer.w13, minus_one),
-            "w2_weight": _vllm_emulation(layer.w2, minus_one),
-        }
-    else:
-        model = dict(convert(layer, "TRITON", source=case.source).tensors)
-        if "sym-zeros-unused" in departures:
-            stored = (1 << (case.bits - 1)) - 1  # GPTQ v1's symmetric midpoint, per code
-            per_byte = stored * 0x11 if case.bits == 4 else stored
-            for name, experts in (("w13", layer.w13), ("w2", layer.w2)):
-                shape = (E, experts.n * case.bits // 8, experts.num_groups)
-                model[f"{name}_qzeros"] = torch.full(shape, per_byte, dtype=torch.uint8)
-    if "bias-dropped" in departures or "awq-bias-not-loaded" in departures:
-        model["w13_bias"] = model["w2_bias"] = None
-    return model
 
 
 def _assert_tensors(
@@ -177,7 +124,7 @@ def test_matches_vllm(case: Case, vllm_run: VllmRun) -> None:
         loaded[name] = theirs
     if not isinstance(expected, Wrong) or case.integration != "auto_awq":
         back = read_stacked_layer(case.stacked, loaded, replace(quant, desc_act=False))
-        reference = layer if case.stacked == "moe_wna16" else _strip_g_idx(layer)
+        reference = layer if case.stacked == "moe_wna16" else strip_g_idx(layer)
         if case.integration == "auto_awq":
             reference = QuantizedMoELayer(
                 w13=replace(reference.w13, bias=None), w2=replace(reference.w2, bias=None)
@@ -196,9 +143,9 @@ def test_matches_vllm(case: Case, vllm_run: VllmRun) -> None:
     if isinstance(expected, Wrong):
         if expected.drops_g_idx:
             # vLLM converted the layer without its act order, and otherwise right.
-            stripped = _strip_g_idx(layer)
+            stripped = strip_g_idx(layer)
             case_exact = replace(case, act=False)
-            _assert_tensors(theirs_out, _model_of_vllm(case_exact, stripped), case.id)
+            _assert_tensors(theirs_out, model_of_vllm(case_exact, stripped), case.id)
             return
         ours = convert(canonical, case.backend, source=case.source).tensors
         w13 = theirs_out["w13_weight" if case.backend == "EMULATION" else "w13_qweight"]
@@ -207,7 +154,7 @@ def test_matches_vllm(case: Case, vllm_run: VllmRun) -> None:
         assert w13.shape != mine.shape or not torch.equal(w13, mine), expected.why
         return
     assert isinstance(expected, Exact)
-    _assert_tensors(theirs_out, _model_of_vllm(case, layer), f"{case.id} (model of vLLM)")
+    _assert_tensors(theirs_out, model_of_vllm(case, layer), f"{case.id} (model of vLLM)")
     try:
         ours = dict(convert(canonical, case.backend, source=case.source).tensors)
     except ConversionUnsupported:
