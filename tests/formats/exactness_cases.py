@@ -368,7 +368,39 @@ _UP_TO_0_30: tuple[Rule, ...] = (
     *_UP_TO_0_31,
 )
 _UP_TO_0_29: tuple[Rule, ...] = (GPTQ_ACT_ORDER_ACCEPTED, CT_ACT_ORDER_ASSERT, *_UP_TO_0_30)
-_UP_TO_0_28: tuple[Rule, ...] = _UP_TO_0_29
+GPTQ_TRITON_ZEROS_PASSED_THROUGH: Rule = (
+    lambda c: c.integration == "auto_gptq" and c.backend == "TRITON" and c.sym and not _act(c),
+    Exact(("sym-zeros-k-first",)),
+)
+CT_NON_MARLIN_SYMMETRIC_ONLY: Rule = (
+    lambda c: c.integration == "compressed_tensors" and not c.sym and c.group_size != -1,
+    Refused(
+        "AssertionError",
+        "Only symmetric quantization is supported for MoE",
+        "up to 0.28 compressed-tensors' non-Marlin MoE path asserts symmetric weights",
+    ),
+)
+CT_INT8_CHANNELWISE_ONLY: Rule = (
+    lambda c: c.integration == "compressed_tensors" and c.bits == 8 and c.group_size != -1,
+    Refused(
+        "AssertionError",
+        "",
+        "up to 0.28 compressed-tensors' 8-bit MoE asserts group_size == -1",
+    ),
+)
+MOE_WNA16_INT8_CHANNELWISE_ONLY: Rule = (
+    lambda c: c.integration.startswith("moe_wna16") and c.bits == 8 and c.group_size != -1,
+    Refused("AssertionError", "", "up to 0.28 MoeWNA16's 8-bit method asserts group_size == -1"),
+)
+# compressed-tensors' __init__ asserts in this order: 8-bit channelwise, act-order, symmetry.
+_UP_TO_0_28: tuple[Rule, ...] = (
+    GPTQ_TRITON_ZEROS_PASSED_THROUGH,
+    CT_INT8_CHANNELWISE_ONLY,
+    CT_ACT_ORDER_ASSERT,
+    CT_NON_MARLIN_SYMMETRIC_ONLY,
+    MOE_WNA16_INT8_CHANNELWISE_ONLY,
+    *_UP_TO_0_29,
+)
 
 #: Per release older than 0.33, the rules where its conversions differ from 0.33's, checked
 #: before 0.33's (first match wins), each read from that release's source and proven by its

@@ -12,6 +12,7 @@ from dataclasses import replace
 import torch
 
 from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
+from service.formats.readers import LAYOUTS, SourceQuantization, write_stacked
 from service.formats.registry import convert
 from tests.formats.exactness_cases import Case, E, expectation
 
@@ -34,6 +35,10 @@ VLLM_NAMES = {
         "w2_bias": "w2_bias",
     },
 }
+
+
+def case_quant(case: Case) -> SourceQuantization:
+    return SourceQuantization(case.bits, case.group_size, case.sym, desc_act=case.act)
 
 
 def strip_g_idx(layer: QuantizedMoELayer) -> QuantizedMoELayer:
@@ -70,6 +75,10 @@ def model_of_vllm(
             for name, experts in (("w13", layer.w13), ("w2", layer.w2)):
                 shape = (E, experts.n * case.bits // 8, experts.num_groups)
                 model[f"{name}_qzeros"] = torch.full(shape, per_byte, dtype=torch.uint8)
+        if "sym-zeros-k-first" in departures:  # passed through as the integration loaded them
+            stacked = write_stacked(LAYOUTS["gptq"], layer, case_quant(case))
+            model["w13_qzeros"] = stacked["w13_qzeros"]
+            model["w2_qzeros"] = stacked["w2_qzeros"]
     if {"bias-dropped", "awq-bias-not-loaded", "ct-bias-not-loaded"} & set(departures):
         model["w13_bias"] = model["w2_bias"] = None
     return model

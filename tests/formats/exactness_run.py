@@ -17,9 +17,10 @@ import torch
 from safetensors.torch import save_file
 
 from service.formats.canonical import QuantizedMoELayer
-from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint
+from service.formats.readers import LAYOUTS, write_checkpoint
 from service.formats.synthetic.quantize import random_layer
 from tests.formats.exactness_cases import INTER, Case, E, H, grid
+from tests.formats.exactness_model import case_quant
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKER = ROOT / "tests" / "formats" / "vllm_checker.py"
@@ -40,10 +41,6 @@ def case_layer(case: Case) -> QuantizedMoELayer:
         bias=case.bias,
         scale_dtype=case.dtype,
     )
-
-
-def case_quant(case: Case) -> SourceQuantization:
-    return SourceQuantization(case.bits, case.group_size, case.sym, desc_act=case.act)
 
 
 def case_checkpoint(case: Case) -> dict[str, torch.Tensor]:
