@@ -30,16 +30,12 @@ class ConversionOptions:
     - `dense_dtype`: EMULATION's dense weight dtype (vLLM 0.33 hard-codes bfloat16).
     - `activation_dtype`: the activation dtype the kernel will see; vLLM's Marlin path
       changes scales for int8/fp8 activations (`VLLM_MARLIN_INPUT_DTYPE`). None: 16-bit.
-    - `ruleset`: the vLLM release whose layout to write (a ruleset name; blank: the
-      newest). A writer departs from the newest release's bytes only where that release's
-      own conversion writes other bytes for the same checkpoint.
     - `extra`: writer-specific settings, by name.
     """
 
     device: str | torch.device | None = None
     dense_dtype: torch.dtype = torch.bfloat16
     activation_dtype: torch.dtype | None = None
-    ruleset: str = ""
     extra: Mapping[str, str] = field(default_factory=dict)
 
 
