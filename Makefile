@@ -82,6 +82,7 @@ $(VLLM_VENV)-%/.stamp:
 
 parity-record: $(VENV)/.stamp $(RECORD_VENV)/.stamp
 	$(BIN)/python -m tests.parity.record --python $(abspath $(RECORD_VENV))/bin/python --release $(VLLM)
+	$(BIN)/python -m tests.formats.record_conversions --python $(abspath $(RECORD_VENV))/bin/python --release $(VLLM)
 
 # The contract: regenerate the checked-in Python code and .pyi stubs from protos/
 # (grpcio-tools is pinned in the dev extra; tests/api/test_codegen.py fails on drift).

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -130,7 +130,17 @@ class Exact:
 
 
 Expectation = Refused | Wrong | Exact
-Rule = tuple[Callable[[Case], bool], Expectation]
+
+
+@dataclass(frozen=True)
+class DropsActOrder:
+    """The release accepts the act-order checkpoint and converts it as if it had none: the
+    outcome is the same case's without act-order, and a conversion it completes is Wrong."""
+
+    why: str
+
+
+Rule = tuple[Callable[[Case], bool], Expectation | DropsActOrder]
 
 
 def _one_group(case: Case) -> bool:
@@ -278,10 +288,151 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def expectation(case: Case) -> Expectation:
-    for predicate, outcome in RULES:
-        if predicate(case):
-            return Exact(departures(case)) if isinstance(outcome, Exact) else outcome
+def reads_uninitialised_memory(case: Case) -> bool:
+    """vLLM's outputs for the case depend on memory nothing wrote: AutoAWQ without zero
+    points registers `qzeros` with `torch.empty` and nothing loads them. A record keeps
+    only those tensors' dtypes and shapes."""
+    return case.integration == "auto_awq" and case.sym
+
+
+# Rules of older releases, each read from that release's source; the releases that have
+# each one are composed below, the older rules first.
+GPTQ_ACT_ORDER_ACCEPTED: Rule = (
+    lambda c: c.integration in GPTQ_INTEGRATION and _act(c),
+    DropsActOrder(
+        "up to 0.29 GPTQ act-order (desc_act) loads, but the TRITON and EMULATION "
+        "conversions ignore g_idx (they return no g_idx or sort indices)"
+    ),
+)
+CT_ACT_ORDER_ASSERT: Rule = (
+    lambda c: c.integration == "compressed_tensors" and _act(c),
+    Refused(
+        "AssertionError",
+        "",
+        "up to 0.29 compressed-tensors accepts actorder=group at parse, and its non-Marlin "
+        "path asserts actorder != 'group'",
+    ),
+)
+MOE_WNA16_EMULATION_SYMMETRIC: Rule = (
+    lambda c: (
+        c.integration.startswith("moe_wna16")
+        and c.backend == "EMULATION"
+        and c.sym
+        and c.group_size != -1
+        and (c.integration == "moe_wna16/gptq" or c.bits == 4)  # AWQ asserts 4-bit first
+        and not (c.integration in GPTQ_INTEGRATION and _act(c))  # act-order refused first
+    ),
+    Refused(
+        "RuntimeError",
+        "The size of tensor a",
+        "up to 0.30 the emulation conversion reads MoeWNA16's uint8 bytes as int32 GPTQ "
+        "words and the shapes do not broadcast",
+    ),
+)
+CT_TRITON_ONE_GROUP_ZERO_POINTS: Rule = (
+    lambda c: (
+        c.integration == "compressed_tensors"
+        and c.backend == "TRITON"
+        and not c.sym
+        and c.group_size != -1
+        and _one_group(c)
+    ),
+    Refused(
+        "RuntimeError",
+        "to view Int as Byte",
+        "up to 0.30 the TRITON zero-point repack views a [E, N/pf, 1] transpose as bytes, as "
+        "0.33 still does for AutoGPTQ",
+    ),
+)
+MOE_WNA16_INT8_ZERO_POINTS: Rule = (
+    lambda c: (
+        c.integration == "moe_wna16/gptq"
+        and c.bits == 8
+        and not c.sym
+        and c.group_size != -1
+        and not _act(c)
+    ),
+    Refused(
+        "RuntimeError",
+        "The expanded size of the tensor",
+        "up to 0.31 MoeWNA16's loader writes each 8-bit w13 zero-point shard into "
+        "[:shard_size // 2] / [shard_size // 2:] (0.32 divides by the 8-bit pack factor): "
+        "the shard does not fit and loading fails",
+    ),
+)
+
+_UP_TO_0_31: tuple[Rule, ...] = (MOE_WNA16_INT8_ZERO_POINTS,)
+_UP_TO_0_30: tuple[Rule, ...] = (
+    MOE_WNA16_EMULATION_SYMMETRIC,
+    CT_TRITON_ONE_GROUP_ZERO_POINTS,
+    *_UP_TO_0_31,
+)
+_UP_TO_0_29: tuple[Rule, ...] = (GPTQ_ACT_ORDER_ACCEPTED, CT_ACT_ORDER_ASSERT, *_UP_TO_0_30)
+GPTQ_TRITON_ZEROS_PASSED_THROUGH: Rule = (
+    lambda c: c.integration == "auto_gptq" and c.backend == "TRITON" and c.sym and not _act(c),
+    Exact(("sym-zeros-k-first",)),
+)
+CT_NON_MARLIN_SYMMETRIC_ONLY: Rule = (
+    lambda c: c.integration == "compressed_tensors" and not c.sym and c.group_size != -1,
+    Refused(
+        "AssertionError",
+        "Only symmetric quantization is supported for MoE",
+        "up to 0.28 compressed-tensors' non-Marlin MoE path asserts symmetric weights",
+    ),
+)
+CT_INT8_CHANNELWISE_ONLY: Rule = (
+    lambda c: c.integration == "compressed_tensors" and c.bits == 8 and c.group_size != -1,
+    Refused(
+        "AssertionError",
+        "",
+        "up to 0.28 compressed-tensors' 8-bit MoE asserts group_size == -1",
+    ),
+)
+MOE_WNA16_INT8_CHANNELWISE_ONLY: Rule = (
+    lambda c: c.integration.startswith("moe_wna16") and c.bits == 8 and c.group_size != -1,
+    Refused("AssertionError", "", "up to 0.28 MoeWNA16's 8-bit method asserts group_size == -1"),
+)
+# compressed-tensors' __init__ asserts in this order: 8-bit channelwise, act-order, symmetry.
+_UP_TO_0_28: tuple[Rule, ...] = (
+    GPTQ_TRITON_ZEROS_PASSED_THROUGH,
+    CT_INT8_CHANNELWISE_ONLY,
+    CT_ACT_ORDER_ASSERT,
+    CT_NON_MARLIN_SYMMETRIC_ONLY,
+    MOE_WNA16_INT8_CHANNELWISE_ONLY,
+    *_UP_TO_0_29,
+)
+
+#: Per release older than 0.33, the rules where its conversions differ from 0.33's, checked
+#: before 0.33's (first match wins), each read from that release's source and proven by its
+#: conversion record (`test_conversion_records.py`).
+RELEASE_RULES: dict[str, tuple[Rule, ...]] = {
+    "vllm-0.31": _UP_TO_0_31,
+    "vllm-0.30": _UP_TO_0_30,
+    "vllm-0.29": _UP_TO_0_29,
+    "vllm-0.28": _UP_TO_0_28,
+    "vllm-0.27": _UP_TO_0_28,
+}
+
+#: Per release, departures its conversions add to an exact case's (a predicate and the
+#: departure's name): compressed-tensors registers no expert bias up to 0.30.
+RELEASE_DEPARTURES: dict[str, tuple[tuple[Callable[[Case], bool], str], ...]] = {
+    ruleset: ((lambda c: c.integration == "compressed_tensors" and c.bias, "ct-bias-not-loaded"),)
+    for ruleset in ("vllm-0.30", "vllm-0.29", "vllm-0.28", "vllm-0.27")
+}
+
+
+def expectation(case: Case, ruleset: str = "vllm-0.33") -> Expectation:
+    """What `ruleset`'s vLLM release does with the case (0.33's rules where it has none)."""
+    for predicate, outcome in (*RELEASE_RULES.get(ruleset, ()), *RULES):
+        if not predicate(case):
+            continue
+        if isinstance(outcome, DropsActOrder):
+            inner = expectation(replace(case, act=False), ruleset)
+            return Wrong(outcome.why, drops_g_idx=True) if isinstance(inner, Exact) else inner
+        if isinstance(outcome, Exact):
+            added = [name for test, name in RELEASE_DEPARTURES.get(ruleset, ()) if test(case)]
+            return Exact((*departures(case), *outcome.departures, *added))
+        return outcome
     raise AssertionError("the last rule matches everything")
 
 

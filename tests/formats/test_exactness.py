@@ -25,57 +25,25 @@ Skipped when no vLLM 0.33.0 environment exists (`make test` builds `.venv-vllm`)
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
+from service.formats.canonical import QuantizedMoELayer
 from service.formats.errors import ConversionUnsupported
-from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint, write_stacked
+from service.formats.readers import LAYOUTS, write_checkpoint, write_stacked
 from service.formats.registry import convert, read_layer, read_stacked_layer
-from service.formats.synthetic.quantize import random_layer
-from tests.formats.exactness_cases import (
-    INTER,
-    Case,
-    E,
-    Exact,
-    H,
-    Refused,
-    Wrong,
-    expectation,
-    grid,
-)
+from tests.formats import conversion_records
+from tests.formats.exactness_cases import Case, E, Exact, Refused, Wrong, expectation
+from tests.formats.exactness_model import VLLM_NAMES, model_of_vllm, strip_g_idx
+from tests.formats.exactness_run import CASES, ROOT, case_layer, case_quant, prepare, run_checker
 
 pytestmark = pytest.mark.parity
-
-ROOT = Path(__file__).resolve().parents[2]
-CHECKER = ROOT / "tests" / "formats" / "vllm_checker.py"
-CASES = grid()
-VLLM_NAMES = {
-    "TRITON": {
-        "w13": "w13_qweight",
-        "w2": "w2_qweight",
-        "w13_scale": "w13_scales",
-        "w2_scale": "w2_scales",
-        "w13_qzeros": "w13_qzeros",
-        "w2_qzeros": "w2_qzeros",
-        "w13_bias": "w13_bias",
-        "w2_bias": "w2_bias",
-    },
-    "EMULATION": {
-        "w13": "w13_weight",
-        "w2": "w2_weight",
-        "w13_bias": "w13_bias",
-        "w2_bias": "w2_bias",
-    },
-}
 
 
 def _vllm_python() -> Path:
@@ -90,86 +58,22 @@ def _vllm_python() -> Path:
     return default
 
 
-def _layer(case: Case) -> QuantizedMoELayer:
-    return random_layer(
-        E,
-        H,
-        INTER,
-        bits=case.bits,
-        group_size=case.group_size,
-        symmetric=case.sym,
-        generator=torch.Generator().manual_seed(CASES.index(case)),
-        act_order=case.act,
-        bias=case.bias,
-        scale_dtype=case.dtype,
-    )
+@dataclass(frozen=True)
+class VllmRun:
+    """One run of vLLM 0.33.0 over every case: its outputs' folder, results and inputs."""
 
-
-def _quant(case: Case) -> SourceQuantization:
-    return SourceQuantization(case.bits, case.group_size, case.sym, desc_act=case.act)
+    directory: Path
+    results: dict[str, Any]
+    inputs: dict[str, dict[str, torch.Tensor]]
 
 
 @pytest.fixture(scope="module")
-def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> VllmRun:
     """Every case through vLLM in one subprocess (one vLLM start-up)."""
     python = _vllm_python()
     directory = tmp_path_factory.mktemp("vllm_cases")
-    entries = []
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # see conftest.one_torch_thread
-    try:
-        for case in CASES:
-            checkpoint = write_checkpoint(LAYOUTS[case.source], _layer(case), _quant(case))
-            save_file(checkpoint, str(directory / f"{case.id}.in.safetensors"))
-            entries.append({"id": case.id, "case": "wna16_convert", "spec": case.spec()})
-    finally:
-        torch.set_num_threads(threads)
-    (directory / "cases.json").write_text(json.dumps(entries))
-    completed = subprocess.run(
-        [str(python), str(CHECKER), str(directory)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-        env={**os.environ, "PYTHONPATH": ""},
-    )
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    return directory, json.loads((directory / "results.json").read_text())
-
-
-def _strip_g_idx(layer: QuantizedMoELayer) -> QuantizedMoELayer:
-    return QuantizedMoELayer(w13=replace(layer.w13, g_idx=None), w2=replace(layer.w2, g_idx=None))
-
-
-def _vllm_emulation(experts: QuantizedExperts, zero_minus_one: bool) -> torch.Tensor:
-    """vLLM 0.33's emulation arithmetic: (q - z) in int16 -> bf16, times the bf16 scale."""
-    index = experts.group_index().unsqueeze(1).expand(-1, experts.n, -1)
-    zeros = experts.zero_points().to(torch.int16) - (1 if zero_minus_one else 0)
-    q = experts.codes.to(torch.int16) - torch.gather(zeros, 2, index)
-    scale = torch.gather(experts.scales, 2, index).to(torch.bfloat16)
-    return q.to(torch.bfloat16) * scale
-
-
-def _model_of_vllm(case: Case, layer: QuantizedMoELayer) -> dict[str, torch.Tensor | None]:
-    """What vLLM outputs for this case, by our writers plus each known departure."""
-    departures = expectation(case).departures  # type: ignore[union-attr]
-    if case.backend == "EMULATION":
-        minus_one = "gptq-v1-zero" in departures
-        model: dict[str, torch.Tensor | None] = {
-            "w13_weight": _vllm_emulation(layer.w13, minus_one),
-            "w2_weight": _vllm_emulation(layer.w2, minus_one),
-        }
-    else:
-        model = dict(convert(layer, "TRITON", source=case.source).tensors)
-        if "sym-zeros-unused" in departures:
-            stored = (1 << (case.bits - 1)) - 1  # GPTQ v1's symmetric midpoint, per code
-            per_byte = stored * 0x11 if case.bits == 4 else stored
-            for name, experts in (("w13", layer.w13), ("w2", layer.w2)):
-                shape = (E, experts.n * case.bits // 8, experts.num_groups)
-                model[f"{name}_qzeros"] = torch.full(shape, per_byte, dtype=torch.uint8)
-    if "bias-dropped" in departures or "awq-bias-not-loaded" in departures:
-        model["w13_bias"] = model["w2_bias"] = None
-    return model
+    inputs = prepare(directory)
+    return VllmRun(directory, run_checker(python, directory), inputs)
 
 
 def _assert_tensors(
@@ -194,8 +98,8 @@ NOT_LOADED = {
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_matches_vllm(case: Case, vllm_run: tuple[Path, dict[str, Any]]) -> None:
-    directory, results = vllm_run
+def test_matches_vllm(case: Case, vllm_run: VllmRun) -> None:
+    directory, results = vllm_run.directory, vllm_run.results
     result = results[case.id]
     expected = expectation(case)
     if isinstance(expected, Refused):
@@ -205,8 +109,8 @@ def test_matches_vllm(case: Case, vllm_run: tuple[Path, dict[str, Any]]) -> None
         return
     assert result["ok"], f"{result['error_type']}: {result['error']}\n{result['where']}"
     vllm = load_file(str(directory / f"{case.id}.out.safetensors"))
-    layer = _layer(case)
-    quant = _quant(case)
+    layer = case_layer(case)
+    quant = case_quant(case)
 
     # 1. The stacked parameters vLLM's loaders built are our stacked layout, bit for bit.
     ours_stacked = write_stacked(LAYOUTS[case.stacked], layer, quant)
@@ -220,7 +124,7 @@ def test_matches_vllm(case: Case, vllm_run: tuple[Path, dict[str, Any]]) -> None
         loaded[name] = theirs
     if not isinstance(expected, Wrong) or case.integration != "auto_awq":
         back = read_stacked_layer(case.stacked, loaded, replace(quant, desc_act=False))
-        reference = layer if case.stacked == "moe_wna16" else _strip_g_idx(layer)
+        reference = layer if case.stacked == "moe_wna16" else strip_g_idx(layer)
         if case.integration == "auto_awq":
             reference = QuantizedMoELayer(
                 w13=replace(reference.w13, bias=None), w2=replace(reference.w2, bias=None)
@@ -239,9 +143,9 @@ def test_matches_vllm(case: Case, vllm_run: tuple[Path, dict[str, Any]]) -> None
     if isinstance(expected, Wrong):
         if expected.drops_g_idx:
             # vLLM converted the layer without its act order, and otherwise right.
-            stripped = _strip_g_idx(layer)
+            stripped = strip_g_idx(layer)
             case_exact = replace(case, act=False)
-            _assert_tensors(theirs_out, _model_of_vllm(case_exact, stripped), case.id)
+            _assert_tensors(theirs_out, model_of_vllm(case_exact, stripped), case.id)
             return
         ours = convert(canonical, case.backend, source=case.source).tensors
         w13 = theirs_out["w13_weight" if case.backend == "EMULATION" else "w13_qweight"]
@@ -250,7 +154,7 @@ def test_matches_vllm(case: Case, vllm_run: tuple[Path, dict[str, Any]]) -> None
         assert w13.shape != mine.shape or not torch.equal(w13, mine), expected.why
         return
     assert isinstance(expected, Exact)
-    _assert_tensors(theirs_out, _model_of_vllm(case, layer), f"{case.id} (model of vLLM)")
+    _assert_tensors(theirs_out, model_of_vllm(case, layer), f"{case.id} (model of vLLM)")
     try:
         ours = dict(convert(canonical, case.backend, source=case.source).tensors)
     except ConversionUnsupported:
@@ -276,3 +180,18 @@ def test_grid_covers_every_outcome_kind() -> None:
     assert ("compressed_tensors", "TRITON") in backends
     assert ("compressed_tensors", "EMULATION") in backends
     assert ("auto_awq", "EMULATION") in backends
+
+
+def test_live_conversions_equal_the_record(vllm_run: VllmRun) -> None:
+    """vLLM 0.33.0 live gives exactly its checked-in conversion record: the recording path
+    (`make parity-record`) digests what the live comparison sees."""
+    record = conversion_records.load(conversion_records.record_path("vllm-0.33"))
+    stale = record.stale_for(conversion_records.cases_hash(CASES, vllm_run.inputs))
+    assert stale is None, stale
+    recorded = record.by_id()
+    for case in CASES:
+        result = vllm_run.results[case.id]
+        produced = vllm_run.directory / f"{case.id}.out.safetensors"
+        outputs = load_file(str(produced)) if result["ok"] else {}
+        live = conversion_records.outcome(case, result, outputs)
+        assert live == recorded[case.id], case.id

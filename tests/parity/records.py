@@ -107,14 +107,18 @@ class Record:
         )
 
 
-def to_bytes(record: Record) -> bytes:
-    """The record file's bytes: the same record always gives the same bytes."""
-    lines = [canonical(record.header()), *(canonical(answer) for answer in record.answers)]
-    text = "".join(line + "\n" for line in lines).encode("ascii")
+def jsonl_gz(lines: Sequence[dict[str, Any]]) -> bytes:
+    """Gzip'd canonical JSON Lines with no name and mtime 0: the same lines, the same bytes."""
+    text = "".join(canonical(line) + "\n" for line in lines).encode("ascii")
     buffer = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0, compresslevel=9) as out:
         out.write(text)
     return buffer.getvalue()
+
+
+def to_bytes(record: Record) -> bytes:
+    """The record file's bytes: the same record always gives the same bytes."""
+    return jsonl_gz([record.header(), *record.answers])
 
 
 def from_bytes(data: bytes) -> Record:

@@ -44,6 +44,19 @@ OUTPUT_NAMES = (
     "w13_bias",
     "w2_bias",
 )
+#: The conversion's outputs up to vLLM 0.29, which also returned the act-order tensors.
+OUTPUT_NAMES_WITH_G_IDX = (
+    *OUTPUT_NAMES[:4],
+    "w13_g_idx",
+    "w2_g_idx",
+    "w13_g_idx_sort_indices",
+    "w2_g_idx_sort_indices",
+    *OUTPUT_NAMES[4:],
+)
+#: The conversion's output names by the length of the tuple a release returns.
+OUTPUTS_BY_LENGTH = {len(names): names for names in (OUTPUT_NAMES, OUTPUT_NAMES_WITH_G_IDX)}
+#: The SM count of the GPU the cases pretend to run on (an H100 SXM, compute capability 9.0).
+FAKE_SM_COUNT = 132
 PROJECTIONS = {"gate_proj": ("w13", "w1"), "up_proj": ("w13", "w3"), "down_proj": ("w2", "w2")}
 
 
@@ -173,12 +186,23 @@ def wna16_convert(spec: Mapping[str, Any], inputs: dict[str, torch.Tensor]) -> C
             undo,
         )
         _patch(moe_wna16, "get_tp_group", lambda: SimpleNamespace(device="cpu"), undo)
+        # Up to 0.29 the AWQ method sizes a Marlin workspace from the GPU's SM count.
+        from vllm.model_executor.layers.quantization.utils import marlin_utils
+
+        if hasattr(marlin_utils, "num_compute_units"):
+            _patch(marlin_utils, "num_compute_units", lambda *a: FAKE_SM_COUNT, undo)
         _patch(moe_wna16, "get_tensor_model_parallel_rank", lambda: 0, undo)
         module, method, _name = factory(spec)
         layer = _layer(spec)
         layer.quant_method = method
         layer.quant_config = getattr(method, "quant_config", None)
         dtype = getattr(torch, spec["params_dtype"])
+        extra: dict[str, Any] = {}
+        # Up to 0.29 act-order-capable methods also take the unsharded intermediate size;
+        # the layer's own predicate says which (as RoutedExperts.__init__ asks it).
+        needs_full = getattr(layer, "_needs_intermediate_size_param", None)
+        if needs_full is not None and needs_full(method):
+            extra["intermediate_size_full"] = spec["intermediate"]
         method.create_weights(
             layer,
             spec["num_experts"],
@@ -186,6 +210,7 @@ def wna16_convert(spec: Mapping[str, Any], inputs: dict[str, torch.Tensor]) -> C
             spec["intermediate"],
             dtype,
             weight_loader=layer.weight_loader,
+            **extra,
         )
         ignored = []
         for key, tensor in inputs.items():
@@ -213,7 +238,7 @@ def wna16_convert(spec: Mapping[str, Any], inputs: dict[str, torch.Tensor]) -> C
         result = captured["result"]
         outputs: dict[str, torch.Tensor | None] = dict(loaded)
         if result is not None:
-            for name, value in zip(OUTPUT_NAMES, result, strict=True):
+            for name, value in zip(OUTPUTS_BY_LENGTH[len(result)], result, strict=True):
                 outputs[f"out.{name}"] = value
         return outputs, {"ignored": sorted(ignored), "in_place": result is None}
     finally:
