@@ -43,8 +43,8 @@ install: $(VENV)/.stamp
 install-vllm: $(VLLM_VENV)/.stamp
 
 lint: $(VENV)/.stamp
-	$(BIN)/ruff check service tests bench
-	$(BIN)/ruff format --check service tests bench
+	$(BIN)/ruff check service tests bench plugin
+	$(BIN)/ruff format --check service tests bench plugin
 	$(BIN)/lint-imports
 	@# deploy/: Dockerfile (hadolint), Kubernetes schemas, alert rules, dashboard (tests/deploy/checks.py)
 	@if [ -x $(BIN)/hadolint ]; then $(BIN)/hadolint Dockerfile && echo "Dockerfile: hadolint clean"; \

@@ -34,6 +34,7 @@ COMMANDS: tuple[str, ...] = (
     "service.cli.layers",
     "service.cli.unload",
     "service.cli.rulesets",
+    "service.cli.observed",
 )
 
 
