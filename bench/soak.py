@@ -281,7 +281,13 @@ def observed_report() -> bytes:
     """One ReportDecisions request: a decision as the vLLM plugin reports it, the oracle's own
     answer standing in for vLLM's (the soak has no vLLM)."""
     spec = {
-        "hf_quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128},
+        "hf_quantization_config": {
+            "quant_method": "gptq",
+            "bits": 4,
+            "group_size": 128,
+            "desc_act": False,
+            "sym": True,
+        },
         "layer": {"num_experts": 8, "top_k": 2, "hidden_size": 1024, "intermediate_size": 512},
         "platform": "h100",
     }

@@ -37,9 +37,12 @@ class _Reporting:
         self._parts: tuple[Any, Any] | None = None
         self._lock = threading.Lock()
         self._failed = False
-        #: Seconds vLLM's threads spent in the plugin's observing (what it costs vLLM
-        #: beyond register()).
+        #: CPU seconds vLLM's threads spent in the plugin's observing (what it costs vLLM
+        #: beyond register(); CPU time, so a busy machine does not inflate it).
         self.seconds = 0.0
+        #: The longest one observed call took, in wall time (a call that waited for the
+        #: server would show here).
+        self.longest_s = 0.0
 
     def parts(self) -> tuple[Any, Any]:
         if self._parts is None:
@@ -58,18 +61,18 @@ class _Reporting:
         self.parts()[1].submit(decision)
 
     def see_select(self, call: Any) -> None:
-        began = time.perf_counter()
-        try:
-            self.parts()[0].see_select(call)
-        finally:
-            self.seconds += time.perf_counter() - began
+        self._timed(lambda: self.parts()[0].see_select(call))
 
     def see_quant_config(self, call: Any) -> None:
-        began = time.perf_counter()
+        self._timed(lambda: self.parts()[0].see_quant_config(call))
+
+    def _timed(self, step: Any) -> None:
+        cpu, wall = time.thread_time(), time.perf_counter()
         try:
-            self.parts()[0].see_quant_config(call)
+            step()
         finally:
-            self.seconds += time.perf_counter() - began
+            self.seconds += time.thread_time() - cpu
+            self.longest_s = max(self.longest_s, time.perf_counter() - wall)
 
     def on_error(self, exc: Exception) -> None:
         if not self._failed:
@@ -87,20 +90,25 @@ _REPORTING: list[_Reporting] = []
 
 def register() -> None:
     """vLLM's general-plugin hook (it may call it more than once per process)."""
-    began = time.perf_counter()
+    began = time.thread_time()
     _register_reporting()
-    _REGISTER_SECONDS.append(time.perf_counter() - began)
+    _REGISTER_SECONDS.append(time.thread_time() - began)
     _register_checkpoint_loading()
 
 
 def register_seconds() -> float:
-    """Seconds the reporting half of `register()` took in this process, in all."""
+    """CPU seconds the reporting half of `register()` took in this process, in all."""
     return sum(_REGISTER_SECONDS)
 
 
 def observe_seconds() -> float:
-    """Seconds vLLM's threads spent in the plugin's observing in this process."""
+    """CPU seconds vLLM's threads spent in the plugin's observing in this process."""
     return _REPORTING[0].seconds if _REPORTING else 0.0
+
+
+def longest_observe_seconds() -> float:
+    """The longest wall time one observed call spent in the plugin in this process."""
+    return _REPORTING[0].longest_s if _REPORTING else 0.0
 
 
 def _register_reporting() -> None:

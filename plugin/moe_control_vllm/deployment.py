@@ -12,6 +12,7 @@ process that builds layers without a model config, such as vLLM's own layer test
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import types

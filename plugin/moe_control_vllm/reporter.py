@@ -8,8 +8,10 @@ in batches, and calls ReportDecisions by name under `deadline_s`, retrying a cal
 server may answer later (UNAVAILABLE, a deadline) twice; anything else (a wrong token, a
 server without the method) is not retried. The first failure of any kind is one warning
 line; later ones are counted, not logged. A forked child
-(vLLM's workers may be forked) starts with a fresh queue and thread of its own. At exit, what
-is still queued gets at most `FLUSH_AT_EXIT_S` to leave.
+(vLLM's workers may be forked) starts with a fresh queue and thread of its own. The thread
+waits `FIRST_SEND_DELAY_S` before its first send, so that its imports do not compete with
+vLLM's layer building for the GIL. At exit, what is still queued gets at most
+`FLUSH_AT_EXIT_S` to leave.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ COALESCE_S = 0.05
 RETRY_DELAYS_S = (1.0, 4.0)
 #: What is still queued at exit gets this long to leave.
 FLUSH_AT_EXIT_S = 1.0
+#: The sending thread waits this long after the first report before it imports grpc and
+#: sends (or until a flush asks): vLLM is usually still building its layers then, and the
+#: import would take the GIL from it.
+FIRST_SEND_DELAY_S = 2.0
 METHOD = "/moe_control.v1.MoeControlService/ReportDecisions"
 _RETRIED = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
 
@@ -60,11 +66,15 @@ class Reporter:
     def _reset(self) -> None:
         self._queue: queue.Queue[Decision] = queue.Queue(QUEUE_SIZE)
         self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
         self._warned = False
         #: Decisions the server accepted, dropped (queue full) and failed to report.
         self.sent = 0
         self.dropped = 0
         self.failed = 0
+        #: CPU seconds the sending thread used (its imports included): under the GIL, at
+        #: most this much is taken from vLLM's threads, in the background.
+        self.cpu_s = 0.0
 
     # -- vLLM's side: never blocks
 
@@ -87,6 +97,7 @@ class Reporter:
         """Wait up to `timeout` seconds for every queued report to be sent or given up;
         whether the queue is done."""
         end = time.monotonic() + timeout
+        self._wake.set()
         while self._queue.unfinished_tasks:
             if time.monotonic() >= end:
                 return False
@@ -96,6 +107,7 @@ class Reporter:
     # -- the sending thread
 
     def _run(self) -> None:
+        self._wake.wait(FIRST_SEND_DELAY_S)
         try:
             call = self._open()
         except Exception as exc:  # no grpc, a bad certificate file: reporting stays off
@@ -117,6 +129,7 @@ class Reporter:
                 self.failed += len(batch)
                 self._warn_once(f"a report failed ({type(exc).__name__}: {exc})")
             finally:
+                self.cpu_s = time.thread_time()
                 for _ in batch:
                     self._queue.task_done()
 
