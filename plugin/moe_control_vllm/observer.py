@@ -57,8 +57,16 @@ def _layer_name(caller: types.FrameType | None) -> str:
 
 
 def _caller_class(caller: types.FrameType | None) -> str:
-    owner = None if caller is None else caller.f_locals.get("self")
-    return "" if owner is None else type(owner).__name__
+    """The class of the vLLM method that called: the first frame up the stack that runs in
+    a `vllm.*` module and has a `self` (another wrapper between it and the plugin's, say a
+    profiler's, is passed over)."""
+    frame, depth = caller, 0
+    while frame is not None and depth < _PREFIX_DEPTH:
+        owner = frame.f_locals.get("self")
+        if owner is not None and str(frame.f_globals.get("__name__", "")).startswith("vllm."):
+            return type(owner).__name__
+        frame, depth = frame.f_back, depth + 1
+    return ""
 
 
 def _weight_key(key: Any) -> WeightKey:

@@ -98,7 +98,8 @@ def run_driver(
         text=True,
         timeout=TIMEOUT_S,
         check=False,
-        env={**clean, "PYTHONPATH": "", **env},
+        # The reporter gets long enough to give up on a failing server (retries included).
+        env={**clean, "PYTHONPATH": "", "MOE_CONTROL_TEST_FLUSH_S": "60", **env},
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
     lines = [line for line in completed.stdout.splitlines() if line.strip()]
