@@ -17,8 +17,7 @@ import os
 import sys
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 #: The VLLM_* flags that reach the WNA16 MoE decision (the server's list: a test checks that
 #: the two agree). Only these are sent; no other variable of the process ever is.
@@ -53,8 +52,7 @@ ROUTING_INPUTS: Mapping[str, Mapping[str, Any]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class ModelFacts:
+class ModelFacts(NamedTuple):
     """What vLLM knows of the model: its name, resolved quantization method and the
     checkpoint's quantization config."""
 

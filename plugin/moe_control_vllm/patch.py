@@ -24,7 +24,6 @@ import importlib.machinery
 import sys
 import types
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 #: Set on a wrapper (to the function it wraps), so that nothing is wrapped twice.
@@ -47,8 +46,7 @@ class ObservedCall(NamedTuple):
 Observer = Callable[[ObservedCall], None]
 
 
-@dataclass(frozen=True, slots=True)
-class Target:
+class Target(NamedTuple):
     """A function of a vLLM module, and what to tell about each of its calls."""
 
     module: str
@@ -83,19 +81,35 @@ def _tell(see: Observer, on_error: Callable[[Exception], None], call: ObservedCa
         on_error(exc)
 
 
-def patch_module(
-    module: types.ModuleType, target: Target, on_error: Callable[[Exception], None]
+def patch_modules(
+    loaded: Iterable[tuple[types.ModuleType, Target]],
+    on_error: Callable[[Exception], None],
+    *,
+    rebind: bool = True,
 ) -> None:
-    """Replace the target function in `module` and in every loaded vllm module holding it."""
-    real = getattr(module, target.function, None)
-    if real is None or getattr(real, MARK, None) is not None:
+    """Replace each target function in its module and, with `rebind`, in every loaded vllm
+    module holding it by name, in one pass over the loaded modules (the pass is the cost of
+    a late install: a few thousand namespaces). A module patched as it loads needs no pass:
+    nothing can have imported the function from it before it finished running."""
+    wrappers: dict[int, tuple[Any, Any]] = {}
+    for module, target in loaded:
+        real = getattr(module, target.function, None)
+        if real is None or getattr(real, MARK, None) is not None:
+            continue
+        wrapper = observing(real, target.see, on_error)
+        wrappers[id(real)] = (real, wrapper)
+        setattr(module, target.function, wrapper)
+    if not wrappers or not rebind:
         return
-    wrapper = observing(real, target.see, on_error)
-    for namespace in _vllm_namespaces():
-        for name, value in list(namespace.items()):
-            if value is real:
-                namespace[name] = wrapper
-    setattr(module, target.function, wrapper)
+    hits = [
+        (namespace, name, wrappers[id(value)])
+        for namespace in _vllm_namespaces()
+        for name, value in namespace.items()
+        if id(value) in wrappers
+    ]
+    for namespace, name, (real, wrapper) in hits:
+        if namespace.get(name) is real:
+            namespace[name] = wrapper
 
 
 def _vllm_namespaces() -> list[dict[str, Any]]:
@@ -156,7 +170,10 @@ class PatchOnImport(importlib.abc.MetaPathFinder):
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
                     spec.loader = _PatchingLoader(
-                        spec.loader, lambda module: patch_module(module, wanted, self._on_error)
+                        spec.loader,
+                        lambda module: patch_modules(
+                            [(module, wanted)], self._on_error, rebind=False
+                        ),
                     )
                 return spec
         return None
@@ -168,12 +185,14 @@ class PatchOnImport(importlib.abc.MetaPathFinder):
 
 def install(targets: Iterable[Target], on_error: Callable[[Exception], None]) -> None:
     """Wrap each target now if its module is loaded, else as soon as it loads."""
-    later = []
+    later, loaded = [], []
     for target in targets:
         module = sys.modules.get(target.module)
         if module is None:
             later.append(target)
         else:
-            patch_module(module, target, on_error)
+            loaded.append((module, target))
+    if loaded:
+        patch_modules(loaded, on_error)
     if later:
         sys.meta_path.insert(0, PatchOnImport(later, on_error))

@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(NamedTuple):
     """One backend's verdict ("selected", "rejected", "not_reached") and vLLM's reason."""
 
     backend: str
@@ -15,16 +14,14 @@ class Candidate:
     reason: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class WeightKey:
+class WeightKey(NamedTuple):
     dtype: str
     scale_dtype: str
     group_shape: tuple[int, int]
     symmetric: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """One distinct decision of this process (the fields of observed.proto's
     ObservedDecision)."""
 
@@ -40,12 +37,11 @@ class Decision:
     experts_class: str = ""
     #: (exception class, message) where the call raised.
     error: tuple[str, str] | None = None
-    candidates: tuple[Candidate, ...] = field(default=())
+    candidates: tuple[Candidate, ...] = ()
     layer_count: int = 1
 
 
-@dataclass(frozen=True, slots=True)
-class Process:
+class Process(NamedTuple):
     """Who reports (data, never a metric label)."""
 
     host: str

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 PREFIX = "MOE_CONTROL_REPORT_"
 ADDRESS = PREFIX + "ADDRESS"
@@ -38,8 +38,7 @@ class ReportSettingsError(ValueError):
     """A `MOE_CONTROL_REPORT_*` variable has a value the plugin cannot use."""
 
 
-@dataclass(frozen=True, slots=True)
-class ReportSettings:
+class ReportSettings(NamedTuple):
     address: str
     token: str | None = None
     tls_ca: Path | None = None

@@ -12,14 +12,12 @@ re-states a vLLM rule.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 SELECTED, REJECTED, NOT_REACHED = "selected", "rejected", "not_reached"
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(NamedTuple):
     backend: str
     verdict: str
     reason: str = ""

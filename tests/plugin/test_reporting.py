@@ -35,9 +35,12 @@ pytestmark = [pytest.mark.parity, pytest.mark.timeout(1800)]
 
 METHOD = "/moe_control.v1.MoeControlService/ListObservedDecisions"
 TOKEN = "the-right-token"
-#: CPU time the plugin may add to vLLM's thread over a whole run (register() and observing
-#: every layer of every deployment).
-PLUGIN_BUDGET_S = 0.050
+#: CPU time register() may take on vLLM's thread: where vLLM loads plugins first (as it
+#: does), and where they load after vLLM's modules (one pass over the loaded modules to
+#: rebind the function where it was imported by name).
+REGISTER_BUDGET_S = {"first": 0.010, "late": 0.025}
+#: CPU time observing every layer of every deployment may take on vLLM's thread.
+OBSERVE_BUDGET_S = 0.040
 #: The report deadline of these runs; one observed call that waited for the server would
 #: take at least this long.
 DEADLINE_S = 1.0
@@ -189,7 +192,8 @@ def test_a_failing_server_never_holds_vllm_up(world: dict[str, Any], failure: st
     assert result["reporting"] and result["distinct"] == len(world["specs"])
     assert result["flushed"], "the reporter did not give up within the flush window"
     assert result["sent"] == 0 and result["failed"] == result["distinct"]
-    assert result["register_s"] + result["observe_s"] < PLUGIN_BUDGET_S, result
+    assert result["register_s"] < REGISTER_BUDGET_S[LATE.get(failure, "first")], result
+    assert result["observe_s"] < OBSERVE_BUDGET_S, result
     assert result["longest_observe_s"] < DEADLINE_S / 2, "an observed call waited"
     # The whole path, against the run with a working server (generous: runs share cores).
     assert sum(result["layer_s"]) < 2 * sum(working["layer_s"]) + DEADLINE_S
@@ -197,10 +201,21 @@ def test_a_failing_server_never_holds_vllm_up(world: dict[str, Any], failure: st
 
 
 def test_the_plugin_costs_vllm_milliseconds(world: dict[str, Any]) -> None:
-    """register() and observing 3 layers of each deployment, on vLLM's thread."""
+    """register() and observing 3 layers of each deployment, on vLLM's thread: under 50 ms
+    of CPU together where vLLM loads plugins first."""
     run = world["runs"]["matching"].result
-    assert run["register_s"] < 0.010, run["register_s"]
-    assert run["register_s"] + run["observe_s"] < PLUGIN_BUDGET_S, run
+    print(
+        f"\nplugin CPU on vLLM's thread: register() {run['register_s'] * 1e3:.1f} ms, observing "
+        f"{len(run['layer_s'])} layers ({run['distinct']} distinct decisions) "
+        f"{run['observe_s'] * 1e3:.1f} ms, longest call {run['longest_observe_s'] * 1e3:.1f} ms "
+        f"wall; sending thread {run['sender_cpu_s'] * 1e3:.1f} ms CPU in the background"
+    )
+    assert run["register_s"] < REGISTER_BUDGET_S["first"], run["register_s"]
+    assert run["observe_s"] < OBSERVE_BUDGET_S, run["observe_s"]
+    late = world["runs"]["refusing"].result
+    print(
+        f"register() after vLLM's modules (the rebinding pass): {late['register_s'] * 1e3:.1f} ms"
+    )
 
 
 def test_wrong_token_is_refused_as_unauthenticated(world: dict[str, Any]) -> None:
