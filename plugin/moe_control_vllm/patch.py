@@ -5,7 +5,7 @@ vLLM's WNA16 integrations import `select_wna16_moe_backend` by name (`from
 alone would miss every module that imported it already. `install` therefore, per `Target`:
 
 * when its module is already imported, replaces the function in it and in every loaded
-  `vllm.*` module that holds it by name;
+  module of vLLM's model executor (where the integrations are) that holds it by name;
 * otherwise puts one finder in front of `sys.meta_path` that lets the module load as usual
   and replaces the function right after the module has run, before any other module's
   `from ... import` can read it; the finder leaves once every target is patched.
@@ -87,10 +87,10 @@ def patch_modules(
     *,
     rebind: bool = True,
 ) -> None:
-    """Replace each target function in its module and, with `rebind`, in every loaded vllm
-    module holding it by name, in one pass over the loaded modules (the pass is the cost of
-    a late install: a few thousand namespaces). A module patched as it loads needs no pass:
-    nothing can have imported the function from it before it finished running."""
+    """Replace each target function in its module and, with `rebind`, in every loaded module
+    under `REBOUND_PREFIX` holding it by name, in one pass over those modules (the cost of a
+    late install). A module patched as it loads needs no pass: nothing can have imported the
+    function from it before it finished running."""
     wrappers: dict[int, tuple[Any, Any]] = {}
     for module, target in loaded:
         real = getattr(module, target.function, None)
@@ -112,11 +112,17 @@ def patch_modules(
             namespace[name] = wrapper
 
 
+#: Where vLLM's integrations live: the modules that may hold a target by name (vLLM's
+#: quantization integrations, its MoE layers and model loaders). Only these are rebound on
+#: a late install, which keeps its one pass to a few hundred namespaces.
+REBOUND_PREFIX = "vllm.model_executor."
+
+
 def _vllm_namespaces() -> list[dict[str, Any]]:
     return [
         vars(module)
         for name, module in list(sys.modules.items())
-        if module is not None and (name == "vllm" or name.startswith("vllm."))
+        if module is not None and name.startswith(REBOUND_PREFIX)
     ]
 
 
