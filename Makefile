@@ -39,12 +39,19 @@ $(VLLM_VENV)/.stamp:
 	$(VLLM_VENV)/bin/pip install --quiet vllm==$(VLLM_VERSION)
 	touch $@
 
+# moe-control's vLLM plugin (plugin/, its own distribution) in vLLM's environment, editable
+# and without dependencies (what it needs, vLLM already has): the plugin tests load it
+# through vLLM's own plugin loader.
+$(VLLM_VENV)/.plugin-stamp: $(VLLM_VENV)/.stamp plugin/pyproject.toml
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e plugin
+	touch $@
+
 install: $(VENV)/.stamp
-install-vllm: $(VLLM_VENV)/.stamp
+install-vllm: $(VLLM_VENV)/.stamp $(VLLM_VENV)/.plugin-stamp
 
 lint: $(VENV)/.stamp
-	$(BIN)/ruff check service tests bench
-	$(BIN)/ruff format --check service tests bench
+	$(BIN)/ruff check service tests bench plugin
+	$(BIN)/ruff format --check service tests bench plugin
 	$(BIN)/lint-imports
 	@# deploy/: Dockerfile (hadolint), Kubernetes schemas, alert rules, dashboard (tests/deploy/checks.py)
 	@if [ -x $(BIN)/hadolint ]; then $(BIN)/hadolint Dockerfile && echo "Dockerfile: hadolint clean"; \
@@ -60,7 +67,7 @@ typecheck: $(VENV)/.stamp
 unit: $(VENV)/.stamp
 	$(BIN)/pytest -q -m "not parity and not gpu"
 
-parity: $(VENV)/.stamp $(VLLM_VENV)/.stamp
+parity: $(VENV)/.stamp $(VLLM_VENV)/.stamp $(VLLM_VENV)/.plugin-stamp
 	MOE_CONTROL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/pytest -q -m parity
 
 # Parity records (tests/parity/records/): one release's answers to the whole grid, recorded
@@ -104,7 +111,7 @@ $(BUF):
 proto-lint: $(BUF)
 	$(BUF) lint
 
-test: $(VENV)/.stamp $(VLLM_VENV)/.stamp lint typecheck proto-lint
+test: $(VENV)/.stamp $(VLLM_VENV)/.stamp $(VLLM_VENV)/.plugin-stamp lint typecheck proto-lint
 	MOE_CONTROL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/pytest -q -m "not gpu"
 
 # One line on the terminal: where it listens and where the metrics are (LOG_LEVEL=INFO shows

@@ -89,7 +89,7 @@ from service.api.codecs import conversion as convert_codec
 from service.api.codecs import selection as codec
 from service.api.codecs import upgrade as upgrade_codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-from service.api.generated.moe_control.v1 import platform_pb2, tensor_pb2
+from service.api.generated.moe_control.v1 import observed_pb2, platform_pb2, tensor_pb2
 from service.client.convert import header_for, tensor_requests
 from service.client.run import deployment_pb, run_request
 from service.formats.io.safetensors import tensor_bytes
@@ -169,6 +169,8 @@ METHODS = (
     "ListWorkers",
     "ListLayers",
     "UnloadLayer",
+    "ReportDecisions",
+    "ListObservedDecisions",
     "Health.Check",
 )
 #: The limits the prober provokes: row -> what the RESOURCE_EXHAUSTED message must say.
@@ -296,6 +298,48 @@ def _now(coroutine: Any) -> Any:
         return stop.value
     coroutine.close()
     raise _PendingError
+
+
+def observed_report() -> bytes:
+    """One ReportDecisions request: a decision as the vLLM plugin reports it, the oracle's own
+    answer standing in for vLLM's (the soak has no vLLM)."""
+    spec = {
+        "hf_quantization_config": {
+            "quant_method": "gptq",
+            "bits": 4,
+            "group_size": 128,
+            "desc_act": False,
+            "sym": True,
+        },
+        "layer": {"num_experts": 8, "top_k": 2, "hidden_size": 1024, "intermediate_size": 512},
+        "platform": "h100",
+    }
+    decision = select(spec)
+    verdicts = {
+        "selected": observed_pb2.OBSERVED_VERDICT_SELECTED,
+        "rejected": observed_pb2.OBSERVED_VERDICT_REJECTED,
+        "not_reached": observed_pb2.OBSERVED_VERDICT_NOT_REACHED,
+    }
+    return observed_pb2.ReportDecisionsRequest(
+        process=observed_pb2.ReportingProcess(host="soak", vllm_version="0.33.0"),
+        decisions=[
+            observed_pb2.ObservedDecision(
+                layer_name="model.layers.0.mlp.experts",
+                layer_count=1,
+                moe_method=decision.moe_method,
+                integration=decision.quantization,
+                deployment_json=json.dumps(spec),
+                backend=decision.backend or "",
+                experts_class=decision.experts_class or "",
+                candidates=[
+                    observed_pb2.ObservedCandidate(
+                        backend=c.backend, verdict=verdicts[c.verdict], reason=c.reason
+                    )
+                    for c in decision.candidates
+                ],
+            )
+        ],
+    ).SerializeToString()
 
 
 async def stream_call(
@@ -919,7 +963,17 @@ class Soak:
             if upgrade_codec.upgrade_response_to_json(response) != expected_diff:
                 raise WrongAnswerError("DiffRulesets: not the library's diff")
 
+        def reported(raw: bytes) -> None:
+            if observed_pb2.ReportDecisionsResponse.FromString(raw).accepted != 1:
+                raise WrongAnswerError("ReportDecisions: the decision was not accepted")
+
+        def observed(raw: bytes) -> None:
+            # The soak's own report may not have been made yet: the listing only parses.
+            observed_pb2.ListObservedDecisionsResponse.FromString(raw)
+
         rows: list[tuple[str, bytes, Callable[[bytes], None]]] = [
+            ("ReportDecisions", observed_report(), reported),
+            ("ListObservedDecisions", empty, observed),
             ("GetPlatform", empty, platform),
             ("ListPlatformPresets", empty, presets),
             ("ListRulesets", empty, rulesets),

@@ -52,6 +52,7 @@ from service.oracle import (
     preset,
 )
 from service.oracle.errors import STAGES, VLLM_EXCEPTIONS
+from service.oracle.observed import COMPARED_FIELDS
 from service.oracle.quantization import INTEGRATIONS
 
 #: From 100 µs (a SelectBackend answer) to 10 min (a whole-checkpoint conversion).
@@ -107,6 +108,11 @@ EXPLICIT_PLATFORM = "explicit"
 WORKER_PLATFORM = "worker"
 #: The reason label of a rejection without a code.
 NO_REASON = "UNSPECIFIED"
+#: The ruleset label of an observed decision from a vLLM release no ruleset answers for.
+NO_RULESET = "none"
+#: The label of a reported backend or integration this server does not know (reports come
+#: from vLLM processes, so their values are bounded to the known ones here).
+OTHER = "other"
 
 
 def platform_label(requested: object) -> str:
@@ -204,6 +210,26 @@ class Metrics:
             "exception type.",
             ["stage", "error"],
             registry=r,
+        )
+
+        # -- fleet truth: what vLLM processes reported (ReportDecisions)
+        self.observed_decisions = Counter(
+            "moe_control_observed_decisions_total",
+            "WNA16 MoE decisions vLLM processes reported taking (one per distinct decision "
+            "per process), by the backend vLLM chose (none: it raised), vLLM integration and "
+            "the ruleset the server compared them with (none: the release has no ruleset).",
+            ["backend", "integration", "ruleset"],
+            registry=r,
+        )
+        self.prediction_mismatches = Counter(
+            "moe_control_prediction_mismatches_total",
+            "Reported decisions where the server's own answer for the same deployment "
+            "differs from what vLLM did, by ruleset and the first field that differs.",
+            ["ruleset", "field"],
+            registry=r,
+        )
+        self._known_backends = frozenset(
+            backend for ruleset in RULESETS.values() for backend in ruleset.backends
         )
 
         # -- gRPC server (standard names)
@@ -322,6 +348,12 @@ class Metrics:
         for stage in STAGES:
             for error in VLLM_EXCEPTIONS:
                 self._failure_child(stage, error)
+        for ruleset in RULESETS.values():
+            for backend in (*ruleset.backends, NO_BACKEND):
+                for integration in INTEGRATIONS:
+                    self.observed_decisions.labels(backend, integration, ruleset.name)
+            for name in COMPARED_FIELDS:
+                self.prediction_mismatches.labels(ruleset.name, name)
 
     def _selection_child(self, backend: str, integration: str, platform: str, ruleset: str) -> Any:
         key = (backend, integration, platform, ruleset)
@@ -401,6 +433,26 @@ class Metrics:
     def count_decision(self, decision: Decision, platform: str) -> None:
         for child in self.decision_counters(decision, platform):
             child.inc()
+
+    def count_observation(self, backend: str | None, integration: str | None, ruleset: str) -> None:
+        """One reported decision (labels bounded: an unknown value counts as `other`)."""
+        backend_label = NO_BACKEND if backend is None else backend
+        if backend_label != NO_BACKEND and backend_label not in self._known_backends:
+            backend_label = OTHER
+        integration_label = integration if integration in INTEGRATIONS else OTHER
+        self.observed_decisions.labels(
+            backend_label, integration_label, self._ruleset_label(ruleset)
+        ).inc()
+
+    def count_mismatch(self, ruleset: str, field: str) -> None:
+        """One reported decision the server answers differently, at its first field."""
+        self.prediction_mismatches.labels(
+            self._ruleset_label(ruleset), field if field in COMPARED_FIELDS else OTHER
+        ).inc()
+
+    @staticmethod
+    def _ruleset_label(ruleset: str) -> str:
+        return ruleset if ruleset in RULESETS else NO_RULESET
 
     def run_moe_children(self, backend: str) -> tuple[Any, Any]:
         """(duration histogram child, token counter child) of a backend's RunMoE calls,

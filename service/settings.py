@@ -204,8 +204,23 @@ class Settings:
     state_dir: Path | None = field(
         default=None,
         metadata=_doc(
-            "where SelectBackend's measured policy keeps its timings (a JSON file, replaced "
-            "atomically); unset: in memory only, measured again after a restart"
+            "where SelectBackend's measured policy keeps its timings and ReportDecisions its "
+            "observed decisions (JSON files, each replaced atomically); unset: in memory "
+            "only, lost at a restart"
+        ),
+    )
+    observed_max_deployments: int = field(
+        default=4096,
+        metadata=_doc(
+            "distinct observed deployments (ReportDecisions) kept; the least recently "
+            "reported are dropped first"
+        ),
+    )
+    observed_ruleset: str | None = field(
+        default=None,
+        metadata=_doc(
+            "compare every observed decision with this ruleset (any form --ruleset takes) "
+            "instead of the reporting vLLM release's own; unset: the release's"
         ),
     )
     malloc_tuning: bool = field(
@@ -245,6 +260,8 @@ class Settings:
                 problems.append(f"{name} must be >= 0")
         if self.cpu_workers < 1:
             problems.append("cpu_workers must be >= 1")
+        if self.observed_max_deployments < 1:
+            problems.append("observed_max_deployments must be >= 1")
         if (self.tls_cert is None) != (self.tls_key is None):
             problems.append("tls_cert and tls_key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:

@@ -20,6 +20,7 @@ from service.metrics import (
 )
 from service.oracle import DEFAULT_RULESET, PLATFORM_PRESETS, RULESETS
 from service.oracle.errors import STAGES, VLLM_EXCEPTIONS
+from service.oracle.observed import COMPARED_FIELDS
 from service.oracle.quantization import INTEGRATIONS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,10 +61,23 @@ def expected_at_start() -> dict[str, set[frozenset[tuple[str, str]]]]:
         for stage in STAGES
         for error in VLLM_EXCEPTIONS
     }
+    observed = {
+        frozenset({("backend", backend), ("integration", integration), ("ruleset", ruleset.name)})
+        for ruleset in RULESETS.values()
+        for backend in (*ruleset.backends, NO_BACKEND)
+        for integration in INTEGRATIONS
+    }
+    mismatches = {
+        frozenset({("ruleset", ruleset.name), ("field", name)})
+        for ruleset in RULESETS.values()
+        for name in COMPARED_FIELDS
+    }
     return {
         "moe_control_backend_selections_total": selections,
         "moe_control_backend_rejections_total": rejections,
         "moe_control_decision_failures_total": failures,
+        "moe_control_observed_decisions_total": observed,
+        "moe_control_prediction_mismatches_total": mismatches,
     }
 
 

@@ -26,16 +26,18 @@ from typing import Any, TypeAlias
 import grpc
 
 from service.api.codecs import conversion, workers
+from service.api.codecs import observed as observed_codec
 from service.api.codecs import rulesets as rulesets_codec
 from service.api.codecs import run as run_codec
 from service.api.codecs import selection as codec
 from service.api.codecs import upgrade as upgrade_codec
 from service.api.codecs.answer_cache import AnswerCache, CachedAnswer
-from service.api.generated.moe_control.v1 import measured_pb2
+from service.api.generated.moe_control.v1 import measured_pb2, observed_pb2
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.measured import MeasuredAnswerer, MeasuredAnswers
 from service.dataplane.convert import Converter
 from service.dataplane.measured import MeasuredPolicy
+from service.dataplane.observed import Observations
 from service.dataplane.run import Runner
 from service.dataplane.selection import PlatformSource, Selector
 from service.dataplane.upgrade import diff
@@ -155,6 +157,12 @@ class MoeControlServicer:
         self.selection.measured = MeasuredAnswers(policy, self.selection.selector)
         self.convert = Converter(workers, metrics, settings)
         self.run = Runner(workers, metrics, settings, self.convert.segments)
+        self.observations = Observations(
+            metrics,
+            state_dir=settings.state_dir,
+            max_deployments=settings.observed_max_deployments,
+            compare_ruleset=settings.observed_ruleset,
+        )
 
     async def ConvertWeights(
         self, request_iterator: AsyncIterator[pb.ConvertWeightsRequest], context: Context
@@ -192,9 +200,40 @@ class MoeControlServicer:
         freed = await self._workers.unload_layer(request.layer_id)
         return pb.UnloadLayerResponse(freed_bytes=freed)
 
-    def worker_handlers(self) -> dict[str, Handler]:
-        """The handlers of the methods that need the workers, by name."""
+    async def ReportDecisions(
+        self, request: observed_pb2.ReportDecisionsRequest, context: Context
+    ) -> observed_pb2.ReportDecisionsResponse:
+        process, decisions = observed_codec.report_request(request)
+        accepted = self.observations.report(process, decisions)
+        return observed_pb2.ReportDecisionsResponse(accepted=accepted)
+
+    async def ListObservedDecisions(
+        self, request: observed_pb2.ListObservedDecisionsRequest, context: Context
+    ) -> observed_pb2.ListObservedDecisionsResponse:
+        entries = self.observations.listing(mismatches_only=request.mismatches_only)
+        return observed_codec.listing_response(entries, self.observations.evicted)
+
+    def observed_handlers(self) -> dict[str, Handler]:
+        """ReportDecisions and ListObservedDecisions: the primary's one store of observed
+        decisions (a replica forwards them here, as it does the worker methods)."""
         return {
+            "ReportDecisions": _unary(
+                self.ReportDecisions,
+                observed_pb2.ReportDecisionsRequest,
+                observed_pb2.ReportDecisionsResponse.SerializeToString,
+            ),
+            "ListObservedDecisions": _unary(
+                self.ListObservedDecisions,
+                observed_pb2.ListObservedDecisionsRequest,
+                observed_pb2.ListObservedDecisionsResponse.SerializeToString,
+            ),
+        }
+
+    def worker_handlers(self) -> dict[str, Handler]:
+        """The handlers of the methods only the primary serves, by name: those that need the
+        workers, and the observed decisions."""
+        return {
+            **self.observed_handlers(),
             "ConvertWeights": grpc.stream_stream_rpc_method_handler(
                 self.ConvertWeights,
                 request_deserializer=pb.ConvertWeightsRequest.FromString,

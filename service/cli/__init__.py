@@ -35,6 +35,7 @@ COMMANDS: tuple[str, ...] = (
     "service.cli.layers",
     "service.cli.unload",
     "service.cli.rulesets",
+    "service.cli.observed",
 )
 
 

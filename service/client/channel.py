@@ -38,8 +38,8 @@ TOKEN_ENV = "MOE_CONTROL_AUTH_TOKEN"
 READINESS_SERVICE: str = pb.DESCRIPTOR.services_by_name["MoeControlService"].full_name
 #: Methods a repeated call cannot harm: they read, decide or compute and change nothing a
 #: second call would see differently. ConvertWeights (it writes files and keeps layers, and
-#: its request stream cannot be replayed) and UnloadLayer (a repeat answers NOT_FOUND) are
-#: not retried.
+#: its request stream cannot be replayed), UnloadLayer (a repeat answers NOT_FOUND) and
+#: ReportDecisions (a repeat counts the report again) are not retried.
 IDEMPOTENT_METHODS = frozenset(
     {
         "SelectBackend",
@@ -50,6 +50,7 @@ IDEMPOTENT_METHODS = frozenset(
         "DiffRulesets",
         "ListWorkers",
         "ListLayers",
+        "ListObservedDecisions",
     }
 )
 #: Retries of one call, at most.

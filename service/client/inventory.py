@@ -1,6 +1,6 @@
 """The server's inventory from the client side: its presets, rulesets, workers and kept
-layers, and unloading a layer; for `moe-control presets`, `rulesets`, `workers`, `layers`
-and `unload`.
+layers, unloading a layer, and the decisions vLLM processes reported; for `moe-control
+presets`, `rulesets`, `workers`, `layers`, `unload` and `observed`.
 
 Each call returns plain JSON: messages as protobuf's JSON mapping with the proto's field
 names (every field, zeros included, so a script never meets a missing key), platforms in
@@ -16,8 +16,9 @@ from typing import Any
 from google.protobuf.message import Message
 
 from service.api.codecs import rulesets as rulesets_codec
-from service.api.codecs.messages import layers_json, presets_json, workers_json
+from service.api.codecs.messages import layers_json, message_json, presets_json, workers_json
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+from service.api.generated.moe_control.v1 import observed_pb2
 from service.client.channel import Connection
 
 
@@ -59,3 +60,10 @@ def unload_layer(connection: Connection, layer_id: str) -> int:
     """UnloadLayer: the device bytes freed."""
     response = _call(connection, "UnloadLayer", pb.UnloadLayerRequest(layer_id=layer_id))
     return int(response.freed_bytes)
+
+
+def list_observed(connection: Connection, *, mismatches_only: bool = False) -> dict[str, Any]:
+    """ListObservedDecisions: `{"deployments": [...], "evicted": n}`, most recently
+    reported first, each deployment as the message's JSON mapping."""
+    request = observed_pb2.ListObservedDecisionsRequest(mismatches_only=mismatches_only)
+    return message_json(_call(connection, "ListObservedDecisions", request))

@@ -37,3 +37,22 @@ def test_generated_modules_import_as_a_package() -> None:
         "service.api.generated.moe_control.v1.moe_control_service_pb2_grpc"
     )
     assert hasattr(grpc_module, "MoeControlServiceServicer")
+
+
+def test_plugin_code_matches_its_protos(tmp_path: Path) -> None:
+    """The vLLM plugin's own message modules are what `make protos` writes."""
+    pytest.importorskip("grpc_tools")
+    written = codegen.generate_plugin(tmp_path)
+    assert written, "no plugin code generated"
+    checked_in = {
+        p.relative_to(codegen.PLUGIN_GENERATED_ROOT)
+        for p in codegen.PLUGIN_GENERATED_ROOT.rglob("*_pb2.py*")
+        if "__pycache__" not in p.parts
+    }
+    assert set(written) == checked_in, "plugin's generated files differ from the checked-in set"
+    stale = [
+        str(p)
+        for p in written
+        if (tmp_path / p).read_text() != (codegen.PLUGIN_GENERATED_ROOT / p).read_text()
+    ]
+    assert not stale, f"the plugin's code drifted from protos/ (run `make protos`): {stale}"

@@ -12,8 +12,9 @@ until Prometheus has scraped the final counters, and asks Prometheus' HTTP API:
 * every PromQL expression of the dashboard still returns data (two path-mode conversions of
   a small synthetic checkpoint fill the conversion panels with values);
 * every alert rule is healthy and in the state the traffic calls for: the error-ratio and
-  no-eligible-backend alerts pending, the worker alerts inactive, and, once the server is
-  stopped, the target-down alert pending.
+  no-eligible-backend alerts pending, the prediction-mismatch alert firing (one report the
+  server answers differently), the worker alerts inactive, and, once the server is stopped,
+  the target-down alert pending.
 
 Prometheus counts a counter's increase only between two of its samples (a series born at
 10 shows no rate), so each kind of call is made once and scraped before the bulk of it.
@@ -42,6 +43,7 @@ from integration.serverproc import SERVICE, ServerProcess, health_status, launch
 
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
+from service.api.generated.moe_control.v1 import observed_pb2
 from service.client.convert import Connection, convert_checkpoint_remote, header_for
 from tests.deploy.checks import (
     ALERTS,
@@ -90,6 +92,8 @@ EXPECTED_WHILE_SERVING = {
     # enough margins for the extrapolation rate() applies.
     "MoeControlHighErrorRatio": "pending",
     "MoeControlNoEligibleBackendSpike": "pending",
+    # One report the server answers differently (it has no `for`).
+    "MoeControlPredictionMismatch": "firing",
 }
 
 
@@ -217,6 +221,22 @@ def _convert(server: ServerProcess, output: str) -> None:
     assert summary.target_format.backend == "TRITON"
 
 
+def _mismatched_report() -> observed_pb2.ReportDecisionsRequest:
+    """A vLLM process reporting MARLIN where vLLM 0.33's rules pick HUMMING (an H100 with
+    humming installed): the server answers it differently."""
+    spec = {"hf_quantization_config": GPTQ, "layer": LAYER, "platform": "h100"}
+    decision = observed_pb2.ObservedDecision(
+        layer_name="model.layers.0.mlp.experts",
+        integration="auto_gptq",
+        moe_method="AutoGPTQMoEMethod",
+        deployment_json=json.dumps(spec),
+        backend="MARLIN",
+        experts_class="MarlinExperts",
+    )
+    process = observed_pb2.ReportingProcess(host="gpu-node-3", vllm_version="0.33.0")
+    return observed_pb2.ReportDecisionsRequest(process=process, decisions=[decision])
+
+
 def _call(stub: Any, request: pb.SelectBackendRequest) -> grpc.StatusCode:
     try:
         stub.SelectBackend(request, timeout=5)
@@ -273,6 +293,7 @@ def _drive_traffic(server: ServerProcess, prometheus: Prometheus) -> None:
         assert _call(stub, BAD) is grpc.StatusCode.INVALID_ARGUMENT
         stub.ListWorkers(pb.ListWorkersRequest(), timeout=5)
         stub.GetPlatform(pb.GetPlatformRequest(), timeout=5)
+        assert stub.ReportDecisions(_mismatched_report(), timeout=10).accepted == 1
         _convert(server, "out0")
         worker = stub.ListWorkers(pb.ListWorkersRequest(), timeout=5).workers[0]
         os.kill(worker.pid, signal.SIGKILL)  # a child of the server this test started

@@ -3,6 +3,7 @@ import datetime
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from service.api.generated.moe_control.v1 import measured_pb2 as _measured_pb2
+from service.api.generated.moe_control.v1 import observed_pb2 as _observed_pb2
 from service.api.generated.moe_control.v1 import platform_pb2 as _platform_pb2
 from service.api.generated.moe_control.v1 import selection_pb2 as _selection_pb2
 from service.api.generated.moe_control.v1 import tensor_pb2 as _tensor_pb2

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as moe__control_dot_v1_dot_moe__control__service__pb2
+from service.api.generated.moe_control.v1 import observed_pb2 as moe__control_dot_v1_dot_observed__pb2
 
 GRPC_GENERATED_VERSION = '1.84.0'
 GRPC_VERSION = grpc.__version__
@@ -84,6 +85,16 @@ class MoeControlServiceStub:
                 '/moe_control.v1.MoeControlService/UnloadLayer',
                 request_serializer=moe__control_dot_v1_dot_moe__control__service__pb2.UnloadLayerRequest.SerializeToString,
                 response_deserializer=moe__control_dot_v1_dot_moe__control__service__pb2.UnloadLayerResponse.FromString,
+                _registered_method=True)
+        self.ReportDecisions = channel.unary_unary(
+                '/moe_control.v1.MoeControlService/ReportDecisions',
+                request_serializer=moe__control_dot_v1_dot_observed__pb2.ReportDecisionsRequest.SerializeToString,
+                response_deserializer=moe__control_dot_v1_dot_observed__pb2.ReportDecisionsResponse.FromString,
+                _registered_method=True)
+        self.ListObservedDecisions = channel.unary_unary(
+                '/moe_control.v1.MoeControlService/ListObservedDecisions',
+                request_serializer=moe__control_dot_v1_dot_observed__pb2.ListObservedDecisionsRequest.SerializeToString,
+                response_deserializer=moe__control_dot_v1_dot_observed__pb2.ListObservedDecisionsResponse.FromString,
                 _registered_method=True)
 
 
@@ -167,6 +178,21 @@ class MoeControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportDecisions(self, request, context):
+        """Fleet truth: a vLLM process's distinct WNA16 MoE decisions, as the moe-control vLLM
+        plugin observed them (observed.proto); bounded in batch and message size.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListObservedDecisions(self, request, context):
+        """The observed deployments, each with its count and the server's own answer beside it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MoeControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -219,6 +245,16 @@ def add_MoeControlServiceServicer_to_server(servicer, server):
                     servicer.UnloadLayer,
                     request_deserializer=moe__control_dot_v1_dot_moe__control__service__pb2.UnloadLayerRequest.FromString,
                     response_serializer=moe__control_dot_v1_dot_moe__control__service__pb2.UnloadLayerResponse.SerializeToString,
+            ),
+            'ReportDecisions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportDecisions,
+                    request_deserializer=moe__control_dot_v1_dot_observed__pb2.ReportDecisionsRequest.FromString,
+                    response_serializer=moe__control_dot_v1_dot_observed__pb2.ReportDecisionsResponse.SerializeToString,
+            ),
+            'ListObservedDecisions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListObservedDecisions,
+                    request_deserializer=moe__control_dot_v1_dot_observed__pb2.ListObservedDecisionsRequest.FromString,
+                    response_serializer=moe__control_dot_v1_dot_observed__pb2.ListObservedDecisionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -492,6 +528,60 @@ class MoeControlService:
             '/moe_control.v1.MoeControlService/UnloadLayer',
             moe__control_dot_v1_dot_moe__control__service__pb2.UnloadLayerRequest.SerializeToString,
             moe__control_dot_v1_dot_moe__control__service__pb2.UnloadLayerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportDecisions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/moe_control.v1.MoeControlService/ReportDecisions',
+            moe__control_dot_v1_dot_observed__pb2.ReportDecisionsRequest.SerializeToString,
+            moe__control_dot_v1_dot_observed__pb2.ReportDecisionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListObservedDecisions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/moe_control.v1.MoeControlService/ListObservedDecisions',
+            moe__control_dot_v1_dot_observed__pb2.ListObservedDecisionsRequest.SerializeToString,
+            moe__control_dot_v1_dot_observed__pb2.ListObservedDecisionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,78 @@
+"""Every backend's verdict and reason for one `select_wna16_moe_backend` call, from vLLM's
+own functions (`_get_priority_backends`, `map_wna16_backend`,
+`_backend_incompatibility_reason`, `backend_to_kernel_cls`, each experts class's
+`is_supported_config`), in the order and with the reach vLLM's selection has: with
+`moe_backend` auto every backend of the priority list up to the first that fits is judged
+(those after it are not reached); with a forced backend only that one is judged.
+
+vLLM logs these reasons at debug level and keeps none of them; recomputing them after the
+real call (with the same arguments, on the same platform) is how they are kept. Nothing here
+re-states a vLLM rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+SELECTED, REJECTED, NOT_REACHED = "selected", "rejected", "not_reached"
+
+
+class Verdict(NamedTuple):
+    backend: str
+    verdict: str
+    reason: str = ""
+
+
+def _judge(iw: Any, backend: Any, arguments: dict[str, Any]) -> tuple[bool, str]:
+    """Whether vLLM's selection takes `backend` for this call, and its reason if not."""
+    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+
+    config = arguments["config"]
+    reason = iw._backend_incompatibility_reason(
+        backend,
+        config,
+        arguments["quant_config"],
+        arguments["may_have_zp"],
+        arguments["may_have_bias"],
+        arguments["allow_tile_padding"],
+    )
+    if reason is not None:
+        return False, reason
+    activation_format = (
+        mk.FusedMoEActivationFormat.BatchedExperts
+        if config.moe_parallel_config.use_batched_activation_format
+        else mk.FusedMoEActivationFormat.Standard
+    )
+    last = None
+    for cls in iw.backend_to_kernel_cls(backend):
+        ok, last = cls.is_supported_config(
+            cls, config, arguments["weight_key"], None, activation_format
+        )
+        if ok:
+            return True, ""
+    return False, last or ""
+
+
+def verdicts(iw: Any, arguments: dict[str, Any]) -> list[Verdict]:
+    """The candidates of one call (`arguments`: its bound arguments, defaults applied), in
+    the priority order of the platform the call ran on (`iw`: vLLM's int_wna16 module)."""
+    priority = iw._get_priority_backends()
+    requested = arguments["config"].moe_backend
+    if requested == "auto":
+        found: list[Verdict] = []
+        chosen = False
+        for backend in priority:
+            if chosen:
+                found.append(Verdict(backend.name, NOT_REACHED))
+                continue
+            ok, reason = _judge(iw, backend, arguments)
+            chosen = ok
+            found.append(Verdict(backend.name, SELECTED if ok else REJECTED, reason))
+        return found
+    try:
+        forced = iw.map_wna16_backend(requested)
+    except ValueError:
+        return [Verdict(backend.name, NOT_REACHED) for backend in priority]
+    ok, reason = _judge(iw, forced, arguments)
+    first = Verdict(forced.name, SELECTED if ok else REJECTED, reason)
+    return [first, *(Verdict(b.name, NOT_REACHED) for b in priority if b != forced)]
