@@ -125,16 +125,18 @@ def test_ct_expert_bias_is_a_0_30_hazard() -> None:
 
 
 def test_expert_load_balancing_on_xpu_is_refused_by_0_30s_parallel_config() -> None:
-    eplb = {"data_parallel_size": 2, "enable_expert_parallel": True, "enable_eplb": True}
-    deployment = spec(platform="xpu", parallel=eplb)
-    with pytest.raises(SelectionError) as newer:  # 0.31 builds the layer; its method refuses
-        select(deployment, ruleset="vllm-0.31")
-    assert newer.value.error.type != "ValidationError"
-    with pytest.raises(SelectionError) as caught:
-        select(deployment, ruleset="vllm-0.30")
-    assert caught.value.error.type == "ValidationError"
-    assert "only supported on CUDA devices or ROCm devices" in caught.value.error.message
-    select(spec(platform="a100", parallel=eplb), ruleset="vllm-0.30")  # CUDA balances
+    on_xpu = [
+        s for s in generate() if s["platform"]["device"] == "xpu" and s["parallel"]["enable_eplb"]
+    ]
+    assert on_xpu
+    for deployment in on_xpu:
+        with pytest.raises(SelectionError) as newer:  # 0.31's method refuses EPLB itself
+            select(deployment, ruleset="vllm-0.31")
+        assert newer.value.error.type != "ValidationError"
+        with pytest.raises(SelectionError) as caught:
+            select(deployment, ruleset="vllm-0.30")
+        assert caught.value.error.type == "ValidationError"
+        assert "only supported on CUDA devices or ROCm devices" in caught.value.error.message
 
 
 def test_the_0_30_record_tells_the_releases_apart() -> None:
