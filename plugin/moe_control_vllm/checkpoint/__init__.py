@@ -13,8 +13,9 @@ __all__ = ["register"]
 
 def register() -> None:
     """Register the ``moe_control`` quantization method with vLLM (idempotent)."""
+    from vllm.model_executor.layers.quantization import register_quantization_config
+
     from moe_control_vllm.checkpoint.config import MoeControlConfig
     from moe_control_vllm.checkpoint.manifest import QUANT_METHOD
-    from vllm.model_executor.layers.quantization import register_quantization_config
 
     register_quantization_config(QUANT_METHOD)(MoeControlConfig)

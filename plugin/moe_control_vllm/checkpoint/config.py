@@ -18,17 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from vllm.model_executor.layers.quantization import get_quantization_config
+from vllm.model_executor.layers.quantization.base_config import (
+    QuantizationConfig,
+    QuantizeMethodBase,
+)
+
 from moe_control_vllm.checkpoint import experts, slots
 from moe_control_vllm.checkpoint.manifest import (
     QUANT_METHOD,
     ConvertedCheckpointError,
     Manifest,
     ServingConfig,
-)
-from vllm.model_executor.layers.quantization import get_quantization_config
-from vllm.model_executor.layers.quantization.base_config import (
-    QuantizationConfig,
-    QuantizeMethodBase,
 )
 
 __all__ = ["MoeControlConfig"]

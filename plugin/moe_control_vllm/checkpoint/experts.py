@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+
 from moe_control_vllm.checkpoint import slots
 from moe_control_vllm.checkpoint.manifest import (
     ConvertedCheckpointError,

@@ -19,6 +19,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
+
 from moe_control_vllm.checkpoint.manifest import ConvertedCheckpointError, TensorRecord
 
 __all__ = ["MODES", "Verifier", "hashes_tensors", "tensor_sha256"]
