@@ -56,4 +56,5 @@ async def _open_http(server: MoeControlServer) -> OpenDoor:
         pool=server.pool,
         ready=lambda: server.readiness.ready,
         limits=server.limits,
+        observations=server.servicer.observations,
     )

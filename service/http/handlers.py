@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.api.codecs.answer_cache import AnswerCache, CachedAnswer
-from service.api.codecs.messages import layers_json, presets_json, workers_json
+from service.api.codecs.messages import layers_json, message_json, presets_json, workers_json
+from service.api.codecs.observed import listing_response
 from service.api.codecs.rulesets import rulesets_from_pb
 from service.api.codecs.workers import layers_response, workers_response
 from service.dataplane.matrix import build_matrix
 from service.dataplane.matrix import to_json as matrix_json
+from service.dataplane.observed import Observations
 from service.dataplane.selection import Selector, SelectQuery
 from service.dataplane.upgrade import diff as diff_rulesets
 from service.http import codecs
@@ -47,6 +49,9 @@ class Plane:
     #: POST /v1/select's kept answers (JSON bytes by body bytes, while no worker changes),
     #: as gRPC's SelectBackend keeps its own (`--select-cache-mib`); None: off.
     cache: AnswerCache | None = None
+    #: The process's store of decisions vLLM processes reported (None: this process keeps
+    #: none).
+    observations: Observations | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +159,18 @@ async def layers(plane: Plane, call: Call) -> Any:
     """GET /v1/layers[?worker_index=N]: as `moe-control layers --json`."""
     index = _worker_index(call.query)
     return layers_json(layers_response(await _pool(plane).list_layers(index)))
+
+
+async def observed(plane: Plane, call: Call) -> Any:
+    """GET /v1/observed[?mismatches=true]: as `moe-control observed --json`."""
+    flag = call.query.get("mismatches", "false").lower()
+    if flag not in ("true", "false", "1", "0"):
+        raise bad_body("mismatches", f"true or false, got {flag!r}")
+    store = plane.observations
+    if store is None:  # a door without a store has observed nothing
+        return message_json(listing_response([], 0))
+    entries = store.listing(mismatches_only=flag in ("true", "1"))
+    return message_json(listing_response(entries, store.evicted))
 
 
 async def healthz(plane: Plane, call: Call) -> Any:

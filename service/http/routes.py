@@ -100,6 +100,16 @@ ROUTES: tuple[Route, ...] = (
         query=(("worker_index", "only this worker's"),),
         errors=(400, 404, 503),
     ),
+    Route(
+        "GET",
+        "/v1/observed",
+        handlers.observed,
+        "The decisions vLLM processes reported (the plugin), each with the server's own "
+        "answer for it (`moe-control observed --json`)",
+        "Observed",
+        query=(("mismatches", "true: only those the server's answer differs from"),),
+        errors=(400,),
+    ),
     Route("GET", "/v1/openapi.json", openapi, "This document", "OpenApi"),
     Route("GET", "/healthz", handlers.healthz, "Liveness", "Health", public=True),
     Route(

@@ -255,6 +255,15 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "workers": {"type": "array", "items": _OBJECT},
         },
     },
+    "Observed": {
+        "type": "object",
+        "description": "`moe-control observed --json`: ListObservedDecisions in protobuf's "
+        "JSON mapping (proto field names), most recently reported first.",
+        "properties": {
+            "deployments": {"type": "array", "items": _OBJECT},
+            "evicted": {"type": "integer"},
+        },
+    },
     "Layers": {
         "type": "array",
         "description": "`moe-control layers --json`: the kept layers.",

@@ -23,6 +23,7 @@ from starlette.applications import Starlette
 from service.api.codecs.answer_cache import AnswerCache
 from service.api.interceptors.limits import Limits
 from service.api.servicer import SelectionServicer
+from service.dataplane.observed import Observations
 from service.http.app import build_app
 from service.http.handlers import Plane
 from service.metrics import Metrics
@@ -99,9 +100,11 @@ async def open_http(
     pool: WorkerPool | None,
     ready: Callable[[], bool],
     limits: Limits | None,
+    observations: Observations | None = None,
 ) -> HttpDoor:
     """The door of a server process: its SelectionServicer's selector and listings, its
-    pool, its readiness and its gRPC server's limits, served on `settings.http_port`."""
+    pool, its store of observed decisions, its readiness and its gRPC server's limits,
+    served on `settings.http_port`."""
     plane = Plane(
         selector=selection.selector,
         presets=selection.presets,
@@ -109,5 +112,6 @@ async def open_http(
         pool=pool,
         ready=ready,
         cache=AnswerCache(settings.select_cache_mib * MIB) if settings.select_cache_mib else None,
+        observations=observations,
     )
     return await start_http(build_app(plane, settings, metrics, limits), settings)

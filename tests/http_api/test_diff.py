@@ -9,6 +9,7 @@ from typing import Any
 from starlette.testclient import TestClient
 
 from service.oracle import deployment_from_model_config
+from service.oracle.rulesets import RULESETS
 from service.oracle.upgrade import upgrade
 from tests.http_api.conftest import CONFIG, GPTQ
 
@@ -74,7 +75,7 @@ def test_the_same_ruleset_twice_changes_nothing(client: TestClient) -> None:
 def test_bad_bodies_name_their_field(client: TestClient) -> None:
     unknown = client.post("/v1/diff", json={"from": "0.99", "to": "0.33", "deployment": {}})
     assert unknown.status_code == 400 and field_of(unknown) == "from"
-    assert "known: vllm-0.32" in unknown.json()["error"]["message"]
+    assert f"known: {next(iter(RULESETS))}" in unknown.json()["error"]["message"]
     missing = client.post("/v1/diff", json={"from": "0.32", "to": "0.33"})
     assert missing.status_code == 400 and field_of(missing) == "deployment"
     blank = client.post("/v1/diff", json={"from": "0.32", "deployment": GELU_ON_CPU})

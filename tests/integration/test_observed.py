@@ -5,6 +5,9 @@ RPC, bounded, kept in --state-dir across a restart, listed by `moe-control obser
 from __future__ import annotations
 
 import json
+import socket
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,7 +67,7 @@ def test_reports_are_authenticated_bounded_kept_and_listed(
     assert deployment.count == 3 and deployment.ruleset == "vllm-0.33"
     assert not deployment.first_difference
 
-    with serving(*args) as again:
+    with serving(*args, "--http-port", str(_free_port())) as again:
         flags = ["--server", again.address, "--token", TOKEN, "--timeout", "30"]
         assert main(["observed", *flags, "--json"]) == 0
         (kept,) = json.loads(capsys.readouterr().out)["deployments"]
@@ -73,3 +76,21 @@ def test_reports_are_authenticated_bounded_kept_and_listed(
         assert capsys.readouterr().out.startswith("1 observed deployments, 0 mismatched")
         assert main(["observed", *flags, "--mismatches"]) == 0
         assert capsys.readouterr().out.startswith("0 observed deployments")
+        # GET /v1/observed answers what `observed --json` prints, behind the same token
+        assert _get(f"{again.http_url}/v1/observed")["deployments"] == [kept]
+        assert _get(f"{again.http_url}/v1/observed?mismatches=true")["deployments"] == []
+        with pytest.raises(urllib.error.HTTPError) as anonymous:
+            urllib.request.urlopen(f"{again.http_url}/v1/observed", timeout=30)
+        assert anonymous.value.code == 401
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _get(url: str) -> Any:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
