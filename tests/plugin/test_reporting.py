@@ -37,10 +37,12 @@ METHOD = "/moe_control.v1.MoeControlService/ListObservedDecisions"
 TOKEN = "the-right-token"
 #: CPU time register() may take on vLLM's thread: where vLLM loads plugins first (as it
 #: does), and where they load after vLLM's modules (one pass over the loaded modules to
-#: rebind the function where it was imported by name).
-REGISTER_BUDGET_S = {"first": 0.010, "late": 0.025}
+#: rebind the function where it was imported by name). Bounds with headroom for a loaded
+#: 2-core CI machine (measured there: a few ms, 15 ms at worst); what they rule out is
+#: work that grows with the server's behaviour, which the deadline checks pin down.
+REGISTER_BUDGET_S = {"first": 0.050, "late": 0.100}
 #: CPU time observing every layer of every deployment may take on vLLM's thread.
-OBSERVE_BUDGET_S = 0.040
+OBSERVE_BUDGET_S = 0.200
 #: The report deadline of these runs; one observed call that waited for the server would
 #: take at least this long.
 DEADLINE_S = 1.0
