@@ -7,7 +7,8 @@ own functions (`_get_priority_backends`, `map_wna16_backend`,
 
 vLLM logs these reasons at debug level and keeps none of them; recomputing them after the
 real call (with the same arguments, on the same platform) is how they are kept. Nothing here
-re-states a vLLM rule.
+re-states a vLLM rule. The parity harness (tests/parity/vllm_reference.py) takes its
+candidates from here too, so what the plugin reports is what the parity records prove.
 """
 
 from __future__ import annotations
@@ -23,8 +24,20 @@ class Verdict(NamedTuple):
     reason: str = ""
 
 
-def _judge(iw: Any, backend: Any, arguments: dict[str, Any]) -> tuple[bool, str]:
-    """Whether vLLM's selection takes `backend` for this call, and its reason if not."""
+class Judged(NamedTuple):
+    """One call's verdicts, the backend and experts class they select (None where none
+    fits), and how the call asked: "auto", "forced", or "unknown" (a backend name that
+    `map_wna16_backend` refuses)."""
+
+    verdicts: list[Verdict]
+    backend: Any
+    experts_cls: Any
+    mode: str
+
+
+def judge(iw: Any, backend: Any, arguments: dict[str, Any]) -> tuple[Any, str]:
+    """The experts class vLLM's selection takes for `backend` in this call, or None and
+    the reason it is refused."""
     import vllm.model_executor.layers.fused_moe.modular_kernel as mk
 
     config = arguments["config"]
@@ -37,7 +50,7 @@ def _judge(iw: Any, backend: Any, arguments: dict[str, Any]) -> tuple[bool, str]
         arguments["allow_tile_padding"],
     )
     if reason is not None:
-        return False, reason
+        return None, reason
     activation_format = (
         mk.FusedMoEActivationFormat.BatchedExperts
         if config.moe_parallel_config.use_batched_activation_format
@@ -49,30 +62,38 @@ def _judge(iw: Any, backend: Any, arguments: dict[str, Any]) -> tuple[bool, str]
             cls, config, arguments["weight_key"], None, activation_format
         )
         if ok:
-            return True, ""
-    return False, last or ""
+            return cls, ""
+    return None, last or ""
 
 
-def verdicts(iw: Any, arguments: dict[str, Any]) -> list[Verdict]:
+def judged(iw: Any, arguments: dict[str, Any]) -> Judged:
     """The candidates of one call (`arguments`: its bound arguments, defaults applied), in
-    the priority order of the platform the call ran on (`iw`: vLLM's int_wna16 module)."""
+    the priority order of the platform the call ran on (`iw`: vLLM's int_wna16 module), and
+    what they select."""
     priority = iw._get_priority_backends()
     requested = arguments["config"].moe_backend
     if requested == "auto":
         found: list[Verdict] = []
-        chosen = False
+        chosen: tuple[Any, Any] = (None, None)
         for backend in priority:
-            if chosen:
+            if chosen[1] is not None:
                 found.append(Verdict(backend.name, NOT_REACHED))
                 continue
-            ok, reason = _judge(iw, backend, arguments)
-            chosen = ok
-            found.append(Verdict(backend.name, SELECTED if ok else REJECTED, reason))
-        return found
+            cls, reason = judge(iw, backend, arguments)
+            if cls is not None:
+                chosen = (backend, cls)
+            found.append(Verdict(backend.name, REJECTED if cls is None else SELECTED, reason))
+        return Judged(found, *chosen, "auto")
     try:
         forced = iw.map_wna16_backend(requested)
     except ValueError:
-        return [Verdict(backend.name, NOT_REACHED) for backend in priority]
-    ok, reason = _judge(iw, forced, arguments)
-    first = Verdict(forced.name, SELECTED if ok else REJECTED, reason)
-    return [first, *(Verdict(b.name, NOT_REACHED) for b in priority if b != forced)]
+        return Judged([Verdict(b.name, NOT_REACHED) for b in priority], None, None, "unknown")
+    cls, reason = judge(iw, forced, arguments)
+    first = Verdict(forced.name, REJECTED if cls is None else SELECTED, reason)
+    rest = [Verdict(b.name, NOT_REACHED) for b in priority if b != forced]
+    return Judged([first, *rest], None if cls is None else forced, cls, "forced")
+
+
+def verdicts(iw: Any, arguments: dict[str, Any]) -> list[Verdict]:
+    """The candidates of one call (`judged`'s verdicts)."""
+    return judged(iw, arguments).verdicts

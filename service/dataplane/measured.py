@@ -22,13 +22,10 @@ requests to the primary at the gRPC edge.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from service import __version__
 from service.dataplane.errors import run_error
+from service.dataplane.files import replace_file
 from service.dataplane.selection import (
     Bucket,
     MeasuredSelection,
@@ -98,19 +96,8 @@ class MeasureStore:
             self._save(self.path)
 
     def _save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         payload = json.dumps({"version": CACHE_VERSION, "entries": self.entries}, indent=1)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as handle:
-                handle.write(payload)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        replace_file(path, payload)
 
 
 # ---------------------------------------------------------------------------------------

@@ -15,12 +15,9 @@ rulesets of the server that loads them.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import time
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
@@ -28,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from service.dataplane.files import replace_file
 from service.metrics import Metrics
 from service.oracle import (
     InvalidSpecError,
@@ -244,7 +242,6 @@ class Observations:
         self._evict()
 
     def _save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         payload = json.dumps(
             {
                 "version": STORE_VERSION,
@@ -252,17 +249,7 @@ class Observations:
                 "entries": [entry_to_json(e) for e in self.entries.values()],
             }
         )
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as handle:
-                handle.write(payload)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        replace_file(path, payload)
 
 
 # ---------------------------------------------------------------------------------------

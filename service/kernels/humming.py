@@ -44,7 +44,12 @@ from service.kernels.activation import ResolvedActivation
 from service.kernels.activation import apply as apply_activation
 from service.kernels.align import Alignment, align_block_size
 from service.kernels.errors import KernelInputError, KernelUnavailableError
-from service.kernels.interface import ExpertsBackend, LayerSpec, LayerTensors
+from service.kernels.interface import (
+    ExpertsBackend,
+    LayerSpec,
+    LayerTensors,
+    cuda_unavailable_reason,
+)
 
 BACKEND = "HUMMING"
 MIN_CAPABILITY = (7, 5)
@@ -124,13 +129,9 @@ class HummingExperts(ExpertsBackend):
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
-        if device.type != "cuda":
-            return "humming-kernels needs a CUDA GPU"
-        if not torch.cuda.is_available():
-            return "CUDA is not available in this process"
-        capability = torch.cuda.get_device_capability(device)
-        if capability < MIN_CAPABILITY:
-            return f"needs compute capability 7.5 or newer, this GPU has {capability}"
+        reason = cuda_unavailable_reason(device, "humming-kernels needs a CUDA GPU", MIN_CAPABILITY)
+        if reason is not None:
+            return reason
         return humming_unavailable_reason()
 
     def _prepare(self, tensors: LayerTensors, spec: LayerSpec) -> None:

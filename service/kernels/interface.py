@@ -203,6 +203,22 @@ class ExpertsBackend(abc.ABC):
         do so, the others copy their result in (`into`)."""
 
 
+def cuda_unavailable_reason(
+    device: torch.device, off_cuda: str, min_capability: tuple[int, int]
+) -> str | None:
+    """Why a CUDA-only kernel cannot run on `device` (`off_cuda`: what it says of a device
+    that is not a CUDA GPU), or None on a CUDA GPU of `min_capability` or newer."""
+    if device.type != "cuda":
+        return off_cuda
+    if not torch.cuda.is_available():
+        return "CUDA is not available in this process"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < min_capability:
+        needed = f"{min_capability[0]}.{min_capability[1]}"
+        return f"needs compute capability {needed} or newer, this GPU has {capability}"
+    return None
+
+
 def into(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """`result`, or `out` holding it: for backends whose kernels cannot write `out`."""
     return result if out is None else out.copy_(result)

@@ -45,7 +45,12 @@ from service.kernels.activation import ResolvedActivation
 from service.kernels.activation import apply as apply_activation
 from service.kernels.align import Alignment, align_block_size
 from service.kernels.errors import KernelInputError, KernelUnavailableError
-from service.kernels.interface import ExpertsBackend, LayerSpec, LayerTensors
+from service.kernels.interface import (
+    ExpertsBackend,
+    LayerSpec,
+    LayerTensors,
+    cuda_unavailable_reason,
+)
 
 BACKEND = "MARLIN"
 LIBRARY_ENV = "MOE_CONTROL_MARLIN_LIBRARY"
@@ -216,13 +221,11 @@ class MarlinExperts(ExpertsBackend):
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
-        if device.type != "cuda":
-            return "vLLM's Marlin MoE kernel needs a CUDA GPU"
-        if not torch.cuda.is_available():
-            return "CUDA is not available in this process"
-        capability = torch.cuda.get_device_capability(device)
-        if capability < MIN_CAPABILITY:
-            return f"needs compute capability 7.5 or newer, this GPU has {capability}"
+        reason = cuda_unavailable_reason(
+            device, "vLLM's Marlin MoE kernel needs a CUDA GPU", MIN_CAPABILITY
+        )
+        if reason is not None:
+            return reason
         try:
             load_op()
         except KernelUnavailableError as exc:

@@ -10,47 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from service.oracle import PLATFORM_PRESETS, SelectionError, resolve_ruleset, select
+from service.oracle import PLATFORM_PRESETS, resolve_ruleset
 from service.oracle.rulesets import RULESETS
 from service.oracle.rulesets import vllm_0_27 as v027
 from service.oracle.rulesets import vllm_0_28 as v028
-from tests.parity.compare import differences, ours
-from tests.parity.grid import generate
-from tests.parity.records import load, record_path
+from tests.oracle.specs import GPTQ, answer, ct, misanswered, reasons, spec
 
 OLD, NEW = "vllm-0.27", "vllm-0.28"
-
-GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
-CT = {
-    "quant_method": "compressed-tensors",
-    "format": "pack-quantized",
-    "config_groups": {
-        "group_0": {
-            "targets": ["Linear"],
-            "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128},
-        }
-    },
-}
-
-
-def spec(
-    quant: dict[str, Any], platform: Any = "a100", experts: int = 8, **extra: Any
-) -> dict[str, Any]:
-    layer = {"num_experts": experts, "top_k": 2, "hidden_size": 4096, "intermediate_size": 14336}
-    layer.update(extra.pop("layer", {}))
-    profile = PLATFORM_PRESETS[platform].to_json() if isinstance(platform, str) else platform
-    return {"hf_quantization_config": quant, "layer": layer, "platform": profile, **extra}
-
-
-def answer(deployment: dict[str, Any], ruleset: str) -> dict[str, Any]:
-    try:
-        return select(deployment, ruleset=ruleset).to_json()
-    except SelectionError as exc:
-        return exc.to_json()
-
-
-def reasons(result: dict[str, Any]) -> dict[str, str]:
-    return {c["backend"]: c["reason"] for c in result["candidates"]}
+CT = ct()
 
 
 def test_0_27_1_answers_as_0_27() -> None:
@@ -65,7 +32,7 @@ def test_the_cpu_backend_needs_no_amx() -> None:
 
 
 def test_triton_has_no_padded_expert_cap() -> None:
-    many = spec(CT, "mi300x", experts=993, moe_backend="triton")
+    many = spec(CT, "mi300x", layer={"num_experts": 993}, moe_backend="triton")
     assert answer(many, OLD)["backend"] == "TRITON"
     assert reasons(answer(many, NEW))["TRITON"] == (
         "kernel's moe_align_block_size requires fewer than 1024 padded experts"
@@ -142,12 +109,7 @@ DELTA_ROWS: dict[str, Callable[[dict[str, Any], dict[str, Any]], bool]] = {
 def test_the_0_27_record_proves_every_delta_row() -> None:
     # 0.28's ruleset gets some of the record's answers wrong: each such scenario is one of
     # a delta row's, and every row has at least one that proves it.
-    record = load(record_path(OLD))
-    wrong = [
-        (spec_, expected)
-        for spec_, expected in zip(generate(), record.answers, strict=True)
-        if differences(expected, ours(spec_, NEW))
-    ]
+    wrong = misanswered(OLD, NEW)
     unexplained = [s["id"] for s, e in wrong if not any(p(s, e) for p in DELTA_ROWS.values())]
     assert not unexplained, unexplained[:3]
     proved = {row for row, p in DELTA_ROWS.items() if any(p(s, e) for s, e in wrong)}

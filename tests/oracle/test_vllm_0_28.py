@@ -9,58 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.oracle import PLATFORM_PRESETS, SelectionError, select
 from service.oracle.rulesets import RULESETS
 from service.oracle.rulesets import vllm_0_28 as v028
 from service.oracle.rulesets import vllm_0_29 as v029
 from service.oracle.rulesets.kernel_names import MOE_BACKENDS_0_28, MOE_BACKENDS_0_29
-from tests.parity.compare import differences, ours
-from tests.parity.grid import generate
-from tests.parity.records import load, record_path
+from tests.oracle.specs import answer, ct, gptq, misanswered, reasons, spec
 
 OLD, NEW = "vllm-0.28", "vllm-0.29"
-
-
-def gptq(**extra: Any) -> dict[str, Any]:
-    return {
-        "quant_method": "gptq",
-        "bits": 4,
-        "group_size": 128,
-        "desc_act": False,
-        "sym": True,
-        **extra,
-    }
-
-
-def ct(group: int | None = 128, strategy: str = "group", **weights: Any) -> dict[str, Any]:
-    args = {"num_bits": 4, "type": "int", "strategy": strategy, "group_size": group, **weights}
-    return {
-        "quant_method": "compressed-tensors",
-        "format": "pack-quantized",
-        "config_groups": {"group_0": {"targets": ["Linear"], "weights": args}},
-    }
-
-
-def spec(quant: dict[str, Any], platform: str = "a100", **extra: Any) -> dict[str, Any]:
-    layer = {"num_experts": 8, "top_k": 2, "hidden_size": 4096, "intermediate_size": 14336}
-    layer.update(extra.pop("layer", {}))
-    return {
-        "hf_quantization_config": quant,
-        "layer": layer,
-        "platform": PLATFORM_PRESETS[platform].to_json(),
-        **extra,
-    }
-
-
-def answer(deployment: dict[str, Any], ruleset: str) -> dict[str, Any]:
-    try:
-        return select(deployment, ruleset=ruleset).to_json()
-    except SelectionError as exc:
-        return exc.to_json()
-
-
-def reasons(result: dict[str, Any]) -> dict[str, str]:
-    return {c["backend"]: c["reason"] for c in result["candidates"]}
 
 
 def test_humming_takes_only_the_keys_it_lists() -> None:
@@ -188,12 +143,7 @@ DELTA_ROWS = {
 def test_the_0_28_record_proves_every_delta_row() -> None:
     # 0.29's ruleset gets some of the record's answers wrong: each such answer carries one
     # of the delta rows' texts, and every row has at least one answer that proves it.
-    record = load(record_path(OLD))
-    wrong = [
-        _reason_texts(expected)
-        for spec_, expected in zip(generate(), record.answers, strict=True)
-        if differences(expected, ours(spec_, NEW))
-    ]
+    wrong = [_reason_texts(expected) for _, expected in misanswered(OLD, NEW)]
     unexplained = [text for text in wrong if not any(t in text for t in DELTA_ROWS.values())]
     assert not unexplained, unexplained[:3]
     proved = {row for row, text in DELTA_ROWS.items() if any(text in w for w in wrong)}

@@ -11,55 +11,21 @@ from typing import Any
 
 import pytest
 
-from service.oracle import PLATFORM_PRESETS, SelectionError, select
+from service.oracle import PLATFORM_PRESETS
 from service.oracle.rulesets import RULESETS
 from service.oracle.rulesets import vllm_0_29 as v029
 from service.oracle.rulesets import vllm_0_30 as v030
 from service.oracle.rulesets.kernel_names import MOE_BACKENDS_0_29
+from tests.oracle.specs import QWEN15_MOE, answer, ct, gptq
+from tests.oracle.specs import spec as deployment_spec
 
 OLD, NEW = "vllm-0.29", "vllm-0.33"
 
 
-def gptq(**extra: Any) -> dict[str, Any]:
-    return {
-        "quant_method": "gptq",
-        "bits": 4,
-        "group_size": 128,
-        "desc_act": False,
-        "sym": True,
-        **extra,
-    }
-
-
-def ct(group: int | None = 128, strategy: str = "group", **weights: Any) -> dict[str, Any]:
-    args = {"num_bits": 4, "type": "int", "strategy": strategy, "group_size": group, **weights}
-    return {
-        "quant_method": "compressed-tensors",
-        "format": "pack-quantized",
-        "config_groups": {"group_0": {"targets": ["Linear"], "weights": args}},
-    }
-
-
-def spec(
-    quant: dict[str, Any],
-    platform: str = "a100",
-    intermediate: int = 1408,
-    **extra: Any,
-) -> dict[str, Any]:
-    layer = {"num_experts": 60, "top_k": 4, "hidden_size": 2048, "intermediate_size": intermediate}
-    return {
-        "hf_quantization_config": quant,
-        "layer": layer,
-        "platform": PLATFORM_PRESETS[platform].to_json(),
-        **extra,
-    }
-
-
-def answer(deployment: dict[str, Any], ruleset: str) -> dict[str, Any]:
-    try:
-        return select(deployment, ruleset=ruleset).to_json()
-    except SelectionError as exc:
-        return exc.to_json()
+def spec(quant: dict[str, Any], platform: str = "a100", **fields: Any) -> dict[str, Any]:
+    """A deployment of Qwen1.5-MoE's layer (its intermediate size is what tile padding
+    reads)."""
+    return deployment_spec(quant, platform, model=QWEN15_MOE, **fields)
 
 
 def test_no_rdna3_in_the_oracle_or_kernel_config() -> None:
@@ -95,9 +61,11 @@ def test_gptq_act_order_is_accepted_with_marlin_s_strict_tile_shape() -> None:
 
 def test_act_order_keeps_marlin_off_a_shape_only_tile_padding_fits() -> None:
     # intermediate 1056 is a multiple of 32, not of 64: group 32 fits Marlin padded only.
-    padded = answer(spec(gptq(group_size=32), intermediate=1056), OLD)
+    padded = answer(spec(gptq(group_size=32), layer={"intermediate_size": 1056}), OLD)
     assert padded["backend"] == "MARLIN"
-    strict = answer(spec(gptq(group_size=32, desc_act=True), intermediate=1056), OLD)
+    strict = answer(
+        spec(gptq(group_size=32, desc_act=True), layer={"intermediate_size": 1056}), OLD
+    )
     assert strict["moe_method"] == "MoeWNA16Method"
     assert "MOE_WNA16_DROPS_ACT_ORDER" in {h["code"] for h in strict["hazards"]}
 

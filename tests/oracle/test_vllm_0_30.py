@@ -15,32 +15,10 @@ from service.oracle.platform import DECISION_ENV_FLAGS
 from service.oracle.rulesets import RULESETS, get_ruleset
 from service.oracle.rulesets import vllm_0_30 as v030
 from service.oracle.rulesets import vllm_0_31 as v031
-from tests.parity.compare import differences, ours
+from tests.oracle.specs import ct, misanswered, spec
 from tests.parity.grid import generate
-from tests.parity.records import load, record_path
 
-GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
-MIXTRAL = {"num_experts": 8, "top_k": 2, "hidden_size": 4096, "intermediate_size": 14336}
 ZEN_CPU = {"preset": "cpu", "packages": ["zentorch"]}
-
-
-def ct(bits: int, *, symmetric: bool) -> dict[str, Any]:
-    weights = {
-        "num_bits": bits,
-        "type": "int",
-        "strategy": "group",
-        "group_size": 128,
-        "symmetric": symmetric,
-    }
-    return {
-        "quant_method": "compressed-tensors",
-        "format": "pack-quantized",
-        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
-    }
-
-
-def spec(quant: dict[str, Any] = GPTQ, platform: Any = "a100", **extra: Any) -> dict[str, Any]:
-    return {"hf_quantization_config": quant, "layer": MIXTRAL, "platform": platform, **extra}
 
 
 def test_the_series_resolves_here() -> None:
@@ -93,14 +71,14 @@ def test_the_flags_0_30_reads_are_still_accepted() -> None:
 @pytest.mark.parametrize("bits", [2, 3, 5, 6, 7])
 def test_asymmetric_ct_widths_other_than_4_and_8_raise_key_error(bits: int) -> None:
     with pytest.raises(SelectionError) as caught:
-        select(spec(ct(bits, symmetric=False)), ruleset="vllm-0.30")
+        select(spec(ct(num_bits=bits, symmetric=False)), ruleset="vllm-0.30")
     assert caught.value.to_json()["error"] == {
         "stage": "moe_method",
         "type": "KeyError",
         "message": str(bits),
     }
     try:
-        select(spec(ct(bits, symmetric=False)), ruleset="vllm-0.31")
+        select(spec(ct(num_bits=bits, symmetric=False)), ruleset="vllm-0.31")
     except SelectionError as exc:
         assert exc.to_json()["error"]["type"] != "KeyError"
 
@@ -117,9 +95,9 @@ def test_asymmetric_4_and_8_bit_ct_and_symmetric_3_bit_reach_the_oracle(bits: in
 
 
 def test_ct_expert_bias_is_a_0_30_hazard() -> None:
-    layer = {**MIXTRAL, "has_bias": True}
     for release, expected in (("vllm-0.30", True), ("vllm-0.31", False)):
-        decision = select(spec(ct(4, symmetric=True), layer=layer), ruleset=release)
+        quant = ct(symmetric=True)
+        decision = select(spec(quant, layer={"has_bias": True}), ruleset=release)
         codes = {h.code for h in decision.hazards}
         assert ("CT_EXPERT_BIAS_NOT_LOADED" in codes) is expected, release
 
@@ -143,13 +121,8 @@ def test_the_0_30_record_tells_the_releases_apart() -> None:
     # 0.31's ruleset fails exactly three kinds of the record's answers: CPU deployments
     # (ZEN_CPU is among 0.31's candidates), asymmetric compressed-tensors checkpoints of
     # widths without a zero-point type, and EPLB on XPU; so the record proves each row.
-    record = load(record_path("vllm-0.30"))
     specs = generate()
-    wrong = {
-        spec["id"]
-        for spec, expected in zip(specs, record.answers, strict=True)
-        if differences(expected, ours(spec, "vllm-0.31"))
-    }
+    wrong = {spec["id"] for spec, _ in misanswered("vllm-0.30", "vllm-0.31")}
 
     def kind(spec: dict[str, Any]) -> str | None:
         weights = [

@@ -16,33 +16,16 @@ from service.oracle.rulesets import RULESETS, get_ruleset
 from service.oracle.rulesets import vllm_0_31 as v031
 from service.oracle.rulesets import vllm_0_32 as v032
 from service.oracle.rulesets.kernel_names import MOE_BACKENDS_0_31, MOE_BACKENDS_0_32
-from tests.parity.compare import differences, ours
+from tests.oracle.specs import GPTQ, QWEN3, ct, misanswered, spec
 from tests.parity.grid import generate
 from tests.parity.records import load, record_path
 
-GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
-#: Qwen3-30B-A3B's MoE layer.
-QWEN3 = {"num_experts": 128, "top_k": 8, "hidden_size": 2048, "intermediate_size": 768}
-CT_W4A16_G32 = {
-    "quant_method": "compressed-tensors",
-    "format": "pack-quantized",
-    "config_groups": {
-        "group_0": {
-            "targets": ["Linear"],
-            "weights": {
-                "num_bits": 4,
-                "type": "int",
-                "strategy": "group",
-                "group_size": 32,
-                "symmetric": True,
-            },
-        }
-    },
-}
+CT_W4A16_G32 = ct(group=32, symmetric=True)
 
 
-def spec(platform: str = "h200", **extra: Any) -> dict[str, Any]:
-    return {"hf_quantization_config": GPTQ, "layer": QWEN3, "platform": platform, **extra}
+def qwen3(**fields: Any) -> dict[str, Any]:
+    """Qwen3-30B-A3B's layer, GPTQ, on an H200."""
+    return spec(GPTQ, "h200", model=QWEN3, **fields)
 
 
 def test_the_series_resolves_here() -> None:
@@ -50,8 +33,8 @@ def test_the_series_resolves_here() -> None:
 
 
 def test_sm90_keeps_marlin_ahead_of_humming_without_prioritize_humming() -> None:
-    assert select(spec(), ruleset="vllm-0.31").backend == "MARLIN"
-    assert select(spec(), ruleset="vllm-0.32").backend == "HUMMING"
+    assert select(qwen3(), ruleset="vllm-0.31").backend == "MARLIN"
+    assert select(qwen3(), ruleset="vllm-0.32").backend == "HUMMING"
     order = v031.PRIORITY(PLATFORM_PRESETS["h200"])
     assert order.index("MARLIN") < order.index("HUMMING")
 
@@ -76,12 +59,12 @@ def test_kernel_config_names_differ_from_0_32_s_in_three_entries() -> None:
         ("aiter_mega_moe", "vllm-0.32", "backend"),
     ):
         with pytest.raises(SelectionError) as caught:
-            select(spec(moe_backend=name), ruleset=release)
+            select(qwen3(moe_backend=name), ruleset=release)
         assert caught.value.to_json()["error"]["stage"] == stage, (name, release)
 
 
 def test_rdna3_carries_the_0_31_conversion_hazard_only_there() -> None:
-    ct_on_gfx1100 = {"hf_quantization_config": CT_W4A16_G32, "layer": QWEN3, "platform": "gfx1100"}
+    ct_on_gfx1100 = spec(CT_W4A16_G32, "gfx1100", model=QWEN3)
     codes = {}
     for release in ("vllm-0.31", "vllm-0.32", "vllm-0.33"):
         decision = select(ct_on_gfx1100, ruleset=release)
@@ -110,11 +93,7 @@ def test_the_0_31_record_tells_the_releases_apart() -> None:
     # choice lists differ; so the record proves both rows.
     record = load(record_path("vllm-0.31"))
     specs = generate()
-    wrong = {
-        spec["id"]
-        for spec, expected in zip(specs, record.answers, strict=True)
-        if differences(expected, ours(spec, "vllm-0.32"))
-    }
+    wrong = {spec["id"] for spec, _ in misanswered("vllm-0.31", "vllm-0.32")}
     on_sm90 = {
         spec["id"]
         for spec in specs

@@ -10,32 +10,20 @@ from typing import Any
 
 import pytest
 
-from service.oracle import DEFAULT_RULESET, PLATFORM_PRESETS, SelectionError, select
+from service.oracle import DEFAULT_RULESET, SelectionError, select
 from service.oracle.rulesets import RULESETS, get_ruleset
 from service.oracle.rulesets import vllm_0_32 as v032
 from service.oracle.rulesets import vllm_0_33 as v033
 from service.oracle.rulesets.kernel_names import MOE_BACKENDS_0_32, MOE_BACKENDS_0_33
+from tests.oracle.specs import GPTQ, misanswered, spec
 from tests.parity.compare import differences, ours
 from tests.parity.grid import generate
 from tests.parity.records import load, record_path
 
-GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
 
-
-def cpu_spec(activation: str, **extra: Any) -> dict[str, Any]:
-    layer = {
-        "num_experts": 8,
-        "top_k": 2,
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "activation": activation,
-    }
-    return {
-        "hf_quantization_config": GPTQ,
-        "layer": layer,
-        "platform": PLATFORM_PRESETS["cpu"].to_json(),
-        **extra,
-    }
+def cpu_spec(activation: str, **fields: Any) -> dict[str, Any]:
+    """A GPTQ Mixtral layer with `activation` on a CPU."""
+    return spec(GPTQ, "cpu", layer={"activation": activation}, **fields)
 
 
 def _backend(spec: dict[str, Any], ruleset: str) -> str | None:
@@ -113,11 +101,7 @@ def test_the_0_32_record_tells_the_releases_apart() -> None:
     # AMX CPU, which 0.32's CPUExpertsInt4 refuses; so the record proves both rows.
     record = load(record_path("vllm-0.32"))
     specs = generate()
-    wrong = {
-        spec["id"]
-        for spec, expected in zip(specs, record.answers, strict=True)
-        if differences(expected, ours(spec, "vllm-0.33"))
-    }
+    wrong = {spec["id"] for spec, _ in misanswered("vllm-0.32", "vllm-0.33")}
     refused = {
         spec["id"]
         for spec, expected in zip(specs, record.answers, strict=True)

@@ -52,7 +52,8 @@ MoeWNA16), whose ``__init__`` runs ``select_wna16_moe_backend``. The layer then 
 EPLB check and is stopped just before it allocates expert weights (its hidden-size
 round-up, which needs the all2all packages, is skipped: it changes nothing reported).
 ``select_wna16_moe_backend`` is wrapped where the methods look it up, to record its
-arguments; the per-backend candidate list is recomputed with vLLM's
+arguments; the per-backend candidate list is recomputed (by the plugin's
+``moe_control_vllm.verdicts``, the same code the plugin reports with) with vLLM's
 ``_get_priority_backends``, ``_backend_incompatibility_reason``, ``backend_to_kernel_cls``
 and ``is_supported_config``, for the backends vLLM itself judges (up to the first that
 fits, or only the forced one; judging the others could raise where vLLM does not), and
@@ -89,7 +90,11 @@ import sys
 import traceback
 import types
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+#: The vLLM plugin's source in this checkout (its verdicts are this harness's candidates).
+_PLUGIN = Path(__file__).resolve().parents[2] / "plugin"
 
 # --------------------------------------------------------------------------------------
 # Process plumbing: vLLM logs to stdout by default; answers must own it.
@@ -784,105 +789,32 @@ def _build_moe_method(spec: dict, moe_backend: str, quant_config: Any) -> Any:
 # --------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Verdict:
-    backend: Any
-    reason: str
-    experts_cls: type | None
-
-    @property
-    def passes(self) -> bool:
-        return self.experts_cls is not None
-
-
-def _judge(backend: Any, arguments: dict) -> _Verdict:
-    """The reason vLLM's select_wna16_moe_backend would give for ``backend``."""
-    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+def _candidates(call: _SelectCall) -> Any:
+    """Candidates in vLLM's order, the backend they select and the mode ('auto' etc.): the
+    plugin's `moe_control_vllm.verdicts.judged` (the standard library only), the code the
+    plugin reports with. Imported at the first answer, not when this module loads (the
+    plugin tests load the plugin through vLLM after loading this), from the plugin vLLM's
+    environment has, else this checkout's (a release's environment that records)."""
     import vllm.model_executor.layers.fused_moe.oracle.int_wna16 as iw
 
-    config = arguments["config"]
-    reason = iw._backend_incompatibility_reason(
-        backend,
-        config,
-        arguments["quant_config"],
-        arguments["may_have_zp"],
-        arguments["may_have_bias"],
-        arguments["allow_tile_padding"],
-    )
-    if reason is not None:
-        return _Verdict(backend, reason, None)
-    activation_format = (
-        mk.FusedMoEActivationFormat.BatchedExperts
-        if config.moe_parallel_config.use_batched_activation_format
-        else mk.FusedMoEActivationFormat.Standard
-    )
-    last_reason = None
-    for cls in iw.backend_to_kernel_cls(backend):
-        ok, last_reason = cls.is_supported_config(
-            cls, config, arguments["weight_key"], None, activation_format
-        )
-        if ok:
-            return _Verdict(backend, "", cls)
-    return _Verdict(backend, last_reason or "", None)
+    if importlib.util.find_spec("moe_control_vllm") is None:
+        sys.path.append(str(_PLUGIN))
+    from moe_control_vllm.verdicts import judged
+
+    return judged(iw, call.arguments)
 
 
-def _candidate(verdict: _Verdict, label: str) -> dict:
-    return {"backend": verdict.backend.name, "verdict": label, "reason": verdict.reason}
-
-
-def _unreached(backend: Any) -> dict:
-    # vLLM never judges a backend it does not reach (it returns at the first that fits, or
-    # judges only the forced one): such a backend has no reason from vLLM, and judging it
-    # here could raise where vLLM does not (a release's rule that cannot compare a value).
-    return {"backend": backend.name, "verdict": "not_reached", "reason": ""}
-
-
-def _auto_candidates(priority: list, arguments: dict) -> tuple[list[dict], _Verdict | None]:
-    candidates: list[dict] = []
-    for index, backend in enumerate(priority):
-        verdict = _judge(backend, arguments)
-        if verdict.passes:
-            candidates.append(_candidate(verdict, "selected"))
-            candidates.extend(_unreached(b) for b in priority[index + 1 :])
-            return candidates, verdict
-        candidates.append(_candidate(verdict, "rejected"))
-    return candidates, None
-
-
-def _forced_candidates(forced: Any, priority: list, arguments: dict):
-    verdict = _judge(forced, arguments)
-    first = _candidate(verdict, "selected" if verdict.passes else "rejected")
-    rest = [_unreached(b) for b in priority if b != forced]
-    return [first, *rest], (verdict if verdict.passes else None)
-
-
-def _candidates(call: _SelectCall) -> tuple[list[dict], _Verdict | None, str]:
-    """Candidates in vLLM's order, the backend they select and the mode ('auto' etc.)."""
-    import vllm.model_executor.layers.fused_moe.oracle.int_wna16 as iw
-
-    arguments = call.arguments
-    priority = iw._get_priority_backends()
-    requested = arguments["config"].moe_backend
-    if requested == "auto":
-        return (*_auto_candidates(priority, arguments), "auto")
-    try:
-        forced = iw.map_wna16_backend(requested)
-    except ValueError:
-        return [_unreached(b) for b in priority], None, "unknown"
-    return (*_forced_candidates(forced, priority, arguments), "forced")
-
-
-def _check_consistency(call: _SelectCall, chosen: _Verdict | None, mode: str) -> None:
+def _check_consistency(call: _SelectCall, found: Any) -> None:
     """The real call and the recomputed candidates must tell the same story."""
-    if chosen is not None:
-        expected = (chosen.backend, chosen.experts_cls)
+    if found.experts_cls is not None:
+        expected = (found.backend, found.experts_cls)
         if call.result != expected:
             raise AssertionError(f"vLLM selected {call.result}, candidates say {expected}")
         return
-    expected_error = NotImplementedError if mode == "auto" else ValueError
+    expected_error = NotImplementedError if found.mode == "auto" else ValueError
     if type(call.error) is not expected_error:
         raise AssertionError(
-            f"candidates say {expected_error.__name__} ({mode}); vLLM gave "
+            f"candidates say {expected_error.__name__} ({found.mode}); vLLM gave "
             f"{call.result if call.error is None else repr(call.error)}"
         )
 
@@ -963,14 +895,14 @@ def _checked_candidates(call: _SelectCall | None, failure: _VllmRaisedError | No
     if call is None:
         return []
     try:
-        candidates, chosen, mode = _candidates(call)
+        found = _candidates(call)
     except Exception as exc:
         # The oracle itself crashed (not a verdict): the same crash recomputing it.
         if failure is not None and type(exc) is type(call.error):
             return []
         raise
-    _check_consistency(call, chosen, mode)
-    return candidates
+    _check_consistency(call, found)
+    return [verdict._asdict() for verdict in found.verdicts]
 
 
 def answer(world: _World, spec: dict) -> dict:

@@ -46,7 +46,14 @@ import triton.language as tl
 from service.kernels.activation import ResolvedActivation
 from service.kernels.interface import LayerSpec
 from service.kernels.triton.config import KernelConfig, fit_block_k
-from service.kernels.triton.jit import gated_activation, plain_activation, round16, zero_point
+from service.kernels.triton.jit import (
+    expert_weights,
+    gated_activation,
+    plain_activation,
+    round16,
+    w13_rows,
+    zero_point,
+)
 from service.triton_runtime import interpreting
 
 #: Rows of the final [M, BLOCK_N] read-back of w2's last arriver per step.
@@ -327,19 +334,8 @@ def _decode_w13_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = cols < inter
     w_mask = n_mask & valid
-    if GATED:
-        if INTERLEAVED:
-            gate_rows = 2 * cols
-            up_rows = 2 * cols + 1
-        else:
-            gate_rows = cols
-            up_rows = cols + inter
-    else:
-        up_rows = cols
-        gate_rows = cols
-    q_e = q_ptr + expert * stride_qe
-    s_e = s_ptr + expert * stride_se
-    z_e = z_ptr + expert * stride_ze
+    gate_rows, up_rows = w13_rows(cols, inter, GATED, INTERLEAVED)
+    q_e, s_e, z_e = expert_weights(q_ptr, s_ptr, z_ptr, expert, stride_qe, stride_se, stride_ze)
     x_row = x_ptr + token * stride_xm
     NG: tl.constexpr = BLOCK_K // SUB
     acc_u = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -411,9 +407,7 @@ def _decode_w2_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = cols < hidden
     w_mask = n_mask & valid
-    q_e = q_ptr + expert * stride_qe
-    s_e = s_ptr + expert * stride_se
-    z_e = z_ptr + expert * stride_ze
+    q_e, s_e, z_e = expert_weights(q_ptr, s_ptr, z_ptr, expert, stride_qe, stride_se, stride_ze)
     a_row = a_ptr + route.to(tl.int64) * stride_am
     NG: tl.constexpr = BLOCK_K // SUB
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)

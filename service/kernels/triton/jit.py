@@ -1,9 +1,11 @@
-"""Device functions both Triton kernel families share (prefill.py, decode.py).
+"""Device functions the Triton kernel modules share (prefill.py, prefill_rs.py, decode.py).
 
 Rounding to the 16-bit activation type the way compiled code rounds (the interpreter does
-not), the activations of activation.py as float32 formulas (same codes), and the zero point
-of a packed int4/int8 zero-point tensor. Kept here so each kernel module imports only this
-and the configuration, never the other kernel module.
+not), the activations of activation.py as float32 formulas (same codes), the zero point of a
+packed int4/int8 zero-point tensor, and the pieces every block-of-routes GEMM kernel runs the
+same way: its expert and routes, its tile's masks and columns, w13's gate and up rows, the
+expert's weight pointers and w2's store into the top-k sum. Kept here so each kernel module
+imports only this and the configuration, never another kernel module.
 """
 
 # Triton idiom: compile-time parameters are UPPER_CASE;
@@ -90,3 +92,63 @@ def zero_point(z_ptr, rows, row_mask, g, stride_zn, BITS: tl.constexpr, HAS_ZP: 
     else:
         z = tl.full(g.shape, 1 << (BITS - 1), tl.int32)
     return z
+
+
+@triton.jit
+def block_routes(expert_ids_ptr, sorted_ptr, max_padded, num_routes, BLOCK_M: tl.constexpr):
+    """This program's expert (-1: a block past the end) and its BLOCK_M routes. Both loads
+    are independent, so they are in flight together (the GEMM preamble is latency-bound)."""
+    pid_m = tl.program_id(0)
+    expert = tl.load(expert_ids_ptr + pid_m)
+    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    route = tl.load(sorted_ptr + slots, mask=slots < max_padded, other=num_routes)
+    return expert.to(tl.int64), route
+
+
+@triton.jit
+def route_tile(route, pid_n, num_routes, n, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Of a block of routes and the `pid_n`-th BLOCK_N output columns (of `n`): which routes
+    are real, their tokens, the columns and which of them are in range."""
+    m_mask = route < num_routes
+    token = (route // TOP_K).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = cols < n
+    return m_mask, token, cols, n_mask
+
+
+@triton.jit
+def w13_rows(cols, inter, GATED: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """The w13 rows of intermediate columns `cols`: (gate, up). Interleaved checkpoints
+    alternate gate and up rows, the others stack gate over up; ungated, both are `cols`."""
+    if GATED:
+        if INTERLEAVED:
+            gate_rows = 2 * cols
+            up_rows = 2 * cols + 1
+        else:
+            gate_rows = cols
+            up_rows = cols + inter
+    else:
+        up_rows = cols
+        gate_rows = cols
+    return gate_rows, up_rows
+
+
+@triton.jit
+def expert_weights(q_ptr, s_ptr, z_ptr, expert, stride_qe, stride_se, stride_ze):
+    """The expert's codes, scales and zero points."""
+    q_e = q_ptr + expert * stride_qe
+    s_e = s_ptr + expert * stride_se
+    z_e = z_ptr + expert * stride_ze
+    return q_e, s_e, z_e
+
+
+@triton.jit
+def store_topk_sum(out_ptr, out_ptrs, acc, mask, ATOMIC: tl.constexpr, DOT_F32: tl.constexpr):
+    """w2's float32 tile into the output rows: added atomically where several programs write
+    a row (top-k > 1 or split-K, into a float32 output), else rounded to the output's
+    16-bit type and stored (the row's one writer)."""
+    if ATOMIC:
+        tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
+    else:
+        out_dtype = out_ptr.dtype.element_ty
+        tl.store(out_ptrs, round16(acc, out_dtype, DOT_F32).to(out_dtype), mask=mask)

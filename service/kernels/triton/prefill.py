@@ -46,7 +46,16 @@ from service.kernels.activation import ResolvedActivation
 from service.kernels.align import align_block_size
 from service.kernels.interface import LayerSpec
 from service.kernels.triton.config import KernelConfig, launch_k_tile
-from service.kernels.triton.jit import gated_activation, plain_activation, round16
+from service.kernels.triton.jit import (
+    block_routes,
+    expert_weights,
+    gated_activation,
+    plain_activation,
+    round16,
+    route_tile,
+    store_topk_sum,
+    w13_rows,
+)
 
 
 def fused_moe(
@@ -275,17 +284,6 @@ def _mma(a, w, acc, SWAP_AB: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def _block_routes(expert_ids_ptr, sorted_ptr, max_padded, num_routes, BLOCK_M: tl.constexpr):
-    """This program's expert (-1: a block past the end) and its BLOCK_M routes. Both loads
-    are independent, so they are in flight together (the GEMM preamble is latency-bound)."""
-    pid_m = tl.program_id(0)
-    expert = tl.load(expert_ids_ptr + pid_m)
-    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    route = tl.load(sorted_ptr + slots, mask=slots < max_padded, other=num_routes)
-    return expert.to(tl.int64), route
-
-
-@triton.jit
 def _moe_w13_kernel(
     x_ptr,
     q_ptr,
@@ -332,26 +330,13 @@ def _moe_w13_kernel(
     shared-memory round trip for the big operand) and whose 64-row minimum the weight tile
     fills while a decode block holds only a few tokens.
     """
-    expert, route = _block_routes(expert_ids_ptr, sorted_ptr, max_padded, num_routes, BLOCK_M)
+    expert, route = block_routes(expert_ids_ptr, sorted_ptr, max_padded, num_routes, BLOCK_M)
     if expert < 0:
         return
     pid_n = tl.program_id(1)
-    m_mask = route < num_routes
-    token = (route // TOP_K).to(tl.int64)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = cols < inter
-    if GATED:
-        if INTERLEAVED:
-            gate_rows = 2 * cols
-            up_rows = 2 * cols + 1
-        else:
-            gate_rows = cols
-            up_rows = cols + inter
-    else:
-        up_rows = cols
-    q_e = q_ptr + expert * stride_qe
-    s_e = s_ptr + expert * stride_se
-    z_e = z_ptr + expert * stride_ze
+    m_mask, token, cols, n_mask = route_tile(route, pid_n, num_routes, inter, TOP_K, BLOCK_N)
+    gate_rows, up_rows = w13_rows(cols, inter, GATED, INTERLEAVED)
+    q_e, s_e, z_e = expert_weights(q_ptr, s_ptr, z_ptr, expert, stride_qe, stride_se, stride_ze)
     out_dtype = out_ptr.dtype.element_ty
     offs_k = tl.arange(0, BLOCK_K)
     if SWAP_AB:
@@ -473,18 +458,13 @@ def _moe_w2_kernel(
 ):
     """weight·(inter·w2ᵀ + b) for one block of routes, BLOCK_N columns of H and one K split,
     added into the token's output row (the top-k sum). SWAP_AB as in `_moe_w13_kernel`."""
-    expert, route = _block_routes(expert_ids_ptr, sorted_ptr, max_padded, num_routes, BLOCK_M)
+    expert, route = block_routes(expert_ids_ptr, sorted_ptr, max_padded, num_routes, BLOCK_M)
     if expert < 0:
         return
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    m_mask = route < num_routes
-    token = (route // TOP_K).to(tl.int64)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = cols < hidden
-    q_e = q_ptr + expert * stride_qe
-    s_e = s_ptr + expert * stride_se
-    z_e = z_ptr + expert * stride_ze
+    m_mask, token, cols, n_mask = route_tile(route, pid_n, num_routes, hidden, TOP_K, BLOCK_N)
+    q_e, s_e, z_e = expert_weights(q_ptr, s_ptr, z_ptr, expert, stride_qe, stride_se, stride_ze)
     a_dtype = a_ptr.dtype.element_ty
     offs_k = tl.arange(0, BLOCK_K)
     row = route.to(tl.int64) * stride_am
@@ -516,8 +496,4 @@ def _moe_w2_kernel(
     else:
         out_ptrs = out_ptr + out_row[:, None] + cols[None, :]
         mask = m_mask[:, None] & n_mask[None, :]
-    if ATOMIC:
-        tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
-    else:
-        out_dtype = out_ptr.dtype.element_ty
-        tl.store(out_ptrs, round16(acc, out_dtype, DOT_F32).to(out_dtype), mask=mask)
+    store_topk_sum(out_ptr, out_ptrs, acc, mask, ATOMIC, DOT_F32)

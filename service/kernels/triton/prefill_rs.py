@@ -61,7 +61,16 @@ from service.kernels.activation import ResolvedActivation
 from service.kernels.align import align_block_size
 from service.kernels.interface import LayerSpec
 from service.kernels.triton.config import KernelConfig
-from service.kernels.triton.jit import gated_activation, plain_activation, round16
+from service.kernels.triton.jit import (
+    block_routes,
+    expert_weights,
+    gated_activation,
+    plain_activation,
+    round16,
+    route_tile,
+    store_topk_sum,
+    w13_rows,
+)
 from service.kernels.triton.relayout import (
     CHUNK,
     WORD_CHUNK,
@@ -564,16 +573,6 @@ def _next_group(kk, K: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr)
     return tl.minimum(kk + BLOCK_K, K - 1) // GROUP
 
 
-@triton.jit
-def _block_routes(expert_ids_ptr, sorted_ptr, max_padded, num_routes, BLOCK_M: tl.constexpr):
-    """This program's expert (-1: a block past the end) and its BLOCK_M routes."""
-    pid_m = tl.program_id(0)
-    expert = tl.load(expert_ids_ptr + pid_m)
-    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    route = tl.load(sorted_ptr + slots, mask=slots < max_padded, other=num_routes)
-    return expert.to(tl.int64), route
-
-
 # The route counts vary with the batch: not specialized, so one compiled kernel serves every
 # batch size of a layer and tile.
 @triton.jit(do_not_specialize=["max_padded", "num_routes"])
@@ -589,26 +588,13 @@ def _moe_w13_rs_kernel(
     USE_ASM: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
     """act(w13·xᵀ + b)ᵀ for one block of routes (one expert) and BLOCK_N columns of I."""
-    expert, route = _block_routes(expert_ids_ptr, sorted_ptr, max_padded, num_routes, BLOCK_M)
+    expert, route = block_routes(expert_ids_ptr, sorted_ptr, max_padded, num_routes, BLOCK_M)
     if expert < 0:
         return
     pid_n = tl.program_id(1)
-    m_mask = route < num_routes
-    token = (route // TOP_K).to(tl.int64)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = cols < inter
-    if GATED:
-        if INTERLEAVED:
-            gate_rows = 2 * cols
-            up_rows = 2 * cols + 1
-        else:
-            gate_rows = cols
-            up_rows = cols + inter
-    else:
-        up_rows = cols
-    q_e = q_ptr + expert * stride_qe
-    s_e = s_ptr + expert * stride_se
-    z_e = z_ptr + expert * stride_ze
+    m_mask, token, cols, n_mask = route_tile(route, pid_n, num_routes, inter, TOP_K, BLOCK_N)
+    gate_rows, up_rows = w13_rows(cols, inter, GATED, INTERLEAVED)
+    q_e, s_e, z_e = expert_weights(q_ptr, s_ptr, z_ptr, expert, stride_qe, stride_se, stride_ze)
     OUT = out_ptr.dtype.element_ty
     x_base = x_ptr + (token * stride_xm)[None, :]
     x_mask = m_mask[None, :]
@@ -667,18 +653,13 @@ def _moe_w2_rs_kernel(
 ):  # fmt: skip
     """weight·(w2·interᵀ + b)ᵀ for one block of routes, BLOCK_N columns of H and one K
     split, added into each token's output row (the top-k sum)."""
-    expert, route = _block_routes(expert_ids_ptr, sorted_ptr, max_padded, num_routes, BLOCK_M)
+    expert, route = block_routes(expert_ids_ptr, sorted_ptr, max_padded, num_routes, BLOCK_M)
     if expert < 0:
         return
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    m_mask = route < num_routes
-    token = (route // TOP_K).to(tl.int64)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = cols < hidden
-    q_e = q_ptr + expert * stride_qe
-    s_e = s_ptr + expert * stride_se
-    z_e = z_ptr + expert * stride_ze
+    m_mask, token, cols, n_mask = route_tile(route, pid_n, num_routes, hidden, TOP_K, BLOCK_N)
+    q_e, s_e, z_e = expert_weights(q_ptr, s_ptr, z_ptr, expert, stride_qe, stride_se, stride_ze)
     OUT = a_ptr.dtype.element_ty
     a_base = a_ptr + (route.to(tl.int64) * stride_am)[None, :]
     a_mask = m_mask[None, :]
@@ -701,8 +682,4 @@ def _moe_w2_rs_kernel(
     acc *= tl.load(topk_w_ptr + route, mask=m_mask, other=0.0)[None, :]
     out_ptrs = out_ptr + (token * stride_om)[None, :] + cols[:, None]
     mask = n_mask[:, None] & m_mask[None, :]
-    if ATOMIC:
-        tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
-    else:
-        out_dtype = out_ptr.dtype.element_ty
-        tl.store(out_ptrs, round16(acc, out_dtype, DOT_F32).to(out_dtype), mask=mask)
+    store_topk_sum(out_ptr, out_ptrs, acc, mask, ATOMIC, DOT_F32)
