@@ -362,7 +362,7 @@ MARLIN_ACT_ORDER_SORTED: Rule = (
 GPTQ_ACT_ORDER_ACCEPTED: Rule = (
     lambda c: c.integration in GPTQ_INTEGRATION and _act(c),
     DropsActOrder(
-        "up to 0.29 GPTQ act-order (desc_act) loads, but the TRITON and EMULATION "
+        "up to 0.29 GPTQ act-order (desc_act) loads, but the TRITON, EMULATION and XPU "
         "conversions ignore g_idx (they return no g_idx or sort indices)"
     ),
 )
