@@ -373,6 +373,7 @@ def _local_layer(args: argparse.Namespace) -> int:
             ),
             device=args.device,
             vllm_quantization=deployment.quantization,
+            ruleset=target.ruleset,
         )
         del tensors
     output = Path(args.output)

@@ -303,6 +303,7 @@ class Converter:
                 "source": source.to_json(),
                 "backend": target.backend,
                 "experts_class": target.experts_class,
+                "ruleset": target.ruleset,
                 "shape": _shape(deployment),
                 "quantization": deployment.quantization,
                 "keep_loaded": header.keep_loaded,

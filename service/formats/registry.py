@@ -45,6 +45,7 @@ from service.formats.writers.emulation import write_emulation
 from service.formats.writers.humming import write_humming
 from service.formats.writers.marlin import write_batched_marlin, write_marlin
 from service.formats.writers.triton import write_triton
+from service.formats.writers.xpu import write_xpu
 from service.oracle import DEFAULT_RULESET
 from service.oracle.rulesets import get_ruleset
 
@@ -72,6 +73,7 @@ TARGET_BACKENDS: dict[str, Writer] = {
     "HUMMING": write_humming,  # CUDA workers only: raises ConversionUnsupported elsewhere
     "MARLIN": write_marlin,
     "BATCHED_MARLIN": write_batched_marlin,
+    "XPU": write_xpu,
 }
 
 UNSUPPORTED_BACKENDS: dict[str, str] = {
@@ -82,8 +84,9 @@ UNSUPPORTED_BACKENDS: dict[str, str] = {
     "CPU": "vLLM's CPU layout is opaque blocked data from a compiled op "
     "(convert_weight_packed_scale_zp)",
     "ZEN_CPU": "vLLM's ZenDNN layout comes from a compiled zentorch op",
-    "XPU": "the XPU kernel package is not available here",
-    "RDNA3": "the RDNA3 HIP kernel layout has no writer here",
+    "RDNA3": "vLLM's RDNA3 conversion shuffles the weights with the compiled ROCm/CUDA op "
+    "gptq_shuffle, which runs on those GPUs only, so no release's bytes can be reproduced "
+    "or checked here",
 }
 
 ALL_BACKENDS: tuple[str, ...] = get_ruleset(DEFAULT_RULESET).backends

@@ -22,6 +22,7 @@ from service.oracle.quant_method import (
     OracleCall,
     WeightArgs,
 )
+from service.oracle.rulesets import RULESETS
 from service.oracle.spec import DeploymentSpec
 
 
@@ -94,7 +95,27 @@ def _ct_dynamic_act_order(spec: DeploymentSpec, plan: OracleCall, chosen: str) -
     return isinstance(plan.quant_config, WeightArgs) and plan.quant_config.actorder == "dynamic"
 
 
+def _moe_wna16_on(backend: str) -> Callable[[DeploymentSpec, OracleCall, str], bool]:
+    def applies(spec: DeploymentSpec, plan: OracleCall, chosen: str) -> bool:
+        return isinstance(plan.quant_config, MoeWNA16Config) and chosen == backend
+
+    return applies
+
+
+#: The rulesets whose XPU conversion transposes what it is handed (`ConversionRules`).
+XPU_TRANSPOSING_RULESETS = frozenset(
+    name for name, rules in RULESETS.items() if rules.conversions.xpu_transposes
+)
+
 RELEASE_HAZARDS: tuple[ReleaseHazard, ...] = (
+    ReleaseHazard(
+        "MOE_WNA16_XPU_LAYOUT",
+        XPU_TRANSPOSING_RULESETS,
+        _moe_wna16_on("XPU"),
+        "vLLM 0.30's (and older releases') XPU conversion transposes MoeWNA16's weights and "
+        "scales, which are already in the kernel's N-first layout, so the kernel reads them "
+        "on the wrong axes: outputs are wrong (0.31 hands them over as they are).",
+    ),
     ReleaseHazard(
         "CT_HUMMING_SCHEMA_TYPE_ERROR",
         frozenset({"vllm-0.27", "vllm-0.28"}),
@@ -186,14 +207,6 @@ def hazards_for(
                     "raises TypeError after selection.",
                 )
             )
-        if backend == "XPU":
-            found.append(
-                Hazard(
-                    "MOE_WNA16_XPU_LAYOUT",
-                    "The XPU conversion transposes MoeWNA16's already N-first uint8 weights "
-                    "and drops zero points: outputs are wrong (or it asserts with zero points).",
-                )
-            )
         if backend == "FLASHINFER_TRTLLM":
             found.append(
                 Hazard(
@@ -209,8 +222,10 @@ def hazards_for(
         found.append(
             Hazard(
                 "AWQ_XPU_LAYOUT",
-                "The XPU conversion applies the GPTQ K-first transpose to AWQ's N-packed "
-                "weights and drops zero points: outputs are wrong.",
+                "The XPU conversion hands AutoAWQ's K-first int32 words (eight N channels "
+                "each, in AWQ's interleaved order) to a kernel that reads N-first bytes "
+                "packed along K (0.30 and older transpose the words first, which is no "
+                "closer), and it writes no zero points: outputs are wrong.",
             )
         )
     if backend == "EMULATION" and spec.layer.has_bias:

@@ -26,6 +26,7 @@ from service.formats.io.streaming import DTYPES, FROM_TORCH, TensorSpec
 from service.formats.routes import inline
 from service.formats.routes.spec import SourceSpec
 from service.ipc.segments import Segment, SegmentDir
+from service.oracle import DEFAULT_RULESET
 from service.worker.context import WorkerContext
 from service.worker.jobs import JobContext
 from service.worker.layers import LoadedLayer, new_layer_id, now_rfc3339
@@ -82,6 +83,7 @@ def convert_layer(
             device=worker.device,
             keep_device=keep,
             vllm_quantization=params.get("quantization"),
+            ruleset=str(params.get("ruleset") or DEFAULT_RULESET),
         )
         del tensors
         context.check()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -15,6 +16,7 @@ from service.cli import main
 from service.formats import registry
 from service.formats.checkpoint.plan import MANIFEST_NAME
 from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
+from service.formats.writers import ConversionOptions
 
 SPEC = SyntheticSpec(num_layers=2, num_experts=4, hidden_size=128, intermediate_size=128)
 
@@ -105,6 +107,33 @@ def test_one_layer_file(
     for name, tensor in expected.items():
         assert torch.equal(written[f"{module}.{name}"], tensor)
     assert [t["name"] for t in summary["tensors"]] == list(written)
+
+
+def test_act_order_checkpoint_on_marlin_follows_the_ruleset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under a ruleset whose release accepts act-order, a whole GPTQ act-order checkpoint
+    converts to that release's sorted Marlin form (the manifest records the ruleset); under
+    0.33 it is refused with the reason."""
+    source = tmp_path / "act"
+    layers = write_synthetic_checkpoint(source, dataclasses.replace(SPEC, desc_act=True))
+    out = tmp_path / "marlin-0.29"
+    argv = ["--backend", "MARLIN", "--ruleset", "vllm-0.29"]
+    status, summary = run_json(capsys, str(source), str(out), *argv)
+    assert status == 0, summary
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    assert manifest["ruleset"] == "vllm-0.29"
+    options = ConversionOptions(ruleset="vllm-0.29")
+    expected = registry.convert(layers[1], "MARLIN", source="gptq", options=options).tensors
+    written = load_file(out / "moe-layer-00001.safetensors")
+    module = "model.layers.1.block_sparse_moe.experts"
+    assert set(written) == {f"{module}.{name}" for name in expected}
+    assert "w13_g_idx_sort_indices" in expected
+    for name, tensor in expected.items():
+        assert torch.equal(written[f"{module}.{name}"], tensor), name
+    refused = main(["convert", str(source), str(tmp_path / "marlin-0.33"), "--backend", "MARLIN"])
+    assert refused == 1
+    assert "act-order" in capsys.readouterr().err
 
 
 FAILURES = {

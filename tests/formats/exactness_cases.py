@@ -78,8 +78,25 @@ class Case:
     def dtype(self) -> torch.dtype:
         return getattr(torch, self.scale_dtype)  # type: ignore[no-any-return]
 
+    @property
+    def checker(self) -> str:
+        """The `vllm_cases` function that runs the case in vLLM: Marlin's swaps the CUDA-only
+        repack for its pure-torch reference; every other conversion is pure torch."""
+        return "marlin_integration" if self.backend == "MARLIN" else "wna16_convert"
+
+
+def _plain(integration: str, act: bool, bias: bool) -> bool:
+    """Whether the integration can express the combination: AWQ has no act-order and
+    MoeWNA16 registers no bias parameters."""
+    source = INTEGRATIONS[integration][0]
+    return not (act and source == "awq") and not (bias and integration.startswith("moe_wna16"))
+
 
 def grid() -> list[Case]:
+    """Every case, in a fixed order (each case's checkpoint is seeded by its place):
+    TRITON and EMULATION over the whole space; XPU over int4 (its experts take int4 only);
+    MARLIN's act-order layers of the integrations that have them (the releases that accept
+    act-order sort it for Marlin; Marlin without act-order is `test_marlin_parity`'s)."""
     cases = []
     for integration, backend, bits, group, sym, act, bias in itertools.product(
         INTEGRATIONS,
@@ -90,14 +107,20 @@ def grid() -> list[Case]:
         (False, True),
         (False, True),
     ):
-        source = INTEGRATIONS[integration][0]
-        if act and source == "awq":
-            continue  # AWQ has no act-order
-        if bias and integration.startswith("moe_wna16"):
-            continue  # MoeWNA16 registers no bias parameters
+        if not _plain(integration, act, bias):
+            continue
         dtypes = ("float16", "bfloat16") if backend == "EMULATION" else ("float16",)
         for dtype in dtypes:
             cases.append(Case(integration, backend, bits, group, sym, act, bias, dtype))
+    for integration, group, sym, act, bias in itertools.product(
+        INTEGRATIONS, (32, 64, 128, -1), (True, False), (False, True), (False, True)
+    ):
+        if _plain(integration, act, bias):
+            cases.append(Case(integration, "XPU", 4, group, sym, act, bias, "float16"))
+    for integration, bits, group, sym, bias in itertools.product(
+        ("auto_gptq", "compressed_tensors"), (4, 8), (32, 64, 128), (True, False), (False, True)
+    ):
+        cases.append(Case(integration, "MARLIN", bits, group, sym, True, bias, "float16"))
     return cases
 
 
@@ -153,6 +176,11 @@ def _act(case: Case) -> bool:
     return case.act and case.group_size != -1
 
 
+def _off_marlin(case: Case) -> bool:
+    """The case takes a non-Marlin path, where compressed-tensors' non-Marlin asserts are."""
+    return case.backend != "MARLIN"
+
+
 def _is(integration: str) -> Callable[[Case], bool]:
     return lambda case: case.integration.startswith(integration)
 
@@ -185,7 +213,7 @@ RULES: tuple[Rule, ...] = (
         Refused("ValidationError", "Must use group", "compressed-tensors: actorder needs groups"),
     ),
     (
-        lambda c: c.integration == "compressed_tensors" and c.group_size == -1,
+        lambda c: c.integration == "compressed_tensors" and c.group_size == -1 and _off_marlin(c),
         Refused(
             "AssertionError",
             "",
@@ -270,6 +298,26 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     (
+        lambda c: c.backend == "XPU" and not c.sym and c.integration != "auto_awq",
+        Refused(
+            "AssertionError",
+            "",
+            "the XPU conversion returns no zero points (its experts take symmetric int4 "
+            "only), and compressed-tensors and MoeWNA16 assert they got them",
+        ),
+    ),
+    (
+        lambda c: c.backend == "XPU" and c.integration == "auto_awq" and not c.sym,
+        Wrong(
+            "the XPU conversion returns no zero points (its experts take symmetric int4 only: "
+            "the oracle never picks XPU for them); AutoAWQ loads without them"
+        ),
+    ),
+    (
+        lambda c: c.backend == "XPU" and c.integration == "auto_awq",
+        Exact(),  # the qzeros AutoAWQ leaves uninitialised are not converted for XPU
+    ),
+    (
         lambda c: c.integration == "auto_awq" and c.sym,
         Wrong(
             "AutoAWQ with zero_point=false still registers qzeros (torch.empty), nothing "
@@ -288,24 +336,38 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def reads_uninitialised_memory(case: Case) -> bool:
-    """vLLM's outputs for the case depend on memory nothing wrote: AutoAWQ without zero
-    points registers `qzeros` with `torch.empty` and nothing loads them. A record keeps
-    only those tensors' dtypes and shapes."""
+def holds_uninitialised_memory(case: Case) -> bool:
+    """vLLM's layer holds memory nothing wrote: AutoAWQ without zero points registers
+    `qzeros` with `torch.empty` and nothing loads them. A record keeps only those
+    parameters' dtypes and shapes (`UNINITIALISED_PARAMS`)."""
     return case.integration == "auto_awq" and case.sym
+
+
+#: The parameters `holds_uninitialised_memory` means, as a record names them.
+UNINITIALISED_PARAMS = ("param.w13_qzeros", "param.w2_qzeros")
+
+
+def reads_uninitialised_memory(case: Case) -> bool:
+    """vLLM's outputs for the case depend on that memory (every conversion but XPU's, which
+    drops zero points, reads the qzeros). A record keeps only dtypes and shapes for them."""
+    return holds_uninitialised_memory(case) and case.backend != "XPU"
 
 
 # Rules of older releases, each read from that release's source; the releases that have
 # each one are composed below, the older rules first.
+MARLIN_ACT_ORDER_SORTED: Rule = (
+    lambda c: c.backend == "MARLIN" and _act(c) and (c.sym or c.integration != "auto_gptq"),
+    Exact(),  # our writer's sorted act-order form, for a ruleset that accepts act-order
+)
 GPTQ_ACT_ORDER_ACCEPTED: Rule = (
     lambda c: c.integration in GPTQ_INTEGRATION and _act(c),
     DropsActOrder(
-        "up to 0.29 GPTQ act-order (desc_act) loads, but the TRITON and EMULATION "
+        "up to 0.29 GPTQ act-order (desc_act) loads, but the TRITON, EMULATION and XPU "
         "conversions ignore g_idx (they return no g_idx or sort indices)"
     ),
 )
 CT_ACT_ORDER_ASSERT: Rule = (
-    lambda c: c.integration == "compressed_tensors" and _act(c),
+    lambda c: c.integration == "compressed_tensors" and _act(c) and _off_marlin(c),
     Refused(
         "AssertionError",
         "",
@@ -367,13 +429,23 @@ _UP_TO_0_30: tuple[Rule, ...] = (
     CT_TRITON_ONE_GROUP_ZERO_POINTS,
     *_UP_TO_0_31,
 )
-_UP_TO_0_29: tuple[Rule, ...] = (GPTQ_ACT_ORDER_ACCEPTED, CT_ACT_ORDER_ASSERT, *_UP_TO_0_30)
+_UP_TO_0_29: tuple[Rule, ...] = (
+    MARLIN_ACT_ORDER_SORTED,
+    GPTQ_ACT_ORDER_ACCEPTED,
+    CT_ACT_ORDER_ASSERT,
+    *_UP_TO_0_30,
+)
 GPTQ_TRITON_ZEROS_PASSED_THROUGH: Rule = (
     lambda c: c.integration == "auto_gptq" and c.backend == "TRITON" and c.sym and not _act(c),
     Exact(("sym-zeros-k-first",)),
 )
 CT_NON_MARLIN_SYMMETRIC_ONLY: Rule = (
-    lambda c: c.integration == "compressed_tensors" and not c.sym and c.group_size != -1,
+    lambda c: (
+        c.integration == "compressed_tensors"
+        and not c.sym
+        and c.group_size != -1
+        and _off_marlin(c)
+    ),
     Refused(
         "AssertionError",
         "Only symmetric quantization is supported for MoE",
@@ -446,8 +518,11 @@ def departures(case: Case) -> tuple[str, ...]:
             out.append("scale-rounding")  # vLLM rounds the scale to bf16 first
         if case.bias:
             out.append("bias-dropped")  # vLLM returns no bias (R7)
-    elif case.sym and case.integration == "auto_gptq":
+    elif case.sym and case.integration == "auto_gptq" and case.backend != "XPU":
         out.append("sym-zeros-unused")  # vLLM converts the stored midpoint; kernel ignores it
+    if case.backend == "MARLIN" and case.group_size == INTER < H:
+        # vLLM picks w13's scale order by size_k = I: one group there, but H / group here
+        out.append("marlin-scale-order")
     if case.bias and case.integration == "auto_awq":
         out.append("awq-bias-not-loaded")  # no bias parameter, load_weights skips it
     return tuple(out)

@@ -14,19 +14,31 @@ import torch
 from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
 from service.formats.readers import LAYOUTS, SourceQuantization, write_stacked
 from service.formats.registry import convert
+from service.formats.writers import ConversionOptions, marlin_layout
+from service.formats.writers.marlin import marlin_tensors
+from service.oracle import DEFAULT_RULESET
 from tests.formats.exactness_cases import Case, E, expectation
 
+_QUANTIZED_NAMES = {
+    "w13": "w13_qweight",
+    "w2": "w2_qweight",
+    "w13_scale": "w13_scales",
+    "w2_scale": "w2_scales",
+    "w13_qzeros": "w13_qzeros",
+    "w2_qzeros": "w2_qzeros",
+    "w13_bias": "w13_bias",
+    "w2_bias": "w2_bias",
+}
 #: Our writer's tensor names by vLLM's conversion output names, per backend.
 VLLM_NAMES = {
-    "TRITON": {
-        "w13": "w13_qweight",
-        "w2": "w2_qweight",
-        "w13_scale": "w13_scales",
-        "w2_scale": "w2_scales",
-        "w13_qzeros": "w13_qzeros",
-        "w2_qzeros": "w2_qzeros",
-        "w13_bias": "w13_bias",
-        "w2_bias": "w2_bias",
+    "TRITON": _QUANTIZED_NAMES,
+    "XPU": _QUANTIZED_NAMES,
+    "MARLIN": {
+        **_QUANTIZED_NAMES,
+        "w13_input_global_scale": "w13_input_global_scale",
+        "w2_input_global_scale": "w2_input_global_scale",
+        **{name: name for name in ("w13_g_idx", "w2_g_idx")},
+        **{name: name for name in ("w13_g_idx_sort_indices", "w2_g_idx_sort_indices")},
     },
     "EMULATION": {
         "w13": "w13_weight",
@@ -39,6 +51,39 @@ VLLM_NAMES = {
 
 def case_quant(case: Case) -> SourceQuantization:
     return SourceQuantization(case.bits, case.group_size, case.sym, desc_act=case.act)
+
+
+def case_options(case: Case, ruleset: str = DEFAULT_RULESET) -> ConversionOptions:
+    """What ConvertWeights is told for the case: the release, and MoeWNA16 when it loads."""
+    integration = "moe_wna16" if case.stacked == "moe_wna16" else None
+    return ConversionOptions(ruleset=ruleset, integration=integration)
+
+
+def _marlin_departures(
+    case: Case,
+    layer: QuantizedMoELayer,
+    model: dict[str, torch.Tensor | None],
+    departures: tuple[str, ...],
+) -> None:
+    """vLLM's Marlin outputs from ours: the v1 zero points it converts for symmetric GPTQ
+    (midpoint - 1, which the kernel ignores), w13's scales in the order vLLM picks."""
+    if "sym-zeros-unused" in departures:
+        stored = QuantizedMoELayer(
+            *(
+                replace(
+                    e,
+                    zeros=torch.full_like(e.scales, (1 << (case.bits - 1)) - 1, dtype=torch.uint8),
+                )
+                for e in (layer.w13, layer.w2)
+            )
+        )
+        zeros = marlin_tensors(stored, act_order=True)
+        model["w13_qzeros"], model["w2_qzeros"] = zeros["w13_qzeros"], zeros["w2_qzeros"]
+    if "marlin-scale-order" in departures:
+        scales = model["w13_scales"]
+        assert scales is not None
+        plain = marlin_layout.unpermute_scales(scales, True)
+        model["w13_scales"] = marlin_layout.permute_scales(plain, False)
 
 
 def strip_g_idx(layer: QuantizedMoELayer) -> QuantizedMoELayer:
@@ -55,15 +100,25 @@ def vllm_emulation(experts: QuantizedExperts, zero_minus_one: bool) -> torch.Ten
 
 
 def model_of_vllm(
-    case: Case, layer: QuantizedMoELayer, departures: tuple[str, ...] | None = None
+    case: Case,
+    layer: QuantizedMoELayer,
+    departures: tuple[str, ...] | None = None,
+    ruleset: str = DEFAULT_RULESET,
 ) -> dict[str, torch.Tensor | None]:
-    """What vLLM outputs for this case, by our writers plus each known departure (vLLM
-    0.33's for the case unless `departures` names a release's)."""
+    """What vLLM outputs for this case, by our writers (for `ruleset`) plus each known
+    departure (vLLM 0.33's for the case unless `departures` names a release's)."""
     if departures is None:
         departures = expectation(case).departures  # type: ignore[union-attr]
-    if case.backend == "EMULATION":
+    if case.backend in ("XPU", "MARLIN"):
+        written = convert(
+            layer, case.backend, source=case.source, options=case_options(case, ruleset)
+        )
+        model: dict[str, torch.Tensor | None] = dict(written.tensors)
+        if case.backend == "MARLIN":
+            _marlin_departures(case, layer, model, departures)
+    elif case.backend == "EMULATION":
         minus_one = "gptq-v1-zero" in departures
-        model: dict[str, torch.Tensor | None] = {
+        model = {
             "w13_weight": vllm_emulation(layer.w13, minus_one),
             "w2_weight": vllm_emulation(layer.w2, minus_one),
         }

@@ -59,7 +59,7 @@ def prepare(directory: Path, cases: list[Case] = CASES) -> dict[str, dict[str, t
         for case in cases:
             inputs[case.id] = checkpoint = case_checkpoint(case)
             save_file(checkpoint, str(directory / f"{case.id}.in.safetensors"))
-            entries.append({"id": case.id, "case": "wna16_convert", "spec": case.spec()})
+            entries.append({"id": case.id, "case": case.checker, "spec": case.spec()})
     finally:
         torch.set_num_threads(threads)
     (directory / "cases.json").write_text(json.dumps(entries))

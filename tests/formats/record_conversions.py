@@ -3,7 +3,8 @@
     python -m tests.formats.record_conversions --python .venv-vllm/bin/python --release 0.33.0
 
 builds the grid's synthetic checkpoints, runs that release's loaders and
-`process_weights_after_loading` over them (`vllm_checker.py`, case ``wna16_convert``) and
+`process_weights_after_loading` over them (`vllm_checker.py`, case ``wna16_convert``, or
+``marlin_integration`` for MARLIN, with the CUDA-only repack replaced by its reference) and
 writes `tests/formats/records/vllm-X.Y.conversions.jsonl.gz` (see `conversion_records`).
 """
 

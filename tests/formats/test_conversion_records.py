@@ -37,7 +37,7 @@ from tests.formats.exactness_cases import (
     expectation,
     reads_uninitialised_memory,
 )
-from tests.formats.exactness_model import VLLM_NAMES, model_of_vllm, strip_g_idx
+from tests.formats.exactness_model import VLLM_NAMES, case_options, model_of_vllm, strip_g_idx
 from tests.formats.exactness_run import CASES, case_checkpoint, case_layer, case_quant
 
 RECORDED = records.recorded_rulesets()
@@ -78,13 +78,15 @@ def _digests(tensors: dict[str, torch.Tensor | None], backend: str) -> dict[str,
     return {n: None if t is None else records.tensor_digest(t) for n, t in named.items()}
 
 
-def _ours(case: Case) -> dict[str, torch.Tensor | None]:
-    """Our writer's output: the same for every release (where a release's bytes differ for
-    the same checkpoint, its rules name the departure)."""
+def _ours(case: Case, ruleset: str) -> dict[str, torch.Tensor | None]:
+    """Our writer's output for the release: its bytes where releases lay the same
+    checkpoint out differently (XPU, Marlin act-order); elsewhere the same for every
+    release, and its rules name where the release departs."""
     quant = case_quant(case)
     checkpoint = write_checkpoint(LAYOUTS[case.source], case_layer(case), quant)
     canonical = read_layer(case.source, checkpoint, quant, num_experts=E)
-    return dict(convert(canonical, case.backend, source=case.source).tensors)
+    options = case_options(case, ruleset)
+    return dict(convert(canonical, case.backend, source=case.source, options=options).tensors)
 
 
 def _check(case: Case, ruleset: str, line: dict[str, object]) -> None:
@@ -103,22 +105,23 @@ def _check(case: Case, ruleset: str, line: dict[str, object]) -> None:
         plain = replace(case, act=False)
         inner = expectation(plain, ruleset)
         assert isinstance(inner, Exact), inner
-        model = model_of_vllm(plain, strip_g_idx(case_layer(case)), inner.departures)
+        model = model_of_vllm(plain, strip_g_idx(case_layer(case)), inner.departures, ruleset)
         assert theirs == _digests(model, case.backend), f"{ruleset} {case.id}: {expected.why}"
         return
     if isinstance(expected, Wrong):
         try:
-            ours = _digests(_ours(case), case.backend)
+            ours = _digests(_ours(case, ruleset), case.backend)
         except ConversionUnsupported:
             return  # we refuse what the release gets wrong
         main = "w13_weight" if case.backend == "EMULATION" else "w13_qweight"
         assert theirs[main] != ours[main], expected.why
         return
     assert isinstance(expected, Exact)
-    model = _digests(model_of_vllm(case, case_layer(case), expected.departures), case.backend)
+    model = model_of_vllm(case, case_layer(case), expected.departures, ruleset)
+    model = _digests(model, case.backend)
     assert theirs == model, f"{ruleset} {case.id}: outputs differ from the model of vLLM"
     if not expected.departures:
-        ours = _digests(_ours(case), case.backend)
+        ours = _digests(_ours(case, ruleset), case.backend)
         assert theirs == ours, f"{ruleset} {case.id}: our writer's outputs differ"
 
 

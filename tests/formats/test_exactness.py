@@ -1,4 +1,4 @@
-"""Exactness: our TRITON and EMULATION writers against vLLM 0.33.0's own conversion.
+"""Exactness: our TRITON, EMULATION, XPU and MARLIN writers against vLLM 0.33.0's own conversion.
 
 For every (vLLM integration, backend, bits, group size, symmetry, act-order, bias, scale
 dtype) in `exactness_cases.grid()`, the same synthetic checkpoint (our quantizer, our GPTQ /
@@ -6,7 +6,8 @@ AWQ / compressed-tensors packers) is
 
 * loaded and converted by vLLM in its own environment (`vllm_checker.py`, case
   ``wna16_convert``: vLLM's create_weights, weight loaders, process_weights_after_loading and
-  `convert_to_wna16_moe_kernel_format`), and
+  `convert_to_wna16_moe_kernel_format`; ``marlin_integration`` for MARLIN, the same with the
+  CUDA-only repack replaced by its pure-torch reference), and
 * read by our reader and written by our writer here.
 
 Each case then checks, bit for bit:
@@ -40,7 +41,7 @@ from service.formats.readers import LAYOUTS, write_checkpoint, write_stacked
 from service.formats.registry import convert, read_layer, read_stacked_layer
 from tests.formats import conversion_records
 from tests.formats.exactness_cases import Case, E, Exact, Refused, Wrong, expectation
-from tests.formats.exactness_model import VLLM_NAMES, model_of_vllm, strip_g_idx
+from tests.formats.exactness_model import VLLM_NAMES, case_options, model_of_vllm, strip_g_idx
 from tests.formats.exactness_run import CASES, ROOT, case_layer, case_quant, prepare, run_checker
 
 pytestmark = pytest.mark.parity
@@ -140,6 +141,7 @@ def test_matches_vllm(case: Case, vllm_run: VllmRun) -> None:
     canonical = read_layer(
         case.source, write_checkpoint(LAYOUTS[case.source], layer, quant), quant, num_experts=E
     )
+    options = case_options(case)
     if isinstance(expected, Wrong):
         if expected.drops_g_idx:
             # vLLM converted the layer without its act order, and otherwise right.
@@ -147,7 +149,10 @@ def test_matches_vllm(case: Case, vllm_run: VllmRun) -> None:
             case_exact = replace(case, act=False)
             _assert_tensors(theirs_out, model_of_vllm(case_exact, stripped), case.id)
             return
-        ours = convert(canonical, case.backend, source=case.source).tensors
+        try:
+            ours = convert(canonical, case.backend, source=case.source, options=options).tensors
+        except ConversionUnsupported:
+            return  # we refuse what vLLM gets wrong
         w13 = theirs_out["w13_weight" if case.backend == "EMULATION" else "w13_qweight"]
         assert w13 is not None
         mine = ours["w13_weight" if case.backend == "EMULATION" else "w13_qweight"]
@@ -156,7 +161,7 @@ def test_matches_vllm(case: Case, vllm_run: VllmRun) -> None:
     assert isinstance(expected, Exact)
     _assert_tensors(theirs_out, model_of_vllm(case, layer), f"{case.id} (model of vLLM)")
     try:
-        ours = dict(convert(canonical, case.backend, source=case.source).tensors)
+        ours = dict(convert(canonical, case.backend, source=case.source, options=options).tensors)
     except ConversionUnsupported:
         pytest.fail(f"we refuse {case.id}, which vLLM converts")
     if not expected.departures:

@@ -217,6 +217,40 @@ def test_act_order_is_refused_by_default_and_sorted_on_request() -> None:
     assert "w2_g_idx" in write_marlin(layer, source="gptq", options=options).tensors
 
 
+def test_the_ruleset_decides_act_order() -> None:
+    """A ruleset whose release accepts act-order gets its sorted form; a newer one refuses
+    and names the rulesets that convert it; extra act_order overrides either way."""
+    layer = _layer(4, 64, True, act=True)
+    older = write_marlin(layer, source="gptq", options=ConversionOptions(ruleset="vllm-0.29"))
+    requested = write_marlin(
+        layer, source="gptq", options=ConversionOptions(extra={"act_order": "sort"})
+    )
+    assert set(older.tensors) == set(requested.tensors) >= {"w13_g_idx", "w2_g_idx_sort_indices"}
+    for name, tensor in older.tensors.items():
+        assert torch.equal(tensor, requested.tensors[name]), name
+    with pytest.raises(ConversionUnsupported, match=r"vllm-0\.33's .*vllm-0\.27.*vllm-0\.29"):
+        write_marlin(layer, source="gptq", options=ConversionOptions(ruleset="vllm-0.33"))
+    refused = ConversionOptions(ruleset="vllm-0.28", extra={"act_order": "reject"})
+    with pytest.raises(ConversionUnsupported, match="act-order"):
+        write_marlin(layer, source="gptq", options=refused)
+
+
+def test_the_sort_is_each_experts_argsort_and_covers_every_projection() -> None:
+    """As the older releases sort: `torch.argsort` of each expert's g_idx, and a projection
+    without act-order (one group here) sorted too."""
+    layer = _layer(4, 128, True, act=True)  # w2's K is one group of 128
+    assert layer.w13.g_idx is not None
+    out = _present(marlin_tensors(layer, act_order=True))
+    for expert in range(E):
+        expected = torch.argsort(layer.w13.g_idx[expert].to(torch.int32)).to(torch.int32)
+        assert torch.equal(out["w13_g_idx_sort_indices"][expert], expected)
+    plain = torch.zeros(E, 128, dtype=torch.int32)
+    assert torch.equal(out["w2_g_idx"], plain)
+    assert torch.equal(out["w2_g_idx_sort_indices"], torch.stack([torch.argsort(p) for p in plain]))
+    back = unpack_marlin(out, bits=4, group_size=128, intermediate_size=128)
+    assert _same(back, dataclasses.replace(layer, w2=dataclasses.replace(layer.w2, g_idx=plain)))
+
+
 def test_act_order_limits() -> None:
     layer = _layer(4, 32, True, act=True)
     assert layer.w2.g_idx is not None

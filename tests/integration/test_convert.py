@@ -15,6 +15,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from service.formats.checkpoint.plan import MANIFEST_NAME
 from service.formats.io.safetensors import SafetensorsFile
 from service.formats.io.streaming import FROM_SAFETENSORS, TensorSpec
 from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
+from service.formats.writers import ConversionOptions
 from service.oracle import Decision, SelectionError, deployment_from_model_config
 
 SPEC = SyntheticSpec(num_layers=2, num_experts=4, hidden_size=128, intermediate_size=128)
@@ -79,10 +81,12 @@ def connection(server: ServerProcess) -> Connection:
     return Connection(server.address, timeout=60)
 
 
-def layer_tensors(root: Path, index: int = 0) -> dict[str, tuple[TensorSpec, memoryview]]:
+def layer_tensors(
+    root: Path, index: int = 0, model: str = "mixtral"
+) -> dict[str, tuple[TensorSpec, memoryview]]:
     """Decoder layer `index`'s expert tensors as the checkpoint stores them."""
     out: dict[str, tuple[TensorSpec, memoryview]] = {}
-    for shard in sorted((root / "mixtral").glob("*.safetensors")):
+    for shard in sorted((root / model).glob("*.safetensors")):
         file = SafetensorsFile(shard)
         for name, entry in file.entries.items():
             if name.startswith(f"model.layers.{index}.block_sparse_moe.experts."):
@@ -141,6 +145,32 @@ def test_inline_round_trip_matches_the_local_writer(
     assert summary.device_time.ToNanoseconds() > 0
     assert [t.name for t in summary.tensors] == list(result.tensors)
     assert not summary.layer_id
+    assert leftover_segments(paths) == []
+
+
+def test_act_order_on_marlin_is_the_rulesets_form(
+    paths: dict[str, Any], connection: Connection
+) -> None:
+    """A GPTQ act-order layer on MARLIN: under a ruleset whose release accepts act-order,
+    that release's sorted form (as the local writer makes it for the ruleset); under 0.33,
+    which refuses act-order, UNIMPLEMENTED naming the rulesets that convert it."""
+    layers = write_synthetic_checkpoint(paths["root"] / "mixtral-act", replace(SPEC, desc_act=True))
+    config = (paths["root"] / "mixtral-act" / "config.json").read_text()
+    tensors = layer_tensors(paths["root"], model="mixtral-act")
+    header = header_for(model_config_json=config, backend="MARLIN", ruleset="vllm-0.29")
+    result = convert_layer_remote(connection, header, tensors)
+    options = ConversionOptions(ruleset="vllm-0.29")
+    expected = registry.convert(layers[0], "MARLIN", source="gptq", options=options).tensors
+    assert "w13_g_idx_sort_indices" in expected
+    assert set(result.tensors) == {f"{MODULE}.{name}" for name in expected}
+    for name, tensor in expected.items():
+        _, data = result.tensors[f"{MODULE}.{name}"]
+        assert data == tensor.contiguous().view(torch.uint8).numpy().tobytes(), name
+    header = header_for(model_config_json=config, backend="MARLIN", ruleset="vllm-0.33")
+    with pytest.raises(grpc.RpcError) as caught:
+        convert_layer_remote(connection, header, tensors)
+    assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED, caught.value.details()
+    assert "act-order" in caught.value.details() and "vllm-0.29" in caught.value.details()
     assert leftover_segments(paths) == []
 
 

@@ -49,7 +49,7 @@ def route_converter(
     import torch
 
     from service.formats import registry
-    from service.formats.writers import descriptor_json
+    from service.formats.writers import ConversionOptions, descriptor_json
 
     quant = registry.SourceQuantization(
         bits=job.source.bits,
@@ -59,6 +59,7 @@ def route_converter(
         gptq_v2=job.source.gptq_v2,
     )
     registry.writer_for(job.target.backend)  # ConversionUnsupported before any work
+    options = ConversionOptions(ruleset=job.target.ruleset)
     device = torch.device(job.device)
 
     def sync() -> None:
@@ -87,6 +88,7 @@ def route_converter(
             job.target.backend,
             num_experts=job.num_experts or layer.num_experts,
             gated=job.gated,
+            options=options,
         )
         began = lap("repack", began)
         out = {k: _to_host(v) for k, v in converted.tensors.items()}

@@ -27,7 +27,8 @@ from service.formats.errors import ConvertInputError
 from service.formats.io.naming import normalize_names
 from service.formats.routes.convert import convert
 from service.formats.routes.spec import SourceSpec
-from service.formats.writers import descriptor_json
+from service.formats.writers import ConversionOptions, descriptor_json
+from service.oracle import DEFAULT_RULESET
 
 
 @dataclass(frozen=True)
@@ -67,10 +68,12 @@ def convert_layer(
     device: str = "cpu",
     keep_device: bool = False,
     vllm_quantization: str | None = None,
+    ruleset: str = DEFAULT_RULESET,
 ) -> InlineResult:
-    """Read, check against `shape`, write in `backend`'s layout. Outputs are on the CPU
-    unless `keep_device` (a layer kept loaded on a GPU worker stays there). Stacked
-    parameters under `--quantization moe_wna16` (`vllm_quantization`) are MoeWNA16's.
+    """Read, check against `shape`, write in `backend`'s layout as `ruleset`'s release
+    does. Outputs are on the CPU unless `keep_device` (a layer kept loaded on a GPU worker
+    stays there). Stacked parameters under `--quantization moe_wna16` (`vllm_quantization`)
+    are MoeWNA16's, and that integration's tensors are what the release converts.
 
     Per-expert tensors take `routes.convert`: packed words to packed words where a direct
     route covers the pair (fused Triton kernels on a GPU), the canonical route otherwise;
@@ -84,11 +87,12 @@ def convert_layer(
         torch.cuda.synchronize(target)
     began = time.perf_counter()
     quant = _quantization(source)
+    options = ConversionOptions(ruleset=ruleset, integration=vllm_quantization)
     if naming == "stacked":
         layout = "moe_wna16" if vllm_quantization == "moe_wna16" else source.layout
         layer = registry.read_stacked_layer(layout, renamed, quant)
         _check_shape(layer, shape)
-        converted = registry.convert(layer, backend, source=layout)
+        converted = registry.convert(layer, backend, source=layout, options=options)
     else:
         converted = convert(
             source.layout,
@@ -97,6 +101,7 @@ def convert_layer(
             backend,
             num_experts=shape.num_experts,
             gated=shape.gated,
+            options=options,
             check=lambda layer: _check_shape(layer, shape),
         )
     if target.type == "cuda":

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from service.formats.canonical import QuantizedMoELayer
+from service.oracle import DEFAULT_RULESET
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,21 @@ class ConversionOptions:
     - `activation_dtype`: the activation dtype the kernel will see; vLLM's Marlin path
       changes scales for int8/fp8 activations (`VLLM_MARLIN_INPUT_DTYPE`). None: 16-bit.
     - `extra`: writer-specific settings, by name.
+    - `ruleset`: the vLLM release whose layout to write, where releases lay the same
+      checkpoint out differently (`Ruleset.conversions`; Marlin's act-order form where the
+      release accepts act-order).
+    - `integration`: the vLLM quantization method that loads the checkpoint
+      (``--quantization``), where it changes the bytes and the layout does not say it: a
+      GPTQ or AWQ checkpoint loaded by ``moe_wna16`` reaches XPU as MoeWNA16's tensors.
+      None: the source layout's own integration.
     """
 
     device: str | torch.device | None = None
     dense_dtype: torch.dtype = torch.bfloat16
     activation_dtype: torch.dtype | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
+    ruleset: str = DEFAULT_RULESET
+    integration: str | None = None
 
 
 DEFAULT_OPTIONS = ConversionOptions()

@@ -30,11 +30,15 @@ Where we depart from vLLM 0.33.0 (each checked by the exactness tests):
   I == group_size < H, or H == group_size < I, vLLM's w13 scales are in the wrong order; we use
   the group count the kernel sees. The same holds for which int8-activation scales get the
   int16 treatment.
-- vLLM 0.33 has no act-order Marlin MoE (GPTQ ``desc_act`` and compressed-tensors
-  ``actorder=group`` are refused at config time, and the GEMM takes no g_idx). Act-order
-  layers are refused unless ``options.extra["act_order"] == "sort"``, which writes the
-  older kernel's form: K sorted by group per expert, with ``*_g_idx`` (sorted) and
-  ``*_g_idx_sort_indices`` int32 [E, K].
+- vLLM 0.30 and later have no act-order Marlin MoE (GPTQ ``desc_act`` and
+  compressed-tensors ``actorder=group`` are refused at config time, and the GEMM takes no
+  g_idx). For a ruleset whose release still accepts act-order
+  (`IntegrationRules.act_order_supported`: 0.29 and older) act-order layers get that
+  release's form, as its `gptq_marlin_moe_repack(b_q_weight, perm, ...)` writes it: K sorted
+  by group per expert (a stable argsort of g_idx), with ``*_g_idx`` (sorted) and
+  ``*_g_idx_sort_indices`` int32 [E, K], and no intermediate-size padding. Other rulesets
+  refuse them, unless ``options.extra["act_order"] == "sort"`` asks for that form anyway
+  (``"reject"`` refuses them whatever the ruleset).
 - vLLM's padding helper views w13 as two shards, so a non-gated layer that needs padding
   crashes there; we pad the one shard.
 - GPTQ symmetric checkpoints carry v1 zero points that vLLM converts but the kernel never
@@ -56,6 +60,8 @@ from service.formats.canonical import QuantizedExperts, QuantizedMoELayer
 from service.formats.errors import ConversionUnsupported, FormatError
 from service.formats.writers import ConversionOptions, ConvertedLayer, Writer, finish, weight_type
 from service.formats.writers import marlin_layout as layout
+from service.oracle import DEFAULT_RULESET
+from service.oracle.rulesets import RULESETS, get_ruleset
 
 MARLIN_GROUP_SIZES = (-1, 32, 64, 128)
 """Group sizes vLLM's Marlin MoE accepts (`check_moe_marlin_supports_config`)."""
@@ -158,18 +164,32 @@ def _split_shards(x: torch.Tensor, shards: int) -> torch.Tensor:
     return x.reshape(x.shape[0], shards, -1, *x.shape[2:])
 
 
-def _act_order_sort(experts: QuantizedExperts, name: str) -> torch.Tensor | None:
-    """Per-expert stable argsort of g_idx (int64 [E, K]), or None without act-order.
-
-    A g_idx equal to k // group_size is no act-order at all. Sorted act-order is only exact in
-    the older kernel's full-K mode when every group holds exactly group_size channels.
-    """
+def _needs_act_order(experts: QuantizedExperts) -> bool:
+    """Whether the projection has act-order: a g_idx other than k // group_size."""
     if experts.g_idx is None:
-        return None
-    g_idx = experts.g_idx.to(torch.int64)
-    plain = torch.arange(experts.k, device=g_idx.device) // experts.effective_group_size
-    if torch.equal(g_idx, plain.expand_as(g_idx)):
-        return None
+        return False
+    plain = torch.arange(experts.k, device=experts.g_idx.device) // experts.effective_group_size
+    return not torch.equal(experts.g_idx.to(torch.int64), plain.expand_as(experts.g_idx))
+
+
+def _g_idx(experts: QuantizedExperts) -> torch.Tensor:
+    """The projection's g_idx, k // group_size where it has none (the older releases load
+    one for every projection of an act-order layer)."""
+    if experts.g_idx is not None:
+        return experts.g_idx
+    plain = torch.arange(experts.k, device=experts.codes.device) // experts.effective_group_size
+    return plain.to(torch.int32).expand(experts.num_experts, -1).contiguous()
+
+
+def _act_order_sort(experts: QuantizedExperts, name: str) -> torch.Tensor:
+    """The older releases' sort of the projection's g_idx (int64 [E, K]).
+
+    Each expert's int32 g_idx is sorted with `torch.argsort` as those releases do (not a
+    stable sort: channels of one group come in the order torch's sort gives them, which the
+    kernel does not mind and the bytes do). Sorted act-order is only exact in the older
+    kernel's full-K mode when every group holds exactly group_size channels.
+    """
+    g_idx = _g_idx(experts).to(torch.int64)
     counts = torch.zeros(
         experts.num_experts, experts.num_groups, dtype=torch.int64, device=g_idx.device
     )
@@ -178,7 +198,8 @@ def _act_order_sort(experts: QuantizedExperts, name: str) -> torch.Tensor | None
         raise FormatError(
             f"{name}.g_idx", "act-order needs every group to hold exactly group_size channels"
         )
-    return torch.argsort(g_idx, dim=1, stable=True)
+    rows = _g_idx(experts).to(torch.int32)
+    return torch.stack([torch.argsort(row) for row in rows]).to(torch.int64)
 
 
 class _Projection:
@@ -229,8 +250,10 @@ def marlin_tensors(
     activation_dtype: torch.dtype | None = None,
     act_order: bool = False,
     backend: str = "MARLIN",
+    ruleset: str = DEFAULT_RULESET,
 ) -> dict[str, torch.Tensor | None]:
-    """The Marlin tensors of `layer`, by vLLM's parameter names (None where absent)."""
+    """The Marlin tensors of `layer`, by vLLM's parameter names (None where absent);
+    act-order layers in the sorted form when `act_order`, else refused (naming `ruleset`)."""
     w13, w2 = layer.w13, layer.w2
     path = _activation_path(activation_dtype, backend)
     bits, group = w13.bits, w13.group_size
@@ -252,13 +275,17 @@ def marlin_tensors(
         raise FormatError("w13", f"N={w13.n} must be 1 or 2 times the intermediate size {inter}")
     padded = padded_intermediate(inter, group)
 
-    sorts = [_act_order_sort(e, name) for name, e in (("w13", w13), ("w2", w2))]
-    if any(s is not None for s in sorts):
-        if not act_order:
+    sorts: list[torch.Tensor | None] = [None, None]
+    if _needs_act_order(w13) or _needs_act_order(w2):
+        if act_order:
+            # as the older releases do for an act-order layer: every g_idx sorted
+            sorts = [_act_order_sort(e, name) for name, e in (("w13", w13), ("w2", w2))]
+        else:
             raise ConversionUnsupported(
                 backend,
-                "act-order (g_idx) weights: vLLM 0.33's Marlin MoE kernel takes no g_idx "
-                "(set extra act_order=sort for the older kernel's sorted form)",
+                f"act-order (g_idx) weights: {ruleset}'s Marlin MoE kernel takes no g_idx "
+                f"(the rulesets whose release converts act-order: {act_order_rulesets()}; "
+                "or set extra act_order=sort for their sorted form)",
             )
         if padded != inter:
             raise ConversionUnsupported(
@@ -292,24 +319,38 @@ def marlin_tensors(
         for name in ("w13", "w2"):
             out[f"{name}_{suffix}"] = getattr(projections[name], field)
     for name, experts, sort in (("w13", w13, sorts[0]), ("w2", w2, sorts[1])):
-        if sort is not None and experts.g_idx is not None:
-            out[f"{name}_g_idx"] = torch.gather(experts.g_idx, 1, sort)
+        if sort is not None:
+            out[f"{name}_g_idx"] = torch.gather(_g_idx(experts), 1, sort)
             out[f"{name}_g_idx_sort_indices"] = sort.to(torch.int32)
     return out
+
+
+def act_order_rulesets() -> list[str]:
+    """The rulesets whose release converts act-order layers for Marlin (sorted by group)."""
+    return [name for name, rules in RULESETS.items() if rules.integrations.act_order_supported]
+
+
+def sorts_act_order(options: ConversionOptions) -> bool:
+    """Whether act-order layers get the sorted form: ``extra["act_order"]`` when set
+    ("sort" or "reject"), else whether the ruleset's release accepts act-order."""
+    asked = options.extra.get(_ACT_ORDER_OPTION)
+    if asked is None:
+        return get_ruleset(options.ruleset).integrations.act_order_supported
+    if asked not in ("reject", "sort"):
+        raise FormatError(f"extra.{_ACT_ORDER_OPTION}", "must be 'reject' or 'sort'")
+    return asked == "sort"
 
 
 def _writer(backend: str) -> Writer:
     def write(
         layer: QuantizedMoELayer, *, source: str, options: ConversionOptions
     ) -> ConvertedLayer:
-        act_order = options.extra.get(_ACT_ORDER_OPTION, "reject")
-        if act_order not in ("reject", "sort"):
-            raise FormatError(f"extra.{_ACT_ORDER_OPTION}", "must be 'reject' or 'sort'")
         tensors = marlin_tensors(
             layer,
             activation_dtype=options.activation_dtype,
-            act_order=act_order == "sort",
+            act_order=sorts_act_order(options),
             backend=backend,
+            ruleset=options.ruleset,
         )
         return finish(
             tensors,

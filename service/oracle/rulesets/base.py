@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from service.oracle.conversions import ConversionRules
 from service.oracle.moe_config import MoEConfig, MoEParallelConfig
 from service.oracle.platform import PlatformProfile
 from service.oracle.quant_key import QuantKey
@@ -19,6 +20,7 @@ from service.oracle.releases import Release
 
 __all__ = [
     "Check",
+    "ConversionRules",
     "ExpertsClass",
     "IntegrationRules",
     "Priority",
@@ -140,6 +142,8 @@ class Ruleset:
     env_flags: frozenset[str] = frozenset()
     #: What this release's quantization integrations do where releases differ.
     integrations: IntegrationRules = field(default_factory=IntegrationRules)
+    #: How this release's weight conversions lay tensors out where releases differ.
+    conversions: ConversionRules = field(default_factory=ConversionRules)
 
     @property
     def reason_codes(self) -> tuple[str, ...]:

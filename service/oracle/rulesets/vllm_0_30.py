@@ -14,6 +14,11 @@ Read from the installed 0.30.0 wheel beside 0.31.0's. The rows that differ:
   on anything but CUDA and ROCm (0.31 added XPU): pydantic's `ValidationError` while the
   engine config is built.
 
+One conversion differs (`ConversionRules`, read by the writers, not the oracle):
+`_process_weights_xpu` (`fused_moe/oracle/int_wna16.py`) transposes dimensions 1 and 2 of
+the weights and scales it is handed, where 0.31 hands them over as they are; the older
+rulesets inherit it (their source has the same function).
+
 Listed for 0.30 by the release sheet but no row here, since they change no answer: XPU's
 `supported_quantization` has `moe_wna16` in 0.30 as in 0.31 (0.30 is where it arrived), and
 HUMMING's int8-dynamic activation key (added in 0.31) is never asked for, since the WNA16
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from service.oracle.conversions import ConversionRules
 from service.oracle.quant_method import IntegrationRules
 from service.oracle.releases import RELEASES
 from service.oracle.rulesets import vllm_0_31 as base
@@ -63,6 +69,8 @@ PRIORITY: Priority = dataclasses.replace(
 INTEGRATIONS: IntegrationRules = dataclasses.replace(
     base.RULESET.integrations, ct_zero_point_bits=frozenset({4, 8}), eplb_devices=("cuda", "rocm")
 )
+#: `_process_weights_xpu` transposes whatever it is handed (`fused_moe/oracle/int_wna16.py`).
+CONVERSIONS = ConversionRules(xpu_transposes=True)
 #: The experts classes that differ from 0.33's, by backend (as 0.31's; ZEN_CPU is absent).
 EXPERTS_DELTA = base.EXPERTS_DELTA
 
@@ -76,4 +84,5 @@ RULESET: Ruleset = dataclasses.replace(
     priority=PRIORITY,
     env_flags=base.RULESET.env_flags - UNREAD_ENV_FLAGS,
     integrations=INTEGRATIONS,
+    conversions=CONVERSIONS,
 )

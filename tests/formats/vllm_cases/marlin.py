@@ -5,7 +5,9 @@ vLLM repacks Marlin weights only with a CUDA op (`gptq_marlin_moe_repack`,
 pure-torch reference: vLLM's own unpackers recover each expert's codes from the packed words
 (`unpack_quantized_values_into_int32` along K for GPTQ/compressed-tensors, `unpack_cols` plus
 the inverse AWQ order for AWQ), then `marlin_utils_test.marlin_weights` lays them out, which
-is what vLLM's repack tests hold the CUDA op to. The fp8-activation code remap
+is what vLLM's repack tests hold the CUDA op to. Up to vLLM 0.29 the GPTQ repack also
+takes act-order's `perm` (the g_idx sort), which the reference applies as the CUDA op reads
+it: output row k of each expert is input row ``perm[k]``. The fp8-activation code remap
 (`marlin_int4_fp8_preprocess`, also CUDA-only) is replaced by the torch statement of it in
 `marlin_utils_test.awq_marlin_quantize`. Everything else (padding, scale and zero-point
 permutations, int8-activation scales, bias) is vLLM's code, run as is.
@@ -52,17 +54,40 @@ CONVERT_OUTPUTS = (
 
 
 def _reference_repack(codes: torch.Tensor, bits: int, a8: bool) -> torch.Tensor:
-    """K-first int32 codes [E, K, N] -> `marlin_weights` of each expert, stacked."""
+    """K-first int32 codes [E, K, N] -> `marlin_weights` of each expert, stacked (releases
+    before the 8-bit-activation layouts take no `is_a_8bit`)."""
     from vllm.model_executor.layers.quantization.utils.marlin_utils_test import (
         get_weight_perm,
         marlin_weights,
     )
 
-    perm = get_weight_perm(bits, a8)
+    a8_args: dict[str, Any] = {"is_a_8bit": True} if a8 else {}
+    perm = get_weight_perm(bits, *([True] if a8 else []))
     size_k, size_n = int(codes.shape[1]), int(codes.shape[2])
     return torch.stack(
-        [marlin_weights(q_w, size_k, size_n, bits, perm, is_a_8bit=a8) for q_w in codes]
+        [marlin_weights(q_w, size_k, size_n, bits, perm, **a8_args) for q_w in codes]
     )
+
+
+def _gptq_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`gptq_marlin_moe_repack`'s arguments by name, for either signature: up to vLLM 0.29
+    ``(b_q_weight, perm, size_k, size_n, num_bits)`` (perm int32 [E, K], empty without
+    act-order), later ``(b_q_weight, size_k, size_n, num_bits, is_a_8bit=False)``."""
+    names = ["b_q_weight", "size_k", "size_n", "num_bits", "is_a_8bit"]
+    if (len(args) > 1 and isinstance(args[1], torch.Tensor)) or "perm" in kwargs:
+        names.insert(1, "perm")
+    bound = {**dict(zip(names, args, strict=False)), **kwargs}
+    bound.setdefault("perm", None)
+    bound.setdefault("is_a_8bit", False)
+    return bound
+
+
+def _permuted(codes: torch.Tensor, perm: torch.Tensor | None) -> torch.Tensor:
+    """The CUDA repack's act-order read (`gptq_marlin_repack`'s has_perm branch): output
+    row k of expert e is input row ``perm[e, k]`` of the K-first codes [E, K, N]."""
+    if perm is None or perm.numel() == 0:
+        return codes
+    return torch.stack([expert[order.long()] for expert, order in zip(codes, perm, strict=True)])
 
 
 @contextmanager
@@ -77,14 +102,17 @@ def repack_references() -> Iterator[None]:
 
     weight_types = {4: scalar_types.uint4b8, 8: scalar_types.uint8b128}
 
-    def gptq(
-        b_q_weight: torch.Tensor, size_k: int, size_n: int, num_bits: int, is_a_8bit: bool = False
-    ) -> torch.Tensor:
+    def gptq(*args: Any, **kwargs: Any) -> torch.Tensor:
+        bound = _gptq_arguments(args, kwargs)
+        num_bits = bound["num_bits"]
         codes = torch.stack(
-            [unpack_quantized_values_into_int32(w, weight_types[num_bits], 0) for w in b_q_weight]
+            [
+                unpack_quantized_values_into_int32(w, weight_types[num_bits], 0)
+                for w in bound["b_q_weight"]
+            ]
         )
-        assert tuple(codes.shape[1:]) == (size_k, size_n)
-        return _reference_repack(codes, num_bits, is_a_8bit)
+        assert tuple(codes.shape[1:]) == (bound["size_k"], bound["size_n"])
+        return _reference_repack(_permuted(codes, bound["perm"]), num_bits, bound["is_a_8bit"])
 
     def awq(
         b_q_weight: torch.Tensor, size_k: int, size_n: int, num_bits: int, is_a_8bit: bool = False
@@ -120,15 +148,22 @@ def repack_references() -> Iterator[None]:
             return qweight
         return words
 
-    saved = (ops.gptq_marlin_moe_repack, ops.awq_marlin_moe_repack, ops.marlin_int4_fp8_preprocess)
-    ops.gptq_marlin_moe_repack, ops.awq_marlin_moe_repack = gptq, awq
-    ops.marlin_int4_fp8_preprocess = fp8_preprocess
+    replaced = {
+        "gptq_marlin_moe_repack": gptq,
+        "awq_marlin_moe_repack": awq,
+        "marlin_int4_fp8_preprocess": fp8_preprocess,
+    }
+    saved = {name: getattr(ops, name) for name in replaced if hasattr(ops, name)}
+    for name, reference in replaced.items():
+        setattr(ops, name, reference)
     try:
         yield
     finally:
-        (ops.gptq_marlin_moe_repack, ops.awq_marlin_moe_repack, ops.marlin_int4_fp8_preprocess) = (
-            saved
-        )
+        for name in replaced:
+            if name in saved:
+                setattr(ops, name, saved[name])
+            else:
+                delattr(ops, name)
 
 
 @contextmanager
