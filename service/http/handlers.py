@@ -3,8 +3,9 @@
 `POST /v1/select` and every matrix cell go through the process's `Selector`
 (service.dataplane.selection, the one gRPC's SelectBackend uses: same decisions, same
 metrics); the listings are the servicer's own messages (`SelectionServicer.presets` and
-`.rulesets`) and the pool's `describe` / `list_layers`, turned into the CLI's JSON by
-`service.api.codecs.messages`. Nothing here decides anything itself.
+`.rulesets`) and the primary's ListWorkers / ListLayers / ListObservedDecisions answers
+(state.py), turned into the CLI's JSON by `service.api.codecs.messages`. Nothing here
+decides anything itself.
 
 A handler takes the `Plane` and the request (`Call`: the parsed JSON body, the query) and
 returns the JSON answer, or a `Reply` where the status is not 200; errors are raised as
@@ -19,39 +20,33 @@ from typing import Any
 
 from service.api.codecs.answer_cache import AnswerCache, CachedAnswer
 from service.api.codecs.messages import layers_json, message_json, presets_json, workers_json
-from service.api.codecs.observed import listing_response
 from service.api.codecs.rulesets import rulesets_from_pb
-from service.api.codecs.workers import layers_response, workers_response
 from service.dataplane.matrix import build_matrix
 from service.dataplane.matrix import to_json as matrix_json
-from service.dataplane.observed import Observations
 from service.dataplane.selection import Selector, SelectQuery
 from service.dataplane.upgrade import diff as diff_rulesets
 from service.http import codecs
 from service.http.errors import bad_body
+from service.http.state import PrimaryState
 from service.oracle import InvalidSpecError, SelectionError
-from service.pool.errors import WorkerUnavailableError
-from service.pool.pool import WorkerPool
 
 
 @dataclass(frozen=True, slots=True)
 class Plane:
     """What the handlers call: the process's selector, the servicer's preset and ruleset
-    messages, the worker pool (None: no workers here), readiness as gRPC health says it."""
+    messages, the primary's workers, layers and observed decisions (state.py: its own in the
+    primary, asked of it in a replica), readiness as gRPC health says it."""
 
     selector: Selector
     presets: Any
     rulesets: Any
-    pool: WorkerPool | None
+    state: PrimaryState
     ready: Callable[[], bool]
     #: The OpenAPI document (GET /v1/openapi.json).
     document: Any = None
     #: POST /v1/select's kept answers (JSON bytes by body bytes, while no worker changes),
     #: as gRPC's SelectBackend keeps its own (`--select-cache-mib`); None: off.
     cache: AnswerCache | None = None
-    #: The process's store of decisions vLLM processes reported (None: this process keeps
-    #: none).
-    observations: Observations | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,16 +129,9 @@ async def rulesets(plane: Plane, call: Call) -> Any:
     return rulesets_from_pb(plane.rulesets)
 
 
-def _pool(plane: Plane) -> WorkerPool:
-    if plane.pool is None:
-        raise WorkerUnavailableError("this process has no workers")
-    return plane.pool
-
-
 async def workers(plane: Plane, call: Call) -> Any:
     """GET /v1/workers: as `moe-control workers --json`."""
-    pool = _pool(plane)
-    return workers_json(workers_response(await pool.describe(), pool.ready))
+    return workers_json(await plane.state.workers())
 
 
 def _worker_index(query: Mapping[str, str]) -> int | None:
@@ -157,8 +145,7 @@ def _worker_index(query: Mapping[str, str]) -> int | None:
 
 async def layers(plane: Plane, call: Call) -> Any:
     """GET /v1/layers[?worker_index=N]: as `moe-control layers --json`."""
-    index = _worker_index(call.query)
-    return layers_json(layers_response(await _pool(plane).list_layers(index)))
+    return layers_json(await plane.state.layers(_worker_index(call.query)))
 
 
 async def observed(plane: Plane, call: Call) -> Any:
@@ -166,11 +153,7 @@ async def observed(plane: Plane, call: Call) -> Any:
     flag = call.query.get("mismatches", "false").lower()
     if flag not in ("true", "false", "1", "0"):
         raise bad_body("mismatches", f"true or false, got {flag!r}")
-    store = plane.observations
-    if store is None:  # a door without a store has observed nothing
-        return message_json(listing_response([], 0))
-    entries = store.listing(mismatches_only=flag in ("true", "1"))
-    return message_json(listing_response(entries, store.evicted))
+    return message_json(await plane.state.observed(flag in ("true", "1")))
 
 
 async def healthz(plane: Plane, call: Call) -> Any:
