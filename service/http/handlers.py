@@ -92,18 +92,37 @@ async def select(plane: Plane, call: Call) -> Any:
     return Encoded(payload)
 
 
+#: Marks a matrix cell's key in the answer cache (no POST /v1/select body, which is kept by
+#: its bytes, starts like this and parses).
+_CELL_KEY = b"\0matrix-cell\0"
+
+
 async def select_matrix(plane: Plane, call: Call) -> Any:
     """POST /v1/select:matrix: configs x GPUs x rulesets, each cell decided as a single
-    select decides it (`select --config DIR --gpu A,B --ruleset X,Y --json`)."""
+    select decides it (`select --config DIR --gpu A,B --ruleset X,Y --json`). A cell's
+    answer is kept in the answer cache as POST /v1/select's are (by its spec and ruleset,
+    while no worker changed; its decision counted again when served again), so a matrix
+    asked again, or one that shares rows with an earlier one, decides only its new cells;
+    only decisions are kept, failures and invalid specs decided again."""
     request = codecs.matrix_request(codecs.parse_json(call.raw))
-    selector = plane.selector
+    selector, cache, generation = plane.selector, plane.cache, plane.selector.generation
 
     def decide(spec: Mapping[str, Any], ruleset: str) -> tuple[dict[str, Any], int]:
+        key = _CELL_KEY + ruleset.encode() + b"\0" + codecs.canonical(spec)
+        if cache is not None:
+            kept = cache.get(key, generation)
+            if kept is not None:
+                for counter in kept.counters:
+                    counter.inc()
+                return codecs.parse_kept(kept.payload), codecs.OK
         try:
-            answer, _ = selector.decide(SelectQuery(spec=dict(spec), ruleset=ruleset))
+            answer, counters = selector.decide(SelectQuery(spec=dict(spec), ruleset=ruleset))
         except (SelectionError, InvalidSpecError) as exc:
             return codecs.cell_answer(spec, exc)
-        return codecs.cell_answer(spec, answer)
+        result, code = codecs.cell_answer(spec, answer)
+        if cache is not None:
+            cache.put(key, CachedAnswer(generation, codecs.encode(result), counters))
+        return result, code
 
     table = build_matrix(
         request.models, request.gpus, request.rulesets, spec_for=codecs.spec_for, answer=decide

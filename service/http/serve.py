@@ -82,6 +82,7 @@ async def start_http(
         log_config=None,
         access_log=False,
         server_header=False,
+        proxy_headers=False,  # no proxy is trusted: the client address is the socket's
         http=CoalescingHttpToolsProtocol,
         timeout_graceful_shutdown=int(settings.grace_s) or 1,
         ssl_certfile=str(settings.tls_cert) if tls else None,
