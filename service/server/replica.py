@@ -290,7 +290,9 @@ class WorkerView:
 
 
 async def _serve(
-    config: Mapping[str, Any], reader: asyncio.StreamReader, door: ReplicaDoorFactory | None
+    config: Mapping[str, Any],
+    reader: asyncio.StreamReader,
+    door: ReplicaDoorFactory | None = None,
 ) -> int:
     settings = Settings.load(config["settings"], environ={})
     if settings.malloc_tuning:
