@@ -61,10 +61,9 @@ def canonical(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
-def parse_kept(payload: bytes) -> dict[str, Any]:
-    """An answer `encode` made, as its JSON object again."""
-    value: dict[str, Any] = json.loads(payload)
-    return value
+def parse_kept(payload: bytes) -> Any:
+    """What `encode` made, as its JSON value again."""
+    return json.loads(payload)
 
 
 def _object(value: Any, field: str) -> dict[str, Any]:
@@ -173,6 +172,17 @@ def matrix_request(body: Any) -> MatrixRequest:
     if cells > MAX_MATRIX_CELLS:
         raise bad_body("configs", f"{cells} cells; a matrix has at most {MAX_MATRIX_CELLS}")
     return MatrixRequest(models, gpus, rulesets)
+
+
+class CellSpec(dict[str, Any]):
+    """A matrix cell's spec (`spec_for`) with its key: the model's canonical JSON, made
+    once per model, with the GPU's name."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, spec: Mapping[str, Any], key: bytes) -> None:
+        super().__init__(spec)
+        self.key = key
 
 
 def spec_for(spec: Mapping[str, Any], gpu: str) -> dict[str, Any]:

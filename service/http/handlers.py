@@ -101,31 +101,46 @@ async def select_matrix(plane: Plane, call: Call) -> Any:
     """POST /v1/select:matrix: configs x GPUs x rulesets, each cell decided as a single
     select decides it (`select --config DIR --gpu A,B --ruleset X,Y --json`). A cell's
     answer is kept in the answer cache as POST /v1/select's are (by its spec and ruleset,
-    while no worker changed; its decision counted again when served again), so a matrix
-    asked again, or one that shares rows with an earlier one, decides only its new cells;
-    only decisions are kept, failures and invalid specs decided again."""
+    while no worker changed; its decision, or vLLM's failure, counted again when served
+    again), so a matrix asked again, or one that shares rows with an earlier one, decides
+    only its new cells; invalid specs are checked again."""
     request = codecs.matrix_request(codecs.parse_json(call.raw))
     selector, cache, generation = plane.selector, plane.cache, plane.selector.generation
 
+    rows: dict[int, bytes] = {}  # a model's canonical JSON, by its spec (alive till the end)
+
+    def spec_for(spec: Mapping[str, Any], gpu: str) -> dict[str, Any]:
+        row = rows.get(id(spec))
+        if row is None:
+            row = rows[id(spec)] = codecs.canonical(spec)
+        return codecs.CellSpec(codecs.spec_for(spec, gpu), row + b"\0" + gpu.encode())
+
     def decide(spec: Mapping[str, Any], ruleset: str) -> tuple[dict[str, Any], int]:
-        key = _CELL_KEY + ruleset.encode() + b"\0" + codecs.canonical(spec)
+        cell_key = spec.key if isinstance(spec, codecs.CellSpec) else codecs.canonical(spec)
+        key = _CELL_KEY + ruleset.encode() + b"\0" + cell_key
         if cache is not None:
             kept = cache.get(key, generation)
             if kept is not None:
                 for counter in kept.counters:
                     counter.inc()
-                return codecs.parse_kept(kept.payload), codecs.OK
+                code, result = codecs.parse_kept(kept.payload)
+                return result, code
         try:
             answer, counters = selector.decide(SelectQuery(spec=dict(spec), ruleset=ruleset))
-        except (SelectionError, InvalidSpecError) as exc:
+        except InvalidSpecError as exc:
             return codecs.cell_answer(spec, exc)
-        result, code = codecs.cell_answer(spec, answer)
+        except SelectionError as exc:  # vLLM would fail it: as much an answer as a backend
+            counters = selector.failure_counters(exc)
+            outcome: Any = exc
+        else:
+            outcome = answer
+        result, code = codecs.cell_answer(spec, outcome)
         if cache is not None:
-            cache.put(key, CachedAnswer(generation, codecs.encode(result), counters))
+            cache.put(key, CachedAnswer(generation, codecs.encode([code, result]), counters))
         return result, code
 
     table = build_matrix(
-        request.models, request.gpus, request.rulesets, spec_for=codecs.spec_for, answer=decide
+        request.models, request.gpus, request.rulesets, spec_for=spec_for, answer=decide
     )
     return matrix_json(table)
 

@@ -2,7 +2,7 @@
 GPUs x every ruleset says what the single select of that config on that GPU under that
 ruleset answers (the backend, the hazards, or vLLM's failure), whether the cell was decided
 or served from the answer cache (a matrix asked again), and each served cell counts its
-decision again as a fresh one does."""
+decision (or failure, and the rejections) again as a fresh one does."""
 
 from __future__ import annotations
 
@@ -31,32 +31,46 @@ def _configs() -> list[dict[str, Any]]:
     return configs
 
 
-def _selections(metrics: Metrics) -> float:
-    return sum(
-        sample.value
+#: What a decision counts: the backend chosen, the failure vLLM would raise, the
+#: rejections on the way.
+COUNTED = (
+    "moe_control_backend_selections",
+    "moe_control_decision_failures",
+    "moe_control_backend_rejections",
+)
+
+
+def _counts(metrics: Metrics) -> dict[str, float]:
+    return {
+        family.name: sum(s.value for s in family.samples if s.name.endswith("_total"))
         for family in metrics.registry.collect()
-        if family.name == "moe_control_backend_selections"
-        for sample in family.samples
-        if sample.name.endswith("_total")
-    )
+        if family.name in COUNTED
+    }
+
+
+def _since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: after[name] - before.get(name, 0.0) for name in after}
 
 
 def test_every_cell_is_the_single_select_and_a_kept_matrix_is_the_same() -> None:
-    client, metrics = make_client(cache=AnswerCache(32 << 20))
+    cache = AnswerCache(32 << 20)
+    client, metrics = make_client(cache=cache)
     configs = _configs()
     gpus = ["v100", "a100", "h200", "mi300x"]  # old, Ampere, Hopper, ROCm
     body = {"configs": configs, "gpus": gpus, "rulesets": list(RULESETS)}
     with client:
-        before = _selections(metrics)
+        before = _counts(metrics)
         first = client.post("/v1/select:matrix", json=body)
-        counted_first = _selections(metrics) - before
+        middle, hits = _counts(metrics), cache.hits
         second = client.post("/v1/select:matrix", json=body)  # every cell kept now
-        counted_second = _selections(metrics) - before - counted_first
         assert first.status_code == second.status_code == 200
         assert first.json() == second.json()
-        assert counted_first == counted_second > 0
+        counted = _since(before, middle)
+        assert counted == _since(middle, _counts(metrics))
+        assert set(counted) == set(COUNTED) and all(n > 0 for n in counted.values())
         cells = first.json()["cells"]
         assert len(cells) == len(configs) * len(gpus) * len(RULESETS)
+        assert cache.hits - hits == len(cells)
         config_of = {c["name"]: c["config"] for c in configs}
         outcomes = set()
         for cell in cells:
