@@ -1,13 +1,20 @@
-"""One write per answer: `Coalescing` over a real loopback socket's transport keeps the
-writes of one loop step (a plain transport would have sent each at once), then sends them
-joined and in order once the loop runs again; closing sends what is kept first."""
+"""One write per answer: `Coalescing` over a real loopback socket's transport holds an
+answer's head (a plain transport sends each write at once) and sends it joined to the
+body's write; an interim 100 Continue goes out at once; after the answer, the next head is
+held again; closing sends a held head first. Through the real door, answers are whole."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 
+from service.http.serve import start_http
 from service.http.transport import Coalescing
+from service.settings import Settings
+
+from .conftest import make_client
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n"
 
 
 async def _pair() -> tuple[asyncio.Transport, socket.socket, asyncio.AbstractServer]:
@@ -25,7 +32,7 @@ async def _pair() -> tuple[asyncio.Transport, socket.socket, asyncio.AbstractSer
 
 
 def _received(client: socket.socket, wait_s: float) -> bytes:
-    """What arrives within `wait_s` (blocking this thread: the loop does not run)."""
+    """What arrives within `wait_s`."""
     client.settimeout(wait_s)
     try:
         return client.recv(65536)
@@ -33,22 +40,54 @@ def _received(client: socket.socket, wait_s: float) -> bytes:
         return b""
 
 
-def test_writes_of_one_step_go_out_joined_when_the_loop_runs_again() -> None:
+def test_a_head_goes_out_with_its_body() -> None:
     async def scenario() -> list[bytes]:
         transport, client, server = await _pair()
-        transport.write(b"plain")  # the socket's own transport sends at once
-        seen = [_received(client, 1.0)]
-        coalescing = Coalescing(transport, asyncio.get_running_loop())
-        coalescing.write(b"HTTP/1.1 200 OK\r\n\r\n")
-        coalescing.write(b"body")
-        seen.append(_received(client, 0.2))  # kept: the step has not ended
-        await asyncio.sleep(0)  # the loop runs its ready callbacks: the flush
+        coalescing = Coalescing(transport)
+        seen = []
+        coalescing.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # interim: at once
         seen.append(_received(client, 1.0))
-        coalescing.write(b"last")
-        coalescing.close()  # hands over what is kept, then closes
+        coalescing.write(HEAD)
+        seen.append(_received(client, 0.2))  # held
+        coalescing.write(b"body")
+        seen.append(_received(client, 1.0))
+        coalescing.answered()
+        coalescing.write(HEAD)  # the next answer's head: held again
+        seen.append(_received(client, 0.2))
+        coalescing.close()  # sends it, then closes
         seen.append(_received(client, 1.0))
         client.close()
         server.close()
         return seen
 
-    assert asyncio.run(scenario()) == [b"plain", b"", b"HTTP/1.1 200 OK\r\n\r\nbody", b"last"]
+    assert asyncio.run(scenario()) == [
+        b"HTTP/1.1 100 Continue\r\n\r\n",
+        b"",
+        HEAD + b"body",
+        b"",
+        HEAD,
+    ]
+
+
+def test_the_door_answers_keep_alive_requests_whole() -> None:
+    async def scenario() -> list[bytes]:
+        test_client, _ = make_client()
+        door = await start_http(test_client.app, Settings(http_port=0))  # type: ignore[arg-type]
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", door.port)
+            answers = []
+            for path in (b"/healthz", b"/v1/rulesets", b"/nowhere"):
+                writer.write(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                body = await asyncio.wait_for(reader.readexactly(length), 5)
+                answers.append(head.split(b"\r\n")[0] + b" " + body[:20])
+            writer.close()
+            return answers
+        finally:
+            await door.stop()
+
+    first, second, third = asyncio.run(scenario())
+    assert first == b'HTTP/1.1 200 OK {"status":"SERVING"}'
+    assert second.startswith(b"HTTP/1.1 200 OK [")
+    assert third.startswith(b"HTTP/1.1 404 Not Found {")
