@@ -40,9 +40,7 @@ class Coalescing:
             self._head = None
             self._transport.write(head + data)
         elif (
-            not self._answering
-            and data.startswith(_STATUS_LINE)
-            and not data.startswith(_INTERIM)
+            not self._answering and data.startswith(_STATUS_LINE) and not data.startswith(_INTERIM)
         ):
             self._head = data
             self._answering = True
