@@ -3,7 +3,7 @@ latency, gRPC SelectBackend measured against the same server in the same run (th
 figure), and POST /v1/select:matrix for configs x GPUs x rulesets.
 
 Starts `moe-control serve` on free loopback ports (the server's own default process count
-on the CPUs it is pinned to, as load_bench.py does; the HTTP door is the primary's), checks
+on the CPUs it is pinned to, as load_bench.py does; every one serves the HTTP door), checks
 the first HTTP answer equals the library's decision, then:
 
 1. drives POST /v1/select from `--client-processes` asyncio processes, each over its share
@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import copy
 import json
-import multiprocessing
 import os
 import pstats
 import signal
@@ -44,8 +43,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from _serve import listening, serve_command  # bench/_serve.py (bench/ is on sys.path)
-from load_bench import SPEC, cpu_list, tree_cpu_seconds
+from _common import (  # bench/_common.py (bench/ is on sys.path)
+    cpu_list,
+    load_summary,
+    run_clients,
+    start_pinned,
+    tree_cpu_seconds,
+    wait_for_start,
+)
+from _serve import listening, serve_command
+from load_bench import SPEC
 
 from service.oracle import select
 
@@ -78,13 +85,7 @@ def start_server(
     if profile:
         module = command.index("-m")
         command[module : module + 2] = ["-m", "cProfile", "-o", profile, "-m", "service.cli"]
-
-    def pin() -> None:
-        if cpus:
-            os.sched_setaffinity(0, cpus)
-
-    # preexec_fn is safe here: no threads exist yet in this process.
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, preexec_fn=pin)  # noqa: PLW1509
+    process = start_pinned(command, cpus)
     assert process.stdout is not None
     match = listening(process.stdout.readline())
     if match is None or match.group(3) is None:
@@ -161,9 +162,7 @@ async def _drive(job: dict[str, Any], start_at: Any, ready: Any) -> dict[str, An
     for i in range(job["warmup"]):
         await connections[i % len(connections)].call(request)
     ready.set()
-    while start_at.value == 0.0:
-        await asyncio.sleep(0.005)
-    await asyncio.sleep(max(0.0, start_at.value - time.time()))
+    await wait_for_start(start_at)
 
     latencies: list[float] = []
     errors: dict[str, int] = {}
@@ -211,40 +210,14 @@ async def _drive(job: dict[str, Any], start_at: Any, ready: Any) -> dict[str, An
     return {"latencies": latencies, "errors": errors, "elapsed": elapsed, "cpu": cpu}
 
 
-def _client(job: dict[str, Any], start_at: Any, ready: Any, results: Any) -> None:
-    if job["cpus"]:
-        os.sched_setaffinity(0, job["cpus"])
-    results.put(asyncio.run(_drive(job, start_at, ready)))
-
-
-def percentiles(latencies: list[float]) -> dict[str, float]:
-    ordered = sorted(latencies)
-    n = len(ordered)
-
-    def pct(q: float) -> float:
-        return round(ordered[min(n - 1, int(q * n))] * 1e3, 3) if n else 0.0
-
-    return {
-        "p50_ms": pct(0.50),
-        "p90_ms": pct(0.90),
-        "p99_ms": pct(0.99),
-        "max_ms": round(ordered[-1] * 1e3, 3) if n else 0.0,
-        "mean_ms": round(statistics.fmean(ordered) * 1e3, 3) if n else 0.0,
-    }
-
-
 def http_load(args: argparse.Namespace, base: str, server_pid: int) -> dict[str, Any]:
     spec = {**SPEC, "platform": args.preset}
     expected = select(spec, what_would_change=True).to_json()
     if post(base, "/v1/select", spec) != expected:
         raise SystemExit("the HTTP answer differs from the library's")
     k = args.client_processes
-    context = multiprocessing.get_context("spawn")
-    start_at = context.Value("d", 0.0)
-    results = context.Queue()
-    clients = []
-    for i in range(k):
-        job = {
+    jobs = [
+        {
             "base": base,
             "body": json.dumps(spec).encode(),
             "connections": max(1, args.connections // k + (i < args.connections % k)),
@@ -253,41 +226,14 @@ def http_load(args: argparse.Namespace, base: str, server_pid: int) -> dict[str,
             "duration": args.duration,
             "cpus": sorted(cpu_list(args.client_cpus) or ()),
         }
-        ready = context.Event()
-        process = context.Process(target=_client, args=(job, start_at, ready, results))
-        process.start()
-        clients.append((process, ready))
-    for _, ready in clients:
-        if not ready.wait(120):
-            raise SystemExit("a client process did not get ready")
-    start_at.value = time.time() + 0.3
-    time.sleep(0.3)
-    server_before = tree_cpu_seconds(server_pid)
-    parts = [results.get(timeout=args.duration + 120) for _ in clients]
-    server_cpu = tree_cpu_seconds(server_pid) - server_before
-    for process, _ in clients:
-        process.join(30)
-    latencies = [x for part in parts for x in part["latencies"]]
-    errors: dict[str, int] = {}
-    for part in parts:
-        for code, count in part["errors"].items():
-            errors[code] = errors.get(code, 0) + count
-    elapsed = max(part["elapsed"] for part in parts)
-    n = len(latencies)
+        for i in range(k)
+    ]
+    parts, server_cpu = run_clients(_drive, jobs, server_pid, args.duration)
     return {
         "mode": f"open loop at {args.rate:g}/s" if args.rate else "closed loop",
         "connections": args.connections,
         "client_processes": k,
-        "requests": n,
-        "errors": errors,
-        "elapsed_s": round(elapsed, 2),
-        "throughput_rps": round(n / elapsed) if n else 0,
-        **percentiles(latencies),
-        "server_cpu_ms_per_request": round(server_cpu / n * 1e3, 4) if n else None,
-        "server_cores_busy": round(server_cpu / elapsed, 2),
-        "client_cpu_ms_per_request": round(sum(p["cpu"] for p in parts) / n * 1e3, 4)
-        if n
-        else None,
+        **load_summary(parts, server_cpu),
     }
 
 

@@ -27,18 +27,22 @@ import argparse
 import asyncio
 import ipaddress
 import json
-import multiprocessing
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import grpc
-from _serve import listening, serve_command  # bench/_serve.py (bench/ is on sys.path)
+from _common import (  # bench/_common.py (bench/ is on sys.path)
+    cpu_list,
+    load_summary,
+    run_clients,
+    start_pinned,
+    wait_for_start,
+)
+from _serve import listening, serve_command
 
 from service.api.codecs import selection as codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
@@ -67,17 +71,6 @@ def _loopback(target: str) -> bool:
         return False
 
 
-def cpu_list(text: str | None) -> set[int] | None:
-    """'0,1' or '2-7' or '0,4-5' -> CPU numbers."""
-    if not text:
-        return None
-    cpus: set[int] = set()
-    for part in text.split(","):
-        low, _, high = part.partition("-")
-        cpus.update(range(int(low), int(high or low) + 1))
-    return cpus
-
-
 def specs(args: argparse.Namespace) -> list[dict[str, Any]]:
     """`--distinct` different requests (experts count varies), as many models would ask."""
     out = []
@@ -94,13 +87,7 @@ def specs(args: argparse.Namespace) -> list[dict[str, Any]]:
 def start_server(extra: list[str], cpus: set[int] | None) -> tuple[subprocess.Popen[str], str]:
     # The server's own default process count (one per core it may use): what is measured.
     command = serve_command("--log-level", "WARNING", *extra, processes=None)
-
-    def pin() -> None:
-        if cpus:
-            os.sched_setaffinity(0, cpus)
-
-    # preexec_fn is safe here: no threads exist yet in this process.
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, preexec_fn=pin)  # noqa: PLW1509
+    process = start_pinned(command, cpus)
     assert process.stdout is not None
     line = process.stdout.readline()
     match = listening(line)
@@ -108,31 +95,6 @@ def start_server(extra: list[str], cpus: set[int] | None) -> tuple[subprocess.Po
         process.kill()
         raise SystemExit(f"server did not start: {line!r}")
     return process, match.group(1)
-
-
-def tree_cpu_seconds(root: int) -> float:
-    """CPU time (user + system) of a process and all its descendants."""
-    parents: dict[int, int] = {}
-    times: dict[int, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid = int(entry.name)
-        parents[pid] = int(fields[1])
-        times[pid] = (int(fields[11]) + int(fields[12])) / tick
-    total = 0.0
-    for pid, seconds in times.items():
-        ancestor = pid
-        while ancestor not in (0, 1, root) and ancestor in parents:
-            ancestor = parents[ancestor]
-        if ancestor == root:
-            total += seconds
-    return total
 
 
 # ---------------------------------------------------------------------------------------
@@ -153,9 +115,7 @@ async def _drive(job: dict[str, Any], start_at: Any, ready: Any) -> dict[str, An
     for i in range(job["warmup"]):
         await calls[i % len(calls)](payloads[i % len(payloads)], timeout=30)
     ready.set()
-    while start_at.value == 0.0:
-        await asyncio.sleep(0.005)
-    await asyncio.sleep(max(0.0, start_at.value - time.time()))
+    await wait_for_start(start_at)
 
     latencies: list[float] = []
     errors: dict[str, int] = {}
@@ -217,12 +177,6 @@ async def _drive(job: dict[str, Any], start_at: Any, ready: Any) -> dict[str, An
     return {"latencies": latencies, "errors": errors, "elapsed": elapsed, "cpu": cpu}
 
 
-def _client(job: dict[str, Any], start_at: Any, ready: Any, results: Any) -> None:
-    if job["cpus"]:
-        os.sched_setaffinity(0, job["cpus"])
-    results.put(asyncio.run(_drive(job, start_at, ready)))
-
-
 # ---------------------------------------------------------------------------------------
 
 
@@ -236,13 +190,9 @@ def run(args: argparse.Namespace, target: str, server_pid: int | None) -> dict[s
         raise SystemExit("the server's answer differs from the library's")
 
     k = args.client_processes
-    context = multiprocessing.get_context("spawn")
-    start_at = context.Value("d", 0.0)
-    results = context.Queue()
     channels = args.channels or args.concurrency
-    clients = []
-    for i in range(k):
-        job = {
+    jobs = [
+        {
             "target": target,
             "specs": all_specs,
             "channels": max(1, channels // k + (i < channels % k)),
@@ -253,33 +203,9 @@ def run(args: argparse.Namespace, target: str, server_pid: int | None) -> dict[s
             "duration": args.duration,
             "cpus": sorted(cpu_list(args.client_cpus) or ()),
         }
-        ready = context.Event()
-        process = context.Process(target=_client, args=(job, start_at, ready, results))
-        process.start()
-        clients.append((process, ready))
-    for _, ready in clients:
-        if not ready.wait(120):
-            raise SystemExit("a client process did not get ready")
-    start_at.value = time.time() + 0.3
-    time.sleep(0.3)
-    server_before = tree_cpu_seconds(server_pid) if server_pid else 0.0
-    parts = [results.get(timeout=args.duration + 120) for _ in clients]
-    server_cpu = (tree_cpu_seconds(server_pid) - server_before) if server_pid else 0.0
-    for process, _ in clients:
-        process.join(30)
-
-    latencies = sorted(x for part in parts for x in part["latencies"])
-    errors: dict[str, int] = {}
-    for part in parts:
-        for code, count in part["errors"].items():
-            errors[code] = errors.get(code, 0) + count
-    elapsed = max(part["elapsed"] for part in parts)
-    n = len(latencies)
-
-    def pct(q: float) -> float:
-        return round(latencies[min(n - 1, int(q * n))] * 1e3, 3) if n else 0.0
-
-    client_cpu = sum(part["cpu"] for part in parts)
+        for i in range(k)
+    ]
+    parts, server_cpu = run_clients(_drive, jobs, server_pid, args.duration)
     return {
         "target": target,
         "mode": f"open loop at {args.rate:g}/s" if args.rate else "closed loop",
@@ -287,18 +213,7 @@ def run(args: argparse.Namespace, target: str, server_pid: int | None) -> dict[s
         "channels": channels,
         "client_processes": k,
         "distinct_requests": args.distinct,
-        "requests": n,
-        "errors": errors,
-        "elapsed_s": round(elapsed, 2),
-        "throughput_rps": round(n / elapsed) if n else 0,
-        "p50_ms": pct(0.50),
-        "p90_ms": pct(0.90),
-        "p99_ms": pct(0.99),
-        "max_ms": round(latencies[-1] * 1e3, 3) if n else 0.0,
-        "mean_ms": round(statistics.fmean(latencies) * 1e3, 3) if n else 0.0,
-        "server_cpu_ms_per_request": round(server_cpu / n * 1e3, 4) if n and server_pid else None,
-        "server_cores_busy": round(server_cpu / elapsed, 2) if server_pid else None,
-        "client_cpu_ms_per_request": round(client_cpu / n * 1e3, 4) if n else None,
+        **load_summary(parts, server_cpu),
         "server_cpus": args.server_cpus or "any",
         "client_cpus": args.client_cpus or "any",
         "cpus": os.cpu_count(),

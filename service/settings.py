@@ -48,8 +48,8 @@ class Settings:
     http_port: int = field(
         default=8151,
         metadata=_doc(
-            "HTTP/JSON API port on the gRPC bind address (docs/http.md), served by the "
-            "primary process with the same token, TLS, size and concurrency limits "
+            "HTTP/JSON API port on the gRPC bind address (docs/http.md), served by every "
+            "server process with the same token, TLS, size and concurrency limits "
             "(0: off)"
         ),
     )

@@ -10,7 +10,11 @@ from typing import TYPE_CHECKING
 from service.settings import ENV_PREFIX, Settings, SettingsError
 
 if TYPE_CHECKING:
-    from service.server.primary import MoeControlServer, OpenDoor
+    from service.server.doors import OpenDoor
+    from service.server.primary import MoeControlServer
+
+#: What each replica server process runs: the replica with the HTTP door (replica.py here).
+REPLICA_MODULE = "service.cli.replica"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,21 +44,23 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"moe-control serve: {exc}", file=sys.stderr)
         return 2
-    return serve(settings, _open_http)
+    return serve(settings, _open_http, REPLICA_MODULE)
 
 
 async def _open_http(server: MoeControlServer) -> OpenDoor:
-    """The HTTP/JSON door (service.http) on the primary's own selector, pool, readiness
-    and limits."""
+    """The HTTP/JSON door (service.http) on the primary's own selector, pool, store of
+    observed decisions, readiness and limits (beside the replicas' doors when there are
+    any)."""
     from service.http.serve import open_http
+    from service.http.state import LocalState
 
     assert server.servicer is not None
     return await open_http(
         server.settings,
         metrics=server.metrics,
         selection=server.servicer.selection,
-        pool=server.pool,
+        state=LocalState(server.pool, server.servicer.observations),
         ready=lambda: server.readiness.ready,
         limits=server.limits,
-        observations=server.servicer.observations,
+        reuseport=server.settings.process_count() > 1,
     )

@@ -193,3 +193,8 @@ class Selector:
         """Count a failed decision again, its rejections with it (a kept answer served
         again)."""
         self._metrics.count_failure(failure)
+
+    def failure_counters(self, failure: SelectionError) -> tuple[Any, ...]:
+        """The metric children a failed decision incremented (for a caller that keeps the
+        failure's answer and counts it again when it serves it again)."""
+        return self._metrics.failure_counters(failure)

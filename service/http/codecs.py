@@ -36,7 +36,7 @@ from service.oracle import (
 #: Matrix requests are bounded: models x GPUs x rulesets cells at most.
 MAX_MATRIX_CELLS = 20_000
 #: A select matrix cell's exit-status-like code, as the CLI's matrix keeps them.
-_OK, _FAILS, _INVALID = 0, 1, 2
+OK, _FAILS, _INVALID = 0, 1, 2
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -54,6 +54,16 @@ def encode(answer: Any) -> bytes:
     """JSON bytes, as every answer of the door is encoded (Starlette's JSONResponse's
     form: UTF-8, compact)."""
     return json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def canonical(value: Any) -> bytes:
+    """JSON bytes that are the same for equal values whatever their keys' order (a key)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def parse_kept(payload: bytes) -> Any:
+    """What `encode` made, as its JSON value again."""
+    return json.loads(payload)
 
 
 def _object(value: Any, field: str) -> dict[str, Any]:
@@ -108,7 +118,7 @@ def cell_answer(spec: Mapping[str, Any], outcome: Any) -> tuple[dict[str, Any], 
     if isinstance(outcome, InvalidSpecError):
         invalid = [{"field": v.field, "description": v.description} for v in outcome.violations]
         return with_id(spec, {"invalid": invalid}), _INVALID
-    return with_id(spec, outcome.decision.to_json()), _OK
+    return with_id(spec, outcome.decision.to_json()), OK
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +172,17 @@ def matrix_request(body: Any) -> MatrixRequest:
     if cells > MAX_MATRIX_CELLS:
         raise bad_body("configs", f"{cells} cells; a matrix has at most {MAX_MATRIX_CELLS}")
     return MatrixRequest(models, gpus, rulesets)
+
+
+class CellSpec(dict[str, Any]):
+    """A matrix cell's spec (`spec_for`) with its key: the model's canonical JSON, made
+    once per model, with the GPU's name."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, spec: Mapping[str, Any], key: bytes) -> None:
+        super().__init__(spec)
+        self.key = key
 
 
 def spec_for(spec: Mapping[str, Any], gpu: str) -> dict[str, Any]:

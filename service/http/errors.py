@@ -87,6 +87,15 @@ class MethodNotAllowedError(MoeControlError):
         super().__init__(f"{path} does not take {method}; it takes {', '.join(allowed)}")
 
 
+class ForwardedStatusError(MoeControlError):
+    """A call this process made to the primary failed (state.py): the primary's status,
+    answered as it gave it."""
+
+    def __init__(self, status: status_pb2.Status) -> None:
+        self.status = status
+        super().__init__(status.message)
+
+
 def http_status_for(exc: BaseException) -> tuple[int, status_pb2.Status]:
     """The HTTP status and the `google.rpc.Status` a failed request answers with."""
     if isinstance(exc, BodyTooLargeError):
@@ -110,6 +119,8 @@ def http_status_for(exc: BaseException) -> tuple[int, status_pb2.Status]:
         return 404, pack_status(code_pb2.NOT_FOUND, str(exc), resource)
     if isinstance(exc, MethodNotAllowedError):
         return 405, pack_status(code_pb2.UNIMPLEMENTED, str(exc))
+    if isinstance(exc, ForwardedStatusError):
+        return HTTP_STATUS.get(exc.status.code, 500), exc.status
     status = status_for(exc)
     if status.code == code_pb2.INTERNAL:
         log.error("unhandled error in an HTTP request", exc_info=exc)

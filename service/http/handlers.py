@@ -3,8 +3,9 @@
 `POST /v1/select` and every matrix cell go through the process's `Selector`
 (service.dataplane.selection, the one gRPC's SelectBackend uses: same decisions, same
 metrics); the listings are the servicer's own messages (`SelectionServicer.presets` and
-`.rulesets`) and the pool's `describe` / `list_layers`, turned into the CLI's JSON by
-`service.api.codecs.messages`. Nothing here decides anything itself.
+`.rulesets`) and the primary's ListWorkers / ListLayers / ListObservedDecisions answers
+(state.py), turned into the CLI's JSON by `service.api.codecs.messages`. Nothing here
+decides anything itself.
 
 A handler takes the `Plane` and the request (`Call`: the parsed JSON body, the query) and
 returns the JSON answer, or a `Reply` where the status is not 200; errors are raised as
@@ -19,39 +20,33 @@ from typing import Any
 
 from service.api.codecs.answer_cache import AnswerCache, CachedAnswer
 from service.api.codecs.messages import layers_json, message_json, presets_json, workers_json
-from service.api.codecs.observed import listing_response
 from service.api.codecs.rulesets import rulesets_from_pb
-from service.api.codecs.workers import layers_response, workers_response
 from service.dataplane.matrix import build_matrix
 from service.dataplane.matrix import to_json as matrix_json
-from service.dataplane.observed import Observations
 from service.dataplane.selection import Selector, SelectQuery
 from service.dataplane.upgrade import diff as diff_rulesets
 from service.http import codecs
 from service.http.errors import bad_body
+from service.http.state import PrimaryState
 from service.oracle import InvalidSpecError, SelectionError
-from service.pool.errors import WorkerUnavailableError
-from service.pool.pool import WorkerPool
 
 
 @dataclass(frozen=True, slots=True)
 class Plane:
     """What the handlers call: the process's selector, the servicer's preset and ruleset
-    messages, the worker pool (None: no workers here), readiness as gRPC health says it."""
+    messages, the primary's workers, layers and observed decisions (state.py: its own in the
+    primary, asked of it in a replica), readiness as gRPC health says it."""
 
     selector: Selector
     presets: Any
     rulesets: Any
-    pool: WorkerPool | None
+    state: PrimaryState
     ready: Callable[[], bool]
     #: The OpenAPI document (GET /v1/openapi.json).
     document: Any = None
     #: POST /v1/select's kept answers (JSON bytes by body bytes, while no worker changes),
     #: as gRPC's SelectBackend keeps its own (`--select-cache-mib`); None: off.
     cache: AnswerCache | None = None
-    #: The process's store of decisions vLLM processes reported (None: this process keeps
-    #: none).
-    observations: Observations | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,21 +92,55 @@ async def select(plane: Plane, call: Call) -> Any:
     return Encoded(payload)
 
 
+#: Marks a matrix cell's key in the answer cache (no POST /v1/select body, which is kept by
+#: its bytes, starts like this and parses).
+_CELL_KEY = b"\0matrix-cell\0"
+
+
 async def select_matrix(plane: Plane, call: Call) -> Any:
     """POST /v1/select:matrix: configs x GPUs x rulesets, each cell decided as a single
-    select decides it (`select --config DIR --gpu A,B --ruleset X,Y --json`)."""
+    select decides it (`select --config DIR --gpu A,B --ruleset X,Y --json`). A cell's
+    answer is kept in the answer cache as POST /v1/select's are (by its spec and ruleset,
+    while no worker changed; its decision, or vLLM's failure, counted again when served
+    again), so a matrix asked again, or one that shares rows with an earlier one, decides
+    only its new cells; invalid specs are checked again."""
     request = codecs.matrix_request(codecs.parse_json(call.raw))
-    selector = plane.selector
+    selector, cache, generation = plane.selector, plane.cache, plane.selector.generation
+
+    rows: dict[int, bytes] = {}  # a model's canonical JSON, by its spec (alive till the end)
+
+    def spec_for(spec: Mapping[str, Any], gpu: str) -> dict[str, Any]:
+        row = rows.get(id(spec))
+        if row is None:
+            row = rows[id(spec)] = codecs.canonical(spec)
+        return codecs.CellSpec(codecs.spec_for(spec, gpu), row + b"\0" + gpu.encode())
 
     def decide(spec: Mapping[str, Any], ruleset: str) -> tuple[dict[str, Any], int]:
+        cell_key = spec.key if isinstance(spec, codecs.CellSpec) else codecs.canonical(spec)
+        key = _CELL_KEY + ruleset.encode() + b"\0" + cell_key
+        if cache is not None:
+            kept = cache.get(key, generation)
+            if kept is not None:
+                for counter in kept.counters:
+                    counter.inc()
+                code, result = codecs.parse_kept(kept.payload)
+                return result, code
         try:
-            answer, _ = selector.decide(SelectQuery(spec=dict(spec), ruleset=ruleset))
-        except (SelectionError, InvalidSpecError) as exc:
+            answer, counters = selector.decide(SelectQuery(spec=dict(spec), ruleset=ruleset))
+        except InvalidSpecError as exc:
             return codecs.cell_answer(spec, exc)
-        return codecs.cell_answer(spec, answer)
+        except SelectionError as exc:  # vLLM would fail it: as much an answer as a backend
+            counters = selector.failure_counters(exc)
+            outcome: Any = exc
+        else:
+            outcome = answer
+        result, code = codecs.cell_answer(spec, outcome)
+        if cache is not None:
+            cache.put(key, CachedAnswer(generation, codecs.encode([code, result]), counters))
+        return result, code
 
     table = build_matrix(
-        request.models, request.gpus, request.rulesets, spec_for=codecs.spec_for, answer=decide
+        request.models, request.gpus, request.rulesets, spec_for=spec_for, answer=decide
     )
     return matrix_json(table)
 
@@ -134,16 +163,9 @@ async def rulesets(plane: Plane, call: Call) -> Any:
     return rulesets_from_pb(plane.rulesets)
 
 
-def _pool(plane: Plane) -> WorkerPool:
-    if plane.pool is None:
-        raise WorkerUnavailableError("this process has no workers")
-    return plane.pool
-
-
 async def workers(plane: Plane, call: Call) -> Any:
     """GET /v1/workers: as `moe-control workers --json`."""
-    pool = _pool(plane)
-    return workers_json(workers_response(await pool.describe(), pool.ready))
+    return workers_json(await plane.state.workers())
 
 
 def _worker_index(query: Mapping[str, str]) -> int | None:
@@ -157,8 +179,7 @@ def _worker_index(query: Mapping[str, str]) -> int | None:
 
 async def layers(plane: Plane, call: Call) -> Any:
     """GET /v1/layers[?worker_index=N]: as `moe-control layers --json`."""
-    index = _worker_index(call.query)
-    return layers_json(layers_response(await _pool(plane).list_layers(index)))
+    return layers_json(await plane.state.layers(_worker_index(call.query)))
 
 
 async def observed(plane: Plane, call: Call) -> Any:
@@ -166,11 +187,7 @@ async def observed(plane: Plane, call: Call) -> Any:
     flag = call.query.get("mismatches", "false").lower()
     if flag not in ("true", "false", "1", "0"):
         raise bad_body("mismatches", f"true or false, got {flag!r}")
-    store = plane.observations
-    if store is None:  # a door without a store has observed nothing
-        return message_json(listing_response([], 0))
-    entries = store.listing(mismatches_only=flag in ("true", "1"))
-    return message_json(listing_response(entries, store.evicted))
+    return message_json(await plane.state.observed(flag in ("true", "1")))
 
 
 async def healthz(plane: Plane, call: Call) -> Any:

@@ -23,11 +23,11 @@ from starlette.applications import Starlette
 from service.api.codecs.answer_cache import AnswerCache
 from service.api.interceptors.limits import Limits
 from service.api.servicer import SelectionServicer
-from service.dataplane.observed import Observations
 from service.http.app import build_app
 from service.http.handlers import Plane
+from service.http.state import PrimaryState
+from service.http.transport import CoalescingHttpToolsProtocol
 from service.metrics import Metrics
-from service.pool.pool import WorkerPool
 from service.settings import MIB, Settings
 
 
@@ -48,14 +48,18 @@ class HttpDoor:
         await self.server.shutdown()
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, *, reuseport: bool = False) -> socket.socket:
     """The listening socket. Its protocol is named (IPPROTO_TCP, not 0): asyncio turns
     Nagle's algorithm off (TCP_NODELAY) only on accepted sockets that say they are TCP, and
-    with it on, each answer's second write (uvicorn sends the head, then the body) waits
-    for the client's delayed ACK, about 40 ms per keep-alive request."""
+    with it on, a write that follows another unacknowledged one waits for the client's
+    delayed ACK, about 40 ms per keep-alive request. With `reuseport` (several server
+    processes), every process listens on the same port and the kernel spreads connections
+    among them, as for gRPC."""
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuseport:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host.strip("[]"), port))
     except OSError:
@@ -66,9 +70,11 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def start_http(app: Starlette, settings: Settings) -> HttpDoor:
-    """Bind `settings.host`:`settings.http_port` and serve `app` on this loop (OSError when
-    the address cannot be bound)."""
+async def start_http(
+    app: Starlette, settings: Settings, *, port: int | None = None, reuseport: bool = False
+) -> HttpDoor:
+    """Bind `settings.host`:`port` (default `settings.http_port`) and serve `app` on this
+    loop (OSError when the address cannot be bound)."""
     tls = settings.tls_cert is not None and settings.tls_key is not None
     config = uvicorn.Config(
         app,
@@ -76,6 +82,8 @@ async def start_http(app: Starlette, settings: Settings) -> HttpDoor:
         log_config=None,
         access_log=False,
         server_header=False,
+        proxy_headers=False,  # no proxy is trusted: the client address is the socket's
+        http=CoalescingHttpToolsProtocol,
         timeout_graceful_shutdown=int(settings.grace_s) or 1,
         ssl_certfile=str(settings.tls_cert) if tls else None,
         ssl_keyfile=str(settings.tls_key) if tls else None,
@@ -85,7 +93,7 @@ async def start_http(app: Starlette, settings: Settings) -> HttpDoor:
     config.load()
     server = uvicorn.Server(config)
     server.lifespan = config.lifespan_class(config)  # what Server._serve sets up ("off")
-    sock = _bind(settings.host, settings.http_port)
+    sock = _bind(settings.host, settings.http_port if port is None else port, reuseport=reuseport)
     port = sock.getsockname()[1]
     await server.startup(sockets=[sock])
     task = asyncio.create_task(server.main_loop())
@@ -97,21 +105,23 @@ async def open_http(
     *,
     metrics: Metrics,
     selection: SelectionServicer,
-    pool: WorkerPool | None,
+    state: PrimaryState,
     ready: Callable[[], bool],
     limits: Limits | None,
-    observations: Observations | None = None,
+    port: int | None = None,
+    reuseport: bool = False,
 ) -> HttpDoor:
-    """The door of a server process: its SelectionServicer's selector and listings, its
-    pool, its store of observed decisions, its readiness and its gRPC server's limits,
-    served on `settings.http_port`."""
+    """The door of a server process: its SelectionServicer's selector and listings, the
+    primary's state (its own in the primary, asked of it in a replica), its readiness and
+    its gRPC server's limits, served on `port` (default `settings.http_port`; with
+    `reuseport`, beside the other server processes)."""
     plane = Plane(
         selector=selection.selector,
         presets=selection.presets,
         rulesets=selection.rulesets,
-        pool=pool,
+        state=state,
         ready=ready,
         cache=AnswerCache(settings.select_cache_mib * MIB) if settings.select_cache_mib else None,
-        observations=observations,
     )
-    return await start_http(build_app(plane, settings, metrics, limits), settings)
+    app = build_app(plane, settings, metrics, limits)
+    return await start_http(app, settings, port=port, reuseport=reuseport)

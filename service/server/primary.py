@@ -4,9 +4,10 @@ Processes: this one, the primary, owns the workers (one per device), /metrics an
 cycle; `--server-processes` N adds N-1 replicas (replica.py). Every process listens on the
 public port (front.py); the replicas forward what needs a worker to the primary's private
 server on a Unix socket (forward.py).
-Start: /metrics, workers, the public server, the HTTP/JSON door (`--http-port`, this
-process only; the CLI passes it in, service.http being a floor of its own), the private one
-and the replicas (with more than one process), then one line on stdout saying where it
+Start: /metrics, workers, the public server, the HTTP/JSON door (`--http-port`; the CLI
+passes its openers in, doors.py, service.http being a floor of its own), the private one
+and the replicas (with more than one process; each serves gRPC and the HTTP door on the
+same ports), then one line on stdout saying where it
 listens, and one more once the server is ready (the first worker ready: readiness SERVING).
 Health: liveness ("") is SERVING while the process runs; readiness (the service's name) as
 readiness.py says, in every process.
@@ -25,7 +26,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health
@@ -41,9 +42,15 @@ from service.pool.config import SupervisorConfig
 from service.pool.devices import discover_devices
 from service.pool.pool import WorkerPool
 from service.process import make_runtime_dir, settle_heap, tune_malloc
+from service.server.doors import OpenDoor
 from service.server.front import Front, start_front
 from service.server.readiness import Readiness
-from service.server.replica import ReplicaSet, settings_to_json, start_private_server
+from service.server.replica import (
+    REPLICA_MODULE,
+    ReplicaSet,
+    settings_to_json,
+    start_private_server,
+)
 from service.settings import Settings
 
 log = logging.getLogger("moe_control.server")
@@ -51,16 +58,8 @@ log = logging.getLogger("moe_control.server")
 __all__ = ["DoorFactory", "Endpoints", "MoeControlServer", "OpenDoor", "run", "serve"]
 
 
-class OpenDoor(Protocol):
-    """Another front door the primary serves beside gRPC (the HTTP/JSON API,
-    service.http, which the CLI's `serve` passes in: a floor above this one)."""
-
-    def url(self, host: str) -> str: ...
-
-    async def stop(self) -> None: ...
-
-
-#: Opens a door on a started server (its servicer, pool, readiness and limits are set).
+#: Opens the primary's door on a started server (its servicer, pool, readiness and limits
+#: are set).
 DoorFactory = Callable[["MoeControlServer"], Awaitable[OpenDoor]]
 
 
@@ -87,8 +86,10 @@ class MoeControlServer:
         *,
         runtime_dir: str | None = None,
         http: DoorFactory | None = None,
+        replica_module: str = REPLICA_MODULE,
     ) -> None:
         self.settings = settings
+        self._replica_module = replica_module
         self.metrics = metrics if metrics is not None else Metrics()
         # Conversions and forwards run here (a replica forwards them): their series too.
         self.metrics.prepare_kernels(RUNNABLE)
@@ -133,15 +134,15 @@ class MoeControlServer:
             limits=limits,
         )
         pool.start()
+        http_url = None
+        if self._http_factory is not None and s.http_port:
+            # The same selector, pool, readiness and limits as the public gRPC server; before
+            # the replicas, which listen on the port it resolved.
+            self.http = await self._http_factory(self)
+            http_url = self.http.url(_host_for_url(s.host))
         if processes > 1:
             await self._start_replicas(processes - 1, limits)
         grpc_address = f"{_host_for_url(s.host)}:{self.front.port}"
-        http_url = None
-        if self._http_factory is not None and s.http_port:
-            # In this process only (replicas serve gRPC): the same selector, pool, readiness
-            # and limits as the public gRPC server.
-            self.http = await self._http_factory(self)
-            http_url = self.http.url(_host_for_url(s.host))
         log.info(
             "listening",
             extra={
@@ -172,11 +173,19 @@ class MoeControlServer:
         s = self.settings
         target = f"unix:{os.path.join(self._runtime_dir, 'primary.sock')}"
         self.internal = await start_private_server(s, self.servicer, limits, target)
+        config = {
+            "settings": settings_to_json(s),
+            "port": self.front.port,
+            "internal": target,
+            # None: no HTTP door (off, or not opened by this server's caller).
+            "http_port": self.http.port if self.http is not None else None,
+        }
         self.replicas = self.readiness.replicas = ReplicaSet(
             count,
-            {"settings": settings_to_json(s), "port": self.front.port, "internal": target},
+            config,
             env=os.environ,
             restart_backoff_s=s.worker_restart_backoff_s,
+            module=self._replica_module,
         )
         self.readiness.publish()
         await self.replicas.start()
@@ -233,7 +242,9 @@ def _host_for_url(host: str) -> str:
     return host
 
 
-async def serve(settings: Settings, http: DoorFactory | None = None) -> None:
+async def serve(
+    settings: Settings, http: DoorFactory | None = None, replica_module: str = REPLICA_MODULE
+) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
     runtime_dir = make_runtime_dir()
     try:
@@ -244,7 +255,10 @@ async def serve(settings: Settings, http: DoorFactory | None = None) -> None:
             os.mkdir(metrics_dir)
             enable_multiprocess(metrics_dir)
             metrics = Metrics(multiprocess_dir=metrics_dir)
-        await _serve(MoeControlServer(settings, metrics, runtime_dir=runtime_dir, http=http))
+        server = MoeControlServer(
+            settings, metrics, runtime_dir=runtime_dir, http=http, replica_module=replica_module
+        )
+        await _serve(server)
     finally:
         shutil.rmtree(runtime_dir, ignore_errors=True)
 
@@ -278,15 +292,19 @@ async def _announce_ready(server: MoeControlServer) -> None:
     print(f"moe-control ready: {ready} of {len(workers)} workers ready", flush=True)
 
 
-def run(settings: Settings, http: DoorFactory | None = None) -> int:
-    """Serve until stopped; `http` opens the HTTP/JSON door (`--http-port`; 0: off)."""
+def run(
+    settings: Settings, http: DoorFactory | None = None, replica_module: str = REPLICA_MODULE
+) -> int:
+    """Serve until stopped; `http` opens the primary's HTTP/JSON door (`--http-port`; 0:
+    off), `replica_module` is what each replica runs (`python -m`; the CLI's opens the
+    door in replicas too)."""
     # Before any thread starts: the big messages' buffers are kept for the next call
     # (process.py's "server" row; --no-malloc-tuning leaves glibc's defaults).
     if settings.malloc_tuning:
         tune_malloc("server")
     configure_logging(settings.log_level, settings.log_format)
     try:
-        asyncio.run(serve(settings, http))
+        asyncio.run(serve(settings, http, replica_module))
     except OSError as exc:
         log.error("cannot serve: %s", exc, extra={"event": "startup_failed"})
         print(f"moe-control: cannot serve: {exc}", file=sys.stderr)

@@ -9,9 +9,12 @@ spreads connections among them.
 A replica runs the same public server as the primary (front.py): it answers
 SelectBackend, ListPlatformPresets, ListRulesets, health and reflection itself and forwards
 every other MoeControlService call, as bytes (forward.py), to the primary's private server
-on a Unix socket, which serves it without counting it again. Its view of the workers
-(readiness, profiles) is what the primary writes to its stdin, one JSON object a line, on
-every worker change; readiness is the primary's. Metrics use prometheus_client's
+on a Unix socket, which serves it without counting it again. With a door opener (doors.py:
+the CLI's replica entry, `python -m service.cli.replica`, passes service.http's), it serves
+the HTTP/JSON door too, on the port the primary's door resolved, from the same selection
+and limits; what only the primary knows, the door asks of that private server. Its view of
+the workers (readiness, profiles) is what the primary writes to its stdin, one JSON object
+a line, on every worker change; readiness is the primary's. Metrics use prometheus_client's
 multiprocess mode (metrics.py), so /metrics counts every process's calls.
 
 Life cycle: the primary starts the replicas after it listens and prints its one line only
@@ -49,12 +52,15 @@ from service.oracle import PlatformProfile
 from service.pool.errors import WorkerNotFoundError, WorkerUnavailableError
 from service.pool.handle import WorkerHandle
 from service.process import settle_heap, tune_malloc
+from service.server.doors import OpenDoor, ReplicaDoorFactory, ReplicaDoorPlane
 from service.server.forward import ForwardedMeasure, Forwarder, service_methods
 from service.server.front import LOCAL_METHODS, start_front
 from service.settings import MIB, Settings
 
 log = logging.getLogger("moe_control.replica")
 
+#: What a replica runs (`python -m`) unless the primary is told otherwise.
+REPLICA_MODULE = "service.server.replica"
 #: A replica must listen within this.
 START_TIMEOUT_S = 60.0
 MAX_BACKOFF_S = 30.0
@@ -117,8 +123,10 @@ class ReplicaSet:
         *,
         env: Mapping[str, str],
         restart_backoff_s: float = 1.0,
+        module: str = REPLICA_MODULE,
     ) -> None:
         self.count = count
+        self._module = module
         self._config = json.dumps({"config": dict(config)}).encode() + b"\n"
         self._env = dict(env)
         self._backoff_s = restart_backoff_s
@@ -175,7 +183,7 @@ class ReplicaSet:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "service.server.replica",
+            self._module,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=self._env,
@@ -281,7 +289,11 @@ class WorkerView:
         return self._profiles[0]
 
 
-async def _serve(config: Mapping[str, Any], reader: asyncio.StreamReader) -> int:
+async def _serve(
+    config: Mapping[str, Any],
+    reader: asyncio.StreamReader,
+    door: ReplicaDoorFactory | None = None,
+) -> int:
     settings = Settings.load(config["settings"], environ={})
     if settings.malloc_tuning:
         # A replica forwards the same big RunMoE messages as the primary (process.py's
@@ -302,6 +314,10 @@ async def _serve(config: Mapping[str, Any], reader: asyncio.StreamReader) -> int
     forwarder = Forwarder(channel, service_methods(exclude=LOCAL_METHODS))
     selection = Selection(view, metrics, cache_bytes=settings.select_cache_mib * MIB)
     selection.measured = ForwardedMeasure(channel)  # the primary measures and caches
+    # One set of per-method limits for this process's gRPC server and HTTP door.
+    call_limits = Limits.from_settings(settings, metrics)
+    stop = asyncio.Event()
+    http: OpenDoor | None = None
     try:
         front = await start_front(
             settings,
@@ -311,11 +327,23 @@ async def _serve(config: Mapping[str, Any], reader: asyncio.StreamReader) -> int
             health_servicer=health_servicer,
             worker_methods=lambda registrar: registrar.add_generic_rpc_handlers((forwarder,)),
             reuseport=True,
+            limits=call_limits,
         )
+        http_port = config.get("http_port")
+        if door is not None and http_port is not None:
+            plane = ReplicaDoorPlane(
+                settings=settings,
+                port=int(http_port),
+                metrics=metrics,
+                selection=selection,
+                limits=call_limits,
+                ready=lambda: view.ready and not stop.is_set(),
+                channel=channel,
+            )
+            http = await door(plane)
     except (OSError, RuntimeError) as exc:  # grpc answers a port it cannot bind with the latter
         print(json.dumps({"event": "failed", "reason": str(exc)}), flush=True)
         return 1
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -337,7 +365,10 @@ async def _serve(config: Mapping[str, Any], reader: asyncio.StreamReader) -> int
     print(json.dumps({"event": "listening", "pid": os.getpid(), "port": front.port}), flush=True)
     await stop.wait()
     await health_servicer.enter_graceful_shutdown()
-    await front.server.stop(settings.grace_s)
+    if http is not None:
+        await asyncio.gather(front.server.stop(settings.grace_s), http.stop())
+    else:
+        await front.server.stop(settings.grace_s)
     follower.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await follower
@@ -345,7 +376,7 @@ async def _serve(config: Mapping[str, Any], reader: asyncio.StreamReader) -> int
     return 0
 
 
-async def _main() -> int:
+async def _main(door: ReplicaDoorFactory | None) -> int:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 24)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -355,12 +386,13 @@ async def _main() -> int:
     config = json.loads(first)["config"]
     given = config["settings"]
     configure_logging(given.get("log_level", "INFO"), given.get("log_format", "json"))
-    return await _serve(config, reader)
+    return await _serve(config, reader, door)
 
 
-def main() -> int:
-    """`python -m service.server.replica`: started by the primary, configured on stdin."""
-    return asyncio.run(_main())
+def main(door: ReplicaDoorFactory | None = None) -> int:
+    """`python -m service.server.replica`: started by the primary, configured on stdin;
+    `door` opens the HTTP door (the CLI's replica entry passes it)."""
+    return asyncio.run(_main(door))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from service.api.interceptors.limits import Limits
 from service.api.servicer import SelectionServicer
 from service.http.app import build_app
 from service.http.handlers import Plane
+from service.http.state import LocalState
 from service.metrics import Metrics
 from service.oracle import PLATFORM_PRESETS, PlatformProfile
 from service.pool.errors import WorkerNotFoundError
@@ -74,7 +75,7 @@ def make_client(
         selection.selector,
         selection.presets,
         selection.rulesets,
-        pool,  # type: ignore[arg-type]
+        LocalState(pool, None),  # type: ignore[arg-type]
         lambda: ready,
         cache=cache,
     )

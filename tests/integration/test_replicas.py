@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -34,12 +35,14 @@ SPEC = {
     "layer": {"num_experts": 8, "top_k": 2, "hidden_size": 4096, "intermediate_size": 14336},
     "platform": "a100",
 }
+#: What a replica runs: the server's own module, or the CLI's (which adds the HTTP door).
+REPLICA_ENTRY = re.compile(rb"-m\x00service\.(server|cli)\.replica\x00")
 #: Connections opened per test: all landing on one of two processes has odds 2**-15.
 CONNECTIONS = 16
 
 
 def replica_pids(server: ServerProcess) -> list[int]:
-    """The server's replica processes (its children running service.server.replica)."""
+    """The server's replica processes (its children running a replica module)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -50,7 +53,7 @@ def replica_pids(server: ServerProcess) -> list[int]:
         except OSError:
             continue
         parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == server.process.pid and b"service.server.replica" in cmdline:
+        if parent == server.process.pid and REPLICA_ENTRY.search(cmdline):
             pids.append(int(entry.name))
     return sorted(pids)
 

@@ -1,0 +1,50 @@
+"""The other front doors a server process opens beside gRPC (the HTTP/JSON API,
+service.http): what the server hands them and what it keeps of them.
+
+The server cannot import service.http (a sibling floor), so the CLI's `serve` passes the
+openers in: `DoorFactory` for the primary (primary.py), which takes the started server, and
+`ReplicaDoorFactory` for a replica, which takes the replica's `ReplicaDoorPlane` (its
+selection and limits, its view of readiness, the channel to the primary's private server).
+The primary's door listens first; the replicas' listen on the port it resolved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from service.api.interceptors.limits import Limits
+from service.api.servicer import SelectionServicer
+from service.metrics import Metrics
+from service.settings import Settings
+
+
+class OpenDoor(Protocol):
+    """A door that listens (on `port`) until stopped."""
+
+    port: int
+
+    def url(self, host: str) -> str: ...
+
+    async def stop(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaDoorPlane:
+    """What a replica's door serves from: its settings and the port the primary's door
+    listens on, its metrics, selection and limits (those of its gRPC server), its
+    readiness, and the channel to the primary's private server (for what only the primary
+    knows)."""
+
+    settings: Settings
+    port: int
+    metrics: Metrics
+    selection: SelectionServicer
+    limits: Limits
+    ready: Callable[[], bool]
+    channel: Any
+
+
+#: Opens a replica's door.
+ReplicaDoorFactory = Callable[[ReplicaDoorPlane], Awaitable[OpenDoor]]
