@@ -3,7 +3,8 @@ give the worker's answer back while its output is still in its segment.
 
 Everything that can be judged without the layer is judged here, before a byte is copied:
 the hidden states' dtype and rank, the token count against `run_max_tokens`
-(RESOURCE_EXHAUSTED naming `hidden_states`), inline weights against `run_max_inline_bytes`,
+(RESOURCE_EXHAUSTED naming `hidden_states`), the answer's size against
+`max_send_message_bytes`, inline weights against `run_max_inline_bytes`,
 every tensor's data length against its dtype and shape. What needs the layer (hidden size,
 expert count, routing shapes, NaN/Inf with `validate_inputs`) is judged by the worker before
 it launches anything; its error answers come back as the same domain errors. Tensors cross
@@ -46,6 +47,9 @@ from service.settings import MIB, Settings
 HIDDEN_DTYPES = ("bfloat16", "float16")
 #: Most warm-up or timed iterations one call may ask for.
 MAX_ITERATIONS = 1000
+#: Room in a RunMoE reply for everything but the output tensor's bytes (backend, shapes,
+#: timings, error figures: well under a kilobyte today).
+REPLY_ALLOWANCE = 4096
 _R = TypeVar("_R")
 
 
@@ -258,6 +262,19 @@ class Runner:
                 "hidden_states.shape[0]",
                 f"{tokens} tokens exceed this server's limit of {limit} (setting run_max_tokens)",
                 "run_max_tokens",
+            )
+        # The answer carries [tokens, hidden] in the same dtype. One larger than the send
+        # limit would be refused by grpc's core only after the forward ran, as an error-level
+        # log line and a bare "Sent message larger than max": refuse it here, before any work.
+        answer = tokens * int(shape[1]) * DTYPES[dtype].itemsize + REPLY_ALLOWANCE
+        send_limit = self._settings.max_send_message_bytes
+        if answer > send_limit:
+            raise RunResourceError(
+                "hidden_states.shape",
+                f"the answer for {tokens} tokens of {shape[1]} would take {answer} bytes, over "
+                f"this server's limit of {send_limit} (setting max_send_message_bytes); "
+                "send fewer tokens per call",
+                "max_send_message_bytes",
             )
         return tokens, int(shape[1])
 

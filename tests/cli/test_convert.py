@@ -48,7 +48,6 @@ def test_whole_checkpoint_then_instant_resume(
     )
     assert status == 0
     assert (second["layers_converted"], second["layers_skipped"]) == (0, 2)
-    assert second["elapsed_s"] < first["elapsed_s"] + 5
 
 
 def test_auto_takes_the_platform_choice(

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from service.dataplane.errors import RunInputError, RunResourceError
-from service.dataplane.run import Runner, RunRequest, WireTensor
+from service.dataplane.run import REPLY_ALLOWANCE, Runner, RunRequest, WireTensor
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -73,3 +73,25 @@ def test_the_token_limit_is_a_resource_error_naming_its_setting() -> None:
     with pytest.raises(RunResourceError) as caught:
         run(RunRequest(hidden_states=HIDDEN, weights="layer_id"), run_max_tokens=2)
     assert caught.value.limit == "run_max_tokens"
+
+
+def test_an_answer_over_the_send_limit_is_refused_before_any_work() -> None:
+    # [4, 64] bf16 is 512 bytes of output: with the reply's other fields, over a 4 KiB limit,
+    # and refused before the worker (None here) is asked for anything.
+    limit = REPLY_ALLOWANCE + 4 * 64 * 2 - 1
+    with pytest.raises(RunResourceError) as caught:
+        run(RunRequest(hidden_states=HIDDEN, weights="layer_id"), max_send_message_bytes=limit)
+    assert (caught.value.limit, caught.value.field) == (
+        "max_send_message_bytes",
+        "hidden_states.shape",
+    )
+    assert str(limit) in caught.value.description
+
+
+def test_an_answer_that_fits_the_send_limit_goes_on_to_the_next_check() -> None:
+    with pytest.raises(RunInputError) as caught:
+        run(
+            RunRequest(hidden_states=HIDDEN, weights="layer_id"),
+            max_send_message_bytes=REPLY_ALLOWANCE + 4 * 64 * 2,
+        )
+    assert caught.value.field == "routing"

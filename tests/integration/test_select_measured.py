@@ -11,7 +11,6 @@ what-if platform is refused for MEASURED.
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -126,9 +125,7 @@ def test_measured_answers_then_caches_and_persists(
         assert static not in found
         assert bucket.static_backend == static and not bucket.HasField("static_seconds")
 
-    began = time.perf_counter()
     again = call(server, request([8, 1]))
-    assert time.perf_counter() - began < 5
     assert again.measured.from_cache and again.measured.measure_seconds == 0
     assert [timings(b) for b in again.measured.buckets] == [timings(b) for b in measured.buckets]
     # repeats are served as kept bytes, and still counted like fresh decisions
