@@ -41,10 +41,10 @@ Pass criteria (exit status 1 when one fails):
   calls in flight, reported beside it) of the last third (server + worker) is within
   `--rss-tolerance` (default 10 %) plus `--rss-slack-mib` (8 MiB) of the first third's;
 - no error-level line in the server's log;
-- open file descriptors, once the clients
-  have stopped and idle segments and mappings are gone (waited for, up to `--settle`), at most `--fd-slack` (8) above the
-  count before the load plus the client connections still open (under load the count
-  follows the calls in flight, so it is reported, not judged).
+- open file descriptors, once the clients have stopped and idle segments and mappings are
+  gone (waited for, up to `--settle`), at most `--fd-slack` (8) above the count before the
+  load plus the client connections still open (under load the count follows the calls in
+  flight, so it is reported, not judged).
 
 Per method it reports calls, throughput, p50/p90/p99/max latency of OK calls in the
 measured window (after `--warmup`) and the codes seen; `--markdown PATH` writes the same

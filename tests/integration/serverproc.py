@@ -38,7 +38,7 @@ class ServerProcess:
     def channel(self) -> grpc.Channel:
         return grpc.insecure_channel(self.address)
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
         if self.process.poll() is None:
             self.process.send_signal(sig)
             try:
@@ -105,13 +105,13 @@ def launch(*args: str, env: dict[str, str] | None = None, timeout: float = 30.0)
     return ServerProcess(process, match.group(1), match.group(2), stderr_lines, match.group(3))
 
 
-def health_status(channel: grpc.Channel, service: str = "", timeout: float = 5.0) -> str:
+def health_status(channel: grpc.Channel, service: str = "", timeout: float = 30.0) -> str:
     stub = health_pb2_grpc.HealthStub(channel)
     response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, interval: float = 0.05) -> bool:
+def wait_for(predicate: Callable[[], bool], timeout: float = 60.0, interval: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -120,7 +120,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, interval: flo
     return predicate()
 
 
-def wait_ready(server: ServerProcess, timeout: float = 20.0) -> None:
+def wait_ready(server: ServerProcess, timeout: float = 180.0) -> None:
     with server.channel() as channel:
         ok = wait_for(lambda: health_status(channel, SERVICE) == "SERVING", timeout)
     assert ok, "server never became ready:\n" + "".join(server.stderr_lines)

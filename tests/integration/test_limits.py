@@ -132,7 +132,7 @@ class HeldStream:
         self._done.set()
 
 
-def wait_until(predicate: Any, timeout: float = 15.0) -> None:
+def wait_until(predicate: Any, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "timed out"

@@ -8,7 +8,8 @@ the layer is built N times under the names ``model.layers.<i>.mlp.experts`` (one
 N layers), through the parity harness (`tests/parity/vllm_reference.py`: vLLM's own
 quantization resolution, VllmConfig and FusedMoEFactory, only the machine faked). Stdout: one
 JSON object with vLLM's answers, the time each layer took, what the plugin cost (its
-register() and its time observing) and what its reporter did once flushed.
+register() and its time observing), how many reports the server had answered when the last
+layer was built, and what its reporter did once flushed.
 
 The plugin is loaded first, before the decision path is imported, as vLLM loads general
 plugins early in every process (its wrapper goes in as vLLM's modules load), or with
@@ -77,6 +78,8 @@ def main() -> int:
             layer_s.append(time.perf_counter() - began)
             answers.append(answer)
     state = None if moe_control_vllm is None else moe_control_vllm.reporting()
+    # What the server had answered (accepted or refused) by the time every layer was built.
+    answered = None if state is None else state[1].sent + state[1].failed
     result: dict[str, Any] = {
         "answers": answers,
         "layer_s": layer_s,
@@ -96,6 +99,7 @@ def main() -> int:
             observe_s=moe_control_vllm.observe_seconds(),
             longest_observe_s=moe_control_vllm.longest_observe_seconds(),
             distinct=observer.distinct,
+            answered_while_building=answered,
             sent=reporter.sent,
             failed=reporter.failed,
             dropped=reporter.dropped,

@@ -205,7 +205,7 @@ def fd_targets(pid: int) -> list[str]:
     return found
 
 
-def wait_fds(pid: int, at_most: int, timeout: float = 10.0) -> int:
+def wait_fds(pid: int, at_most: int, timeout: float = 60.0) -> int:
     """The descriptor count of `pid` once it is at most `at_most`, or after `timeout`.
 
     A worker keeps its mappings of the server's pooled segments between calls and closes an
@@ -240,7 +240,7 @@ def busy_fraction(pid: int, window_s: float = 0.5) -> float:
     return (cpu_seconds(pid) - before) / window_s
 
 
-def wait_busy(pid: int, cpu_s: float = 0.2, timeout: float = 20.0) -> bool:
+def wait_busy(pid: int, cpu_s: float = 0.2, timeout: float = 60.0) -> bool:
     """Wait until the process has used `cpu_s` more CPU time (it is computing; on a loaded
     machine it may get only a sliver of a core, so this counts work, not a share)."""
     start = cpu_seconds(pid)
@@ -252,7 +252,7 @@ def wait_busy(pid: int, cpu_s: float = 0.2, timeout: float = 20.0) -> bool:
     return False
 
 
-def wait_idle(pid: int, timeout: float = 10.0, threshold: float = 0.1) -> float:
+def wait_idle(pid: int, timeout: float = 60.0, threshold: float = 0.1) -> float:
     """Wait until the process is (nearly) idle; the last busy fraction measured."""
     deadline = time.monotonic() + timeout
     busy = busy_fraction(pid)
@@ -274,7 +274,7 @@ def files_under(directory: Path) -> list[str]:
     return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
 
 
-def wait_empty(list_them: Callable[[], list[str]], timeout: float = 10.0) -> list[str]:
+def wait_empty(list_them: Callable[[], list[str]], timeout: float = 60.0) -> list[str]:
     """What `list_them` still lists after waiting for it to empty (cleanup runs as calls end)."""
     deadline = time.monotonic() + timeout
     found = list_them()

@@ -30,7 +30,7 @@ def thread_name(values: dict[str, Any], context: jobs.JobContext) -> dict[str, A
     return {"thread": threading.current_thread().name}
 
 
-def wait_until(condition: Any, timeout: float = 10.0) -> bool:
+def wait_until(condition: Any, timeout: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
