@@ -300,9 +300,7 @@ def _report(
     return status
 
 
-def _run_remote(
-    args: argparse.Namespace, start: str, end: str, fail_on: tuple[str, ...]
-) -> int:
+def _run_remote(args: argparse.Namespace, start: str, end: str, fail_on: tuple[str, ...]) -> int:
     """Every deployment through one session (one --timeout for the whole command)."""
     from service.client.errors import RemoteSelectionError, ServerNotReadyError
     from service.client.upgrade import remote_upgrade

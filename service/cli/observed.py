@@ -67,7 +67,8 @@ def render_table(listing: dict[str, Any]) -> str:
         rows.append(
             [
                 str(d["count"]),
-                (d["vllm_version"] or "-") + (" (not modelled)" if d.get("release_not_modelled") else ""),
+                (d["vllm_version"] or "-")
+                + (" (not modelled)" if d.get("release_not_modelled") else ""),
                 d["ruleset"] or "-",
                 observed["integration"] or "-",
                 _layer(d),

@@ -48,5 +48,7 @@ class UnknownRulesetError(InvalidSpecError):
         may be written in (every accepted spelling of one release), and a `note` after them
         (what to do about it) when there is one."""
         spellings = " or ".join(repr(form) for form in forms)
-        description = f"unknown ruleset {name!r}; known: {', '.join(known)} (written as {spellings})"
+        description = (
+            f"unknown ruleset {name!r}; known: {', '.join(known)} (written as {spellings})"
+        )
         return cls([FieldViolation(field, f"{description}. {note}" if note else description)])
