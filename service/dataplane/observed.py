@@ -40,7 +40,6 @@ from service.oracle import (
     select,
 )
 from service.oracle.decision import WeightKey
-from service.oracle.releases import add_release_howto, match_release
 from service.oracle.observed import (
     CandidateOutcome,
     Difference,
@@ -50,6 +49,7 @@ from service.oracle.observed import (
     predicted_failure,
     predicted_outcome,
 )
+from service.oracle.releases import add_release_howto, match_release
 from service.settings import SettingsError
 
 log = logging.getLogger("moe_control.observed")

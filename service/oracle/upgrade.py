@@ -26,10 +26,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from service.oracle import gate
 from service.oracle.decision import Candidate, Decision, Verdict
 from service.oracle.engine import trace_backend
 from service.oracle.errors import InvalidSpecError, SelectionError
-from service.oracle import gate
 from service.oracle.kernel_config import normalise_moe_backend
 from service.oracle.platform import PlatformProfile
 from service.oracle.rulesets import RULESETS, get_ruleset, resolve_ruleset
@@ -184,9 +184,9 @@ class RulesetDiff:
             self.last.ruleset,
             self.first.to_json(),
             self.last.to_json(),
-            [c.to_json() for c in self.changes if c.fails(fail_on)],
-            [c.to_json() for c in self.changes if not c.fails(fail_on)],
-            fail_on,
+            differences=[c.to_json() for c in self.changes if c.fails(fail_on)],
+            other_differences=[c.to_json() for c in self.changes if not c.fails(fail_on)],
+            fail_on=fail_on,
         )
 
 
@@ -195,6 +195,7 @@ def upgrade_json(
     end: str,
     before: dict[str, Any],
     after: dict[str, Any],
+    *,
     differences: list[dict[str, str]],
     other_differences: list[dict[str, str]],
     fail_on: Sequence[str],

@@ -12,8 +12,8 @@ from service.cli.observed import render_table
 from service.dataplane.observed import Observations, ObservedDecision, ReportingProcess
 from service.metrics import Metrics
 from service.oracle import DEFAULT_RULESET, select
-from service.oracle.releases import RELEASES
 from service.oracle.observed import predicted_outcome
+from service.oracle.releases import RELEASES
 
 SPEC = {
     "hf_quantization_config": {

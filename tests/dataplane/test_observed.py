@@ -17,8 +17,8 @@ from service.dataplane.observed import (
 )
 from service.metrics import Metrics
 from service.oracle import DEFAULT_RULESET, select
-from service.oracle.releases import RELEASES
 from service.oracle.observed import predicted_outcome
+from service.oracle.releases import RELEASES
 from service.settings import SettingsError
 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}

@@ -91,7 +91,7 @@ def upgrade_response_to_json(response: pb.DiffRulesetsResponse) -> dict[str, Any
         last.ruleset,
         answer_json(first),
         answer_json(last),
-        [difference_json(d) for d in response.changes if d.fails_gate],
-        [difference_json(d) for d in response.changes if not d.fails_gate],
-        tuple(response.fail_on),
+        differences=[difference_json(d) for d in response.changes if d.fails_gate],
+        other_differences=[difference_json(d) for d in response.changes if not d.fails_gate],
+        fail_on=tuple(response.fail_on),
     )
