@@ -18,7 +18,7 @@ from service.dataplane.observed import (
 from service.metrics import Metrics
 from service.oracle import DEFAULT_RULESET, select
 from service.oracle.observed import predicted_outcome
-from service.oracle.releases import RELEASES
+from service.oracle.releases import RELEASES, add_release_howto
 from service.settings import SettingsError
 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
@@ -113,7 +113,7 @@ def test_a_newer_release_is_compared_with_the_newest_ruleset_and_marked() -> Non
     assert entry.ruleset == DEFAULT_RULESET and not entry.release_modelled
     assert entry.predicted is not None and entry.difference is None  # it decides alike
     assert entry.note.startswith(f"vLLM {version} is not modelled: compared with ")
-    assert "make parity-record VLLM=" in entry.note
+    assert entry.note.endswith(add_release_howto(version))
     labels = {"ruleset": DEFAULT_RULESET}
     unmodelled = "moe_control_observed_unmodelled_releases_total"
     assert counter(metrics, unmodelled, **labels, outcome="agrees") == 1

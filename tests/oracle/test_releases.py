@@ -89,7 +89,7 @@ def test_asking_for_a_newer_release_names_the_newest_and_how_to_add_one(form: st
         violation.description
     )
     assert violation.description.endswith(add_release_howto(version))
-    assert f"VLLM={version}" in violation.description
+    assert version in add_release_howto(version)
 
 
 def test_an_unknown_name_that_is_no_newer_release_says_nothing_of_adding_one() -> None:
