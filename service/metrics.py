@@ -52,7 +52,7 @@ from service.oracle import (
     preset,
 )
 from service.oracle.errors import STAGES, VLLM_EXCEPTIONS
-from service.oracle.observed import COMPARED_FIELDS
+from service.oracle.observed import AGREEMENTS, COMPARED_FIELDS
 from service.oracle.quantization import INTEGRATIONS
 
 #: From 100 µs (a SelectBackend answer) to 10 min (a whole-checkpoint conversion).
@@ -223,9 +223,19 @@ class Metrics:
         )
         self.prediction_mismatches = Counter(
             "moe_control_prediction_mismatches_total",
-            "Reported decisions where the server's own answer for the same deployment "
-            "differs from what vLLM did, by ruleset and the first field that differs.",
+            "Reported decisions of a release a ruleset models where the server's own answer "
+            "for the same deployment differs from what vLLM did, by ruleset and the first "
+            "field that differs.",
             ["ruleset", "field"],
+            registry=r,
+        )
+        self.unmodelled_releases = Counter(
+            "moe_control_observed_unmodelled_releases_total",
+            "Reported decisions of a vLLM release no ruleset models (newer than every "
+            "ruleset, between two, a pre-release or development build), by the ruleset the "
+            "server compared them with (the nearest older one; none: no ruleset is as old) "
+            "and outcome (agrees, differs, not_compared).",
+            ["ruleset", "outcome"],
             registry=r,
         )
         self._known_backends = frozenset(
@@ -354,6 +364,9 @@ class Metrics:
                     self.observed_decisions.labels(backend, integration, ruleset.name)
             for name in COMPARED_FIELDS:
                 self.prediction_mismatches.labels(ruleset.name, name)
+        for ruleset_label in (*RULESETS, NO_RULESET):
+            for agreement in AGREEMENTS:
+                self.unmodelled_releases.labels(ruleset_label, agreement)
 
     def _selection_child(self, backend: str, integration: str, platform: str, ruleset: str) -> Any:
         key = (backend, integration, platform, ruleset)
@@ -448,6 +461,13 @@ class Metrics:
         """One reported decision the server answers differently, at its first field."""
         self.prediction_mismatches.labels(
             self._ruleset_label(ruleset), field if field in COMPARED_FIELDS else OTHER
+        ).inc()
+
+    def count_unmodelled(self, ruleset: str, agreement: str) -> None:
+        """One reported decision of a release no ruleset models, compared with `ruleset`
+        ("" when none), and how the two agree (`AGREEMENTS`)."""
+        self.unmodelled_releases.labels(
+            self._ruleset_label(ruleset), agreement if agreement in AGREEMENTS else OTHER
         ).inc()
 
     @staticmethod

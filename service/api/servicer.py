@@ -117,7 +117,8 @@ class SelectionServicer:
     async def DiffRulesets(
         self, request: pb.DiffRulesetsRequest, context: Any
     ) -> pb.DiffRulesetsResponse:
-        return upgrade_codec.diff_response(diff(self.selector, upgrade_codec.diff_query(request)))
+        query = upgrade_codec.diff_query(request)
+        return upgrade_codec.diff_response(diff(self.selector, query), query.fail_on)
 
     def handlers(self) -> dict[str, Handler]:
         """Its methods' handlers, by name (SelectBackend on bytes both ways)."""

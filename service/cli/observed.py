@@ -1,7 +1,8 @@
 """`moe-control observed`: the WNA16 MoE decisions vLLM processes reported taking (through
 the moe-control vLLM plugin), each distinct deployment with its count, release and backend,
 and, where the server's own answer differs, both answers and the first field that differs
-(ListObservedDecisions)."""
+(ListObservedDecisions). A release no ruleset models is said so, with the ruleset it was
+compared with instead and how to add its own."""
 
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ def render_table(listing: dict[str, Any]) -> str:
     deployments = listing["deployments"]
     mismatches = sum(1 for d in deployments if d["first_difference"])
     lines = [f"{len(deployments)} observed deployments, {mismatches} mismatched"]
+    unmodelled = sorted({d["vllm_version"] for d in deployments if d.get("release_not_modelled")})
+    if unmodelled:
+        lines[0] += f"; releases not modelled: {', '.join(v or '(unknown)' for v in unmodelled)}"
     if listing["evicted"]:
         lines[0] += f" ({listing['evicted']} older ones dropped from the store)"
     rows = [["COUNT", "VLLM", "RULESET", "INTEGRATION", "LAYER", "OBSERVED", "MATCH"]]
@@ -56,14 +60,15 @@ def render_table(listing: dict[str, Any]) -> str:
         observed = d["observed"]
         if d["first_difference"]:
             match = f"differs at {d['first_difference']}"
-        elif d["note"]:
+        elif not d.get("predicted"):
             match = "not compared"
         else:
             match = "yes"
         rows.append(
             [
                 str(d["count"]),
-                d["vllm_version"] or "-",
+                (d["vllm_version"] or "-")
+                + (" (not modelled)" if d.get("release_not_modelled") else ""),
                 d["ruleset"] or "-",
                 observed["integration"] or "-",
                 _layer(d),
@@ -77,6 +82,8 @@ def render_table(listing: dict[str, Any]) -> str:
     )
     for d in deployments:
         where = f"{d['key']} (first layer {d['observed']['layer_name']})"
+        if d.get("release_not_modelled"):
+            lines.append(f"release not modelled {where}: {d['note']}")
         if d["first_difference"]:
             lines.append(
                 f"mismatch {where}: vLLM {_answer(d['observed'])}, "
@@ -84,7 +91,7 @@ def render_table(listing: dict[str, Any]) -> str:
                 f"{d['first_difference']}: vLLM {d['observed_value']!r}, "
                 f"server {d['predicted_value']!r}"
             )
-        elif d["note"]:
+        elif d["note"] and not d.get("predicted") and not d.get("release_not_modelled"):
             lines.append(f"not compared {where}: {d['note']}")
     return "\n".join(lines)
 

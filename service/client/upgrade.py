@@ -22,12 +22,18 @@ from service.client.select import remote_failure
 
 
 def remote_upgrade(
-    session: Session, spec: Mapping[str, Any], rulesets: Sequence[str]
+    session: Session,
+    spec: Mapping[str, Any],
+    rulesets: Sequence[str],
+    fail_on: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The upgrade from the first of `rulesets` to the last, answered under each of them
-    (an upgrade's chain, so that each change names the release that brings it). Without a
-    "platform" in the spec, the server decides for its own worker's platform."""
-    request = pb.DiffRulesetsRequest(spec_json=json.dumps(spec), rulesets=list(rulesets))
+    (an upgrade's chain, so that each change names the release that brings it), gated on
+    the fields `fail_on` (empty: the server's default). Without a "platform" in the spec,
+    the server decides for its own worker's platform."""
+    request = pb.DiffRulesetsRequest(
+        spec_json=json.dumps(spec), rulesets=list(rulesets), fail_on=list(fail_on)
+    )
     try:
         response = session.unary("DiffRulesets", request)
     except grpc.RpcError as error:

@@ -3,8 +3,12 @@
 The moe-control vLLM plugin reports every distinct WNA16 MoE decision a vLLM process took
 (ReportDecisions). For each, the server decides the same deployment itself, under the
 ruleset of the reporting vLLM release (or the one `observed_ruleset` names, to compare a
-fleet with another release), and keeps the first field where the two differ. A release
-that has no ruleset yet is kept with that noted: it is news, not an error.
+fleet with another release), and keeps the first field where the two differ. A release no
+ruleset models (newer than every one, between two, a pre-release or development build) is
+news, not an error: it is compared with the nearest older ruleset, marked
+`release_modelled=False` with a note saying how to add its ruleset, and counted in a
+metric of its own (which the mismatch metric leaves to it: a difference there is what the
+new release may have changed, not a ruleset modelled wrongly).
 
 The store is bounded (`observed_max_deployments` distinct deployments, the least recently
 reported dropped first) and, with a state dir, kept in a JSON file there, replaced
@@ -40,10 +44,12 @@ from service.oracle.observed import (
     CandidateOutcome,
     Difference,
     Outcome,
+    agreement,
     first_difference,
     predicted_failure,
     predicted_outcome,
 )
+from service.oracle.releases import add_release_howto, match_release
 from service.settings import SettingsError
 
 log = logging.getLogger("moe_control.observed")
@@ -85,9 +91,13 @@ class ObservedEntry:
     key: str
     vllm_version: str
     observed: ObservedDecision
-    #: The ruleset compared with ("" when none answers for the release) and why not.
+    #: The ruleset compared with ("" when none answers for the release) and why not, or
+    #: why it is not the release's own.
     ruleset: str = ""
     note: str = ""
+    #: Whether a ruleset models the reported release (recomputed on load, with the
+    #: rulesets of the server that loads: a release modelled since is modelled then).
+    release_modelled: bool = True
     predicted: Outcome | None = None
     difference: Difference | None = None
     count: int = 0
@@ -121,24 +131,43 @@ class Comparison:
     note: str
     predicted: Outcome | None
     difference: Difference | None
+    modelled: bool = True
+
+
+def _release_note(vllm_version: str, ruleset: str | None) -> str:
+    """Why a release no ruleset models is compared with `ruleset`, and how to model it."""
+    version = vllm_version or "(unknown)"
+    if ruleset is None:
+        return f"vLLM {version} is not modelled: no ruleset is as old"
+    return (
+        f"vLLM {version} is not modelled: compared with {ruleset}, the nearest older "
+        f"ruleset; {add_release_howto(vllm_version)}"
+    )
 
 
 def compare(vllm_version: str, decision: ObservedDecision, ruleset: str | None) -> Comparison:
-    """The oracle's answer for the observed deployment under `ruleset` (None: the one of
-    `vllm_version`), and the first field where it differs from what vLLM did."""
+    """The oracle's answer for the observed deployment under `ruleset` (None: the one
+    whose range holds `vllm_version`, else the nearest older one), whether a ruleset models
+    the release, and the first field where the answer differs from what vLLM did."""
+    match = match_release(vllm_version)
+    note = "" if match.modelled else _release_note(vllm_version, match.ruleset)
     try:
-        name = ruleset or resolve_ruleset(vllm_version, field="process.vllm_version")
+        name = resolve_ruleset(ruleset, field="observed_ruleset") if ruleset else match.ruleset
     except UnknownRulesetError:
-        return Comparison("", f"vLLM {vllm_version or '(unknown)'} has no ruleset yet", None, None)
+        name = None
+    if name is None:
+        return Comparison("", note, None, None, match.modelled)
     try:
         spec = parse_deployment(json.loads(decision.deployment_json))
     except (ValueError, InvalidSpecError) as exc:
-        return Comparison(name, f"the server cannot decide this deployment: {exc}", None, None)
+        why = f"the server cannot decide this deployment: {exc}"
+        return Comparison(name, f"{note}; {why}" if note else why, None, None, match.modelled)
     try:
         predicted = predicted_outcome(select(spec, ruleset=name))
     except SelectionError as failure:
         predicted = predicted_failure(failure)
-    return Comparison(name, "", predicted, first_difference(decision.outcome, predicted))
+    difference = first_difference(decision.outcome, predicted)
+    return Comparison(name, note, predicted, difference, match.modelled)
 
 
 # ---------------------------------------------------------------------------------------
@@ -190,7 +219,11 @@ class Observations:
             self.metrics.count_observation(
                 decision.outcome.backend, decision.outcome.integration, entry.ruleset
             )
-            if entry.difference is not None:
+            if not entry.release_modelled:
+                self.metrics.count_unmodelled(
+                    entry.ruleset, agreement(entry.predicted, entry.difference)
+                )
+            elif entry.difference is not None:
                 self.metrics.count_mismatch(entry.ruleset, entry.difference.field)
         self._evict()
         if self.path is not None and decisions:
@@ -215,6 +248,7 @@ class Observations:
         comparison = compare(entry.vllm_version, entry.observed, self.compare_ruleset)
         entry.ruleset = comparison.ruleset
         entry.note = comparison.note
+        entry.release_modelled = comparison.modelled
         entry.predicted = comparison.predicted
         entry.difference = comparison.difference
 

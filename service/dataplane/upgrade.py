@@ -14,26 +14,34 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.dataplane.selection import PlatformChoice, Selector
+from service.oracle.gate import DEFAULT_FAIL_ON
 from service.oracle.upgrade import RulesetDiff, diff_rulesets, upgrade_chain
 
 
 @dataclass(frozen=True, slots=True)
 class DiffQuery:
     """One diff request: the deployment spec (the JSON object the oracle parses), the
-    platform it names (None: the spec's, else worker 0's) and the rulesets to answer under,
-    in order (at least two; any spelling the resolver takes)."""
+    platform it names (None: the spec's, else worker 0's), the rulesets to answer under,
+    in order (at least two; any spelling the resolver takes) and the fields a gate fails on
+    (validated: service.oracle.gate.parse_fail_on)."""
 
     spec: dict[str, Any]
     rulesets: tuple[str, ...]
     platform: PlatformChoice | None = None
+    fail_on: tuple[str, ...] = DEFAULT_FAIL_ON
 
     @classmethod
     def upgrade(
-        cls, spec: dict[str, Any], start: str, end: str, platform: PlatformChoice | None = None
+        cls,
+        spec: dict[str, Any],
+        start: str,
+        end: str,
+        platform: PlatformChoice | None = None,
+        fail_on: tuple[str, ...] = DEFAULT_FAIL_ON,
     ) -> DiffQuery:
         """The query of an upgrade from `start` to `end` (`upgrade_chain`: every ruleset
         between them, so that each change is attributed to the release that brings it)."""
-        return cls(spec, upgrade_chain(start, end), platform)
+        return cls(spec, upgrade_chain(start, end), platform, fail_on)
 
 
 def diff(selector: Selector, query: DiffQuery) -> RulesetDiff:

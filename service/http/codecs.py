@@ -32,6 +32,7 @@ from service.oracle import (
     preset,
     resolve_ruleset,
 )
+from service.oracle.gate import GATE_FIELDS, parse_fail_on
 
 #: Matrix requests are bounded: models x GPUs x rulesets cells at most.
 MAX_MATRIX_CELLS = 20_000
@@ -84,8 +85,9 @@ def select_query(body: Any) -> SelectQuery:
 
 def diff_query(body: Any) -> DiffQuery:
     """POST /v1/diff's body, {"from": <ruleset>, "to": <ruleset>, "deployment": <what POST
-    /v1/select takes>}, as the data plane's query over every ruleset between the two (each
-    name in any spelling the resolver takes; an unknown one names its field)."""
+    /v1/select takes>, "fail_on": [<gate field>, ...] (optional)}, as the data plane's query
+    over every ruleset between the two (each name in any spelling the resolver takes; an
+    unknown one, or an unknown gate field, names its field)."""
     obj = _object(body, "body")
     names = {}
     for field in ("from", "to"):
@@ -94,7 +96,12 @@ def diff_query(body: Any) -> DiffQuery:
             raise bad_body(field, "required: a ruleset's name (GET /v1/rulesets)")
         names[field] = resolve_ruleset(value, field=field)
     deployment = select_query(_object(obj.get("deployment"), "deployment")).spec
-    return DiffQuery.upgrade(deployment, names["from"], names["to"])
+    fail_on = obj.get("fail_on", [])
+    if not isinstance(fail_on, list) or not all(isinstance(f, str) for f in fail_on):
+        raise bad_body("fail_on", f"a list of field names: {', '.join(GATE_FIELDS)}")
+    return DiffQuery.upgrade(
+        deployment, names["from"], names["to"], fail_on=parse_fail_on(fail_on, field="fail_on")
+    )
 
 
 def with_id(spec: Mapping[str, Any], result: dict[str, Any]) -> dict[str, Any]:

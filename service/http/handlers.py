@@ -147,10 +147,10 @@ async def select_matrix(plane: Plane, call: Call) -> Any:
 
 async def diff(plane: Plane, call: Call) -> Any:
     """POST /v1/diff: the deployment under every ruleset from "from" to "to", both answers
-    and what differs, each difference with its cause (`moe-control diff --json`; the
-    data plane DiffRulesets calls)."""
+    and what differs, each difference with its cause, those of the "fail_on" fields apart
+    from the others (`moe-control diff --json`; the data plane DiffRulesets calls)."""
     query = codecs.diff_query(codecs.parse_json(call.raw))
-    return diff_rulesets(plane.selector, query).to_json()
+    return diff_rulesets(plane.selector, query).to_json(query.fail_on)
 
 
 async def platforms(plane: Plane, call: Call) -> Any:

@@ -12,6 +12,7 @@ from service.dataplane.matrix import OUTCOMES
 from service.oracle import PLATFORM_PRESETS, RULESETS
 from service.oracle.decision import Verdict
 from service.oracle.errors import STAGES
+from service.oracle.gate import DEFAULT_FAIL_ON, GATE_FIELDS
 
 
 def ref(name: str) -> dict[str, str]:
@@ -125,6 +126,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "from": {"type": "string", "examples": list(RULESETS)},
             "to": {"type": "string", "examples": list(RULESETS)},
             "deployment": ref("DeploymentSpec"),
+            "fail_on": {
+                "type": "array",
+                "items": {"type": "string", "enum": list(GATE_FIELDS)},
+                "description": "the fields whose change sets `changed` (a CI gate fails on "
+                f"them); absent or empty: {', '.join(DEFAULT_FAIL_ON)}",
+            },
         },
     },
     "Difference": {
@@ -154,14 +161,41 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "between the two is answered too, so that each cause names the release that brings "
         "it. The answers are `POST /v1/select`'s (what_would_change null: not searched), or "
         "where vLLM fails, the failure `select --json` prints.",
-        "required": ["from", "to", "changed", "before", "after", "differences"],
+        "required": [
+            "from",
+            "to",
+            "fail_on",
+            "changed",
+            "before",
+            "after",
+            "differences",
+            "other_differences",
+        ],
         "properties": {
             "from": _STRING,
             "to": _STRING,
-            "changed": {"type": "boolean"},
+            "fail_on": {
+                "type": "array",
+                "items": {"type": "string", "enum": list(GATE_FIELDS)},
+                "description": "the fields gated on (the request's, else the default)",
+            },
+            "changed": {
+                "type": "boolean",
+                "description": "whether a field of fail_on changes (what a CI gate fails on)",
+            },
             "before": {"oneOf": [ref("SelectAnswer"), ref("SelectFailure")]},
             "after": {"oneOf": [ref("SelectAnswer"), ref("SelectFailure")]},
-            "differences": {"type": "array", "items": ref("Difference")},
+            "differences": {
+                "type": "array",
+                "items": ref("Difference"),
+                "description": "the differences that touch a field of fail_on",
+            },
+            "other_differences": {
+                "type": "array",
+                "items": ref("Difference"),
+                "description": "every other difference (by default a backend's verdict, an "
+                "error's wording): answered apart, never setting changed",
+            },
         },
     },
     "MatrixRequest": {

@@ -42,16 +42,13 @@ class UnknownRulesetError(InvalidSpecError):
 
     @classmethod
     def naming(
-        cls, field: str, name: str, known: Iterable[str], forms: Iterable[str]
+        cls, field: str, name: str, known: Iterable[str], forms: Iterable[str], note: str = ""
     ) -> UnknownRulesetError:
-        """The error for `name` on `field`: the `known` rulesets, and the `forms` one of
-        them may be written in (every accepted spelling of one release)."""
+        """The error for `name` on `field`: the `known` rulesets, the `forms` one of them
+        may be written in (every accepted spelling of one release), and a `note` after them
+        (what to do about it) when there is one."""
         spellings = " or ".join(repr(form) for form in forms)
-        return cls(
-            [
-                FieldViolation(
-                    field,
-                    f"unknown ruleset {name!r}; known: {', '.join(known)} (written as {spellings})",
-                )
-            ]
+        description = (
+            f"unknown ruleset {name!r}; known: {', '.join(known)} (written as {spellings})"
         )
+        return cls([FieldViolation(field, f"{description}. {note}" if note else description)])

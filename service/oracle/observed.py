@@ -5,7 +5,8 @@ The moe-control vLLM plugin reports each distinct WNA16 MoE decision a vLLM proc
 functions). The server decides the same deployment with the ruleset of the reporting release
 and compares the two `Outcome`s in the order of `COMPARED_FIELDS`: the first field that
 differs names the mismatch (and is the `field` label of its metric, so the list is bounded
-and declared here once).
+and declared here once). A release no ruleset models is compared with the nearest older
+ruleset, and how the two agree is the `outcome` label of its own metric (`AGREEMENTS`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ COMPARED_FIELDS = (
     "allow_tile_padding",
     "candidates",
 )
+
+
+#: How an observation of a release no ruleset models compares with the ruleset it is
+#: compared with: the same answer, another one, or none to compare with.
+AGREEMENTS = ("agrees", "differs", "not_compared")
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,3 +155,10 @@ def _candidate_difference(
     if len(observed) != len(predicted):
         return Difference("candidates", _text(observed), _text(predicted))
     return None
+
+
+def agreement(predicted: Outcome | None, difference: Difference | None) -> str:
+    """Which of `AGREEMENTS` a comparison is (`predicted` None: the server has no answer)."""
+    if predicted is None:
+        return "not_compared"
+    return "agrees" if difference is None else "differs"

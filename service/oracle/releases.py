@@ -12,6 +12,7 @@ its ruleset and every ruleset its row.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -152,5 +153,82 @@ def resolve_ruleset(name: str, *, field: str = "ruleset") -> str:
             name,
             [f"{r.name} (vLLM {r.range_text})" for r in RELEASES.values()],
             [newest.name, newest.series, newest.first, f"v{newest.first}"],
+            _newer_note(name, newest),
         )
     return release.name
+
+
+def _newer_note(name: str, newest: Release) -> str:
+    """What to do about a release newer than every ruleset ("" for any other name)."""
+    number = _release_number(name.strip().lower())
+    if number is None or number < _number(newest.below):
+        return ""
+    release = ".".join(map(str, number))
+    return (
+        f"vLLM {release} is newer than every ruleset (the newest is {newest.name}); "
+        + add_release_howto(release if len(number) > 2 else f"{release}.0")
+    )
+
+
+#: How a release the oracle does not model gets its ruleset (the command and the page that
+#: say how), with `{version}` for the release.
+ADD_RELEASE_HOWTO = (
+    "to model it, record its answers with `make parity-record VLLM={version}` and add its "
+    "ruleset (docs/selecting.md, 'Parity with vLLM, release by release')"
+)
+
+
+def add_release_howto(version: str) -> str:
+    """`ADD_RELEASE_HOWTO` for one release ("0.35.0")."""
+    return ADD_RELEASE_HOWTO.format(version=version)
+
+
+def _number(text: str) -> tuple[int, ...]:
+    number = version_tuple(text)
+    assert number is not None, text
+    return number
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseMatch:
+    """What a reported vLLM release is compared with: `ruleset`, the ruleset whose range
+    holds it, else the nearest older one (None: no ruleset is as old, or the text is no
+    release number), and whether a ruleset models it (`modelled`: its range holds the
+    release, and the release is a final one, not a pre-release or development build)."""
+
+    ruleset: str | None
+    modelled: bool
+
+
+#: A reported version: its release number, then what follows it ("rc1", ".dev12+g1234",
+#: "+cu129").
+_REPORTED = re.compile(r"v?(\d+(?:\.\d+)*)([-+._a-z0-9]*)")
+
+
+def match_release(version: str, releases: Mapping[str, Release] = RELEASES) -> ReleaseMatch:
+    """The ruleset a pod's `vllm.__version__` is compared with, and whether it models it.
+
+    A final release ("0.33.0", "0.33.1+cu129": a local label is a build of the release;
+    major.minor.patch, as `resolve_ruleset` takes it) inside a ruleset's range is modelled
+    by it. Any other release (newer than every
+    ruleset, in a gap between two ranges, or a pre-release or development build, whose code
+    is no release's) is not modelled and is compared with the newest ruleset whose first
+    release is not newer than it: the nearest older one."""
+    text = version.strip().lower()
+    for prefix in _PREFIXES:
+        if text.startswith(prefix):
+            text = text.removeprefix(prefix)
+            break
+    reported = _REPORTED.fullmatch(text)
+    if reported is None:
+        return ReleaseMatch(None, False)
+    number = _number(reported.group(1))
+    suffix = reported.group(2)
+    final = len(number) == 3 and (suffix == "" or suffix.startswith("+"))
+    older = None
+    for release in releases.values():
+        if final and release.contains(number):
+            return ReleaseMatch(release.name, True)
+        if _number(release.first) <= number:
+            older = release.name
+    return ReleaseMatch(older, False)

@@ -14,6 +14,9 @@ Over a chain of rulesets (`diff_rulesets`) each consecutive pair is compared, an
 first-to-last differences (`RulesetDiff.changes`, what an upgrade from the first to the
 last changes) take their cause from the step that last moved the field, so a cause names
 the release that brought it.
+
+Each difference knows which gate fields it touches (service.oracle.gate): a diff's JSON
+lists apart the differences of the fields a gate fails on (`fail_on`) and the others.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from service.oracle import gate
 from service.oracle.decision import Candidate, Decision, Verdict
 from service.oracle.engine import trace_backend
 from service.oracle.errors import InvalidSpecError, SelectionError
@@ -85,6 +89,13 @@ class RulesetAnswer:
         assert self.failure is not None
         return self.failure.platform
 
+    @property
+    def failure_signature(self) -> str:
+        """What the gate's `failure` compares: stage and exception class ("" without one)."""
+        if self.failure is None:
+            return gate.failure_signature(None, None)
+        return gate.failure_signature(self.failure.error.stage, self.failure.error.type)
+
     def candidate(self, backend: str | None) -> Candidate | None:
         """The verdict of `backend`; None when it is not on this answer's list."""
         return next((c for c in self.candidates if c.backend == backend), None)
@@ -118,7 +129,8 @@ def _error_text(failure: SelectionError) -> str:
 @dataclass(frozen=True, slots=True)
 class Difference:
     """One field that differs between the answers of two rulesets, with the rule or the
-    priority that moved it (`cause`, naming the ruleset it comes from)."""
+    priority that moved it (`cause`, naming the ruleset it comes from), and the gate fields
+    it touches (`touches`, service.oracle.gate)."""
 
     field: str
     before: str
@@ -126,6 +138,11 @@ class Difference:
     cause: str
     from_ruleset: str
     to_ruleset: str
+    touches: frozenset[str] = frozenset()
+
+    def fails(self, fail_on: Sequence[str]) -> bool:
+        """Whether a gate on the fields `fail_on` fails for this difference."""
+        return not self.touches.isdisjoint(fail_on)
 
     def to_json(self) -> dict[str, str]:
         return {
@@ -159,14 +176,17 @@ class RulesetDiff:
     def last(self) -> RulesetAnswer:
         return self.answers[-1]
 
-    def to_json(self) -> dict[str, Any]:
-        """The upgrade from the first ruleset to the last (`upgrade_json`)."""
+    def to_json(self, fail_on: Sequence[str] = gate.DEFAULT_FAIL_ON) -> dict[str, Any]:
+        """The upgrade from the first ruleset to the last (`upgrade_json`), gated on the
+        fields `fail_on` (service.oracle.gate)."""
         return upgrade_json(
             self.first.ruleset,
             self.last.ruleset,
             self.first.to_json(),
             self.last.to_json(),
-            [c.to_json() for c in self.changes],
+            differences=[c.to_json() for c in self.changes if c.fails(fail_on)],
+            other_differences=[c.to_json() for c in self.changes if not c.fails(fail_on)],
+            fail_on=fail_on,
         )
 
 
@@ -175,18 +195,25 @@ def upgrade_json(
     end: str,
     before: dict[str, Any],
     after: dict[str, Any],
+    *,
     differences: list[dict[str, str]],
+    other_differences: list[dict[str, str]],
+    fail_on: Sequence[str],
 ) -> dict[str, Any]:
     """What `moe-control diff --json` prints for a deployment and `POST /v1/diff` answers:
-    both rulesets' names, whether the answer changes, both answers (`select --json`'s: a
-    decision, or vLLM's failure) and the differences, each with its cause."""
+    both rulesets' names, whether the answer changes in a field of `fail_on` (`changed`,
+    what a gate fails on), both answers (`select --json`'s: a decision, or vLLM's failure),
+    the differences of those fields and, apart, every other difference, each with its
+    cause."""
     return {
         "from": start,
         "to": end,
+        "fail_on": list(fail_on),
         "changed": bool(differences),
         "before": before,
         "after": after,
         "differences": differences,
+        "other_differences": other_differences,
     }
 
 
@@ -271,6 +298,7 @@ def _attributed(
                 cause,
                 first.ruleset,
                 last.ruleset,
+                difference.touches,
             )
         )
     return tuple(changes)
@@ -295,6 +323,7 @@ def compare(spec: DeploymentSpec, a: RulesetAnswer, b: RulesetAnswer) -> tuple[D
             causes.of(field),
             a.ruleset,
             b.ruleset,
+            gate.touched(field, a.failure_signature, b.failure_signature),
         )
         for field in fields
         if before.get(field, "") != after.get(field, "")

@@ -1,6 +1,7 @@
 """`moe-control diff` locally, through the real entry point: deployments from a JSON Lines
-file or from configs on GPUs, one row per deployment whose answer changes, `--json` as
-POST /v1/diff answers, and the exit status a CI gate reads (1 when anything changes)."""
+file or from configs on GPUs, one row per deployment whose answer changes in a field of
+`--fail-on`, the other differences apart, `--json` as POST /v1/diff answers, and the exit
+status a CI gate reads (1 when a gated field changes)."""
 
 from __future__ import annotations
 
@@ -65,13 +66,16 @@ def test_a_change_is_one_row_with_both_answers_and_the_cause_and_exits_1(
     assert row.startswith("gelu ") and "FAILS (backend)" in row and "CPU" in row
     assert expected.cause in row
     assert not any(line.startswith("silu") for line in out)  # unchanged: no row
-    assert out[-1] == "1 of 2 deployments change from vllm-0.32 to vllm-0.33"
+    assert out[-1] == (
+        "1 of 2 deployments change from vllm-0.32 to vllm-0.33 (backend, experts_class, failure)"
+    )
 
 
 def test_nothing_changing_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["diff", "--from", "0.32", "--deployment", str(jsonl(tmp_path, SILU))]) == 0
     assert capsys.readouterr().out.strip() == (
-        "no answer changes from vllm-0.32 to vllm-0.33 (1 deployment)"
+        "no answer changes from vllm-0.32 to vllm-0.33 (1 deployment; backend, experts_class, "
+        "failure)"
     )
 
 
@@ -132,7 +136,8 @@ def test_help_says_what_the_exit_status_means(capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit):
         main(["diff", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "0 when no answer changes, 1 when any answer changes" in text
+    assert "0 when no field of --fail-on changes, 1 when one does" in text
+    assert "failure (whether vLLM fails the deployment, at which stage" in text
 
 
 def test_an_unreachable_server_is_exit_3_and_said_per_deployment(
@@ -144,3 +149,56 @@ def test_an_unreachable_server_is_exit_3_and_said_per_deployment(
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("error gelu (server): UNAVAILABLE: ")
     assert out[-1] == "no deployment was answered"
+
+
+#: A forced backend neither 0.32 nor 0.33 maps: both fail at KernelConfig, in other words.
+REWORDED = {**SILU, "id": "reworded", "moe_backend": "cpu"}
+
+
+def test_a_difference_outside_fail_on_is_listed_apart_and_passes_the_gate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    specs = str(jsonl(tmp_path, REWORDED, SILU))
+    assert main(["diff", "--from", "0.32", "--to", "0.33", "--deployment", specs]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert not any(line.startswith("DEPLOYMENT") for line in out)  # nothing gated changes
+    (change,) = upgrade(REWORDED, "0.32", "0.33").changes
+    assert out[0] == (
+        "1 more differ only outside --fail-on backend,experts_class,failure (not gated; "
+        "--json lists them), by difference and cause:"
+    )
+    assert out[1] == f"     1 x error: {change.cause}"
+    assert out[-1].endswith("; 1 more differ only in other fields (not gated)")
+    # gated on the error's whole text, the same deployment fails the gate
+    argv = ["diff", "--from", "0.32", "--to", "0.33", "--deployment", specs]
+    assert main([*argv, "--fail-on", "error"]) == 1
+    assert capsys.readouterr().out.splitlines()[1].startswith("reworded ")
+    assert main([*argv, "--fail-on", "backend", "--fail-on", "verdict,error", "--json"]) == 1
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["fail_on"] for r in rows] == [["backend", "error", "verdict"]] * 2
+    assert [r["changed"] for r in rows] == [True, False]
+
+
+def test_json_lists_gated_and_other_differences_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    specs = str(jsonl(tmp_path, REWORDED))
+    assert main(["diff", "--from", "0.32", "--deployment", specs, "--json"]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert row["changed"] is False and row["differences"] == []
+    assert [d["field"] for d in row["other_differences"]] == ["error"]
+
+
+@pytest.mark.parametrize("flag", ["stage", "backend,verdicts", ""])
+def test_an_unknown_fail_on_field_is_bad_input_listing_the_accepted(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    specs = str(jsonl(tmp_path, SILU))
+    status = main(["diff", "--from", "0.32", "--deployment", specs, "--fail-on", flag])
+    err = capsys.readouterr().err
+    if not flag:  # empty: the default
+        assert status == 0 and not err
+        return
+    assert status == 2
+    assert err.startswith("moe-control diff: --fail-on: unknown field ")
+    assert "accepted: backend, experts_class, failure, error, verdict" in err

@@ -11,8 +11,9 @@ from service.api.codecs.messages import message_json
 from service.cli.observed import render_table
 from service.dataplane.observed import Observations, ObservedDecision, ReportingProcess
 from service.metrics import Metrics
-from service.oracle import select
+from service.oracle import DEFAULT_RULESET, select
 from service.oracle.observed import predicted_outcome
+from service.oracle.releases import RELEASES, add_release_howto
 
 SPEC = {
     "hf_quantization_config": {
@@ -48,3 +49,27 @@ def test_the_table_shows_agreement_and_a_mismatch() -> None:
     assert "first difference backend: vLLM 'MARLIN'" in text
     counts = [line.split()[0] for line in text.splitlines()[2:4]]
     assert sorted(counts) == ["1", "2"]
+
+
+def test_a_release_no_ruleset_models_is_said_so() -> None:
+    release = RELEASES[DEFAULT_RULESET]
+    major, minor = (int(p) for p in release.below.split(".")[:2])
+    newer = f"{major}.{minor + 1}.0"
+    decision = ObservedDecision(
+        "model.layers.0.mlp.experts",
+        1,
+        json.dumps(SPEC),
+        predicted_outcome(select(SPEC, ruleset=DEFAULT_RULESET)),
+    )
+    store = Observations(Metrics())
+    store.report(ReportingProcess(host="a", vllm_version=newer), [decision])
+    store.report(ReportingProcess(host="a", vllm_version=release.first), [decision])
+    listing = message_json(codec.listing_response(store.listing(), store.evicted))
+    assert [d["release_not_modelled"] for d in listing["deployments"]] == [False, True]
+    lines = render_table(listing).splitlines()
+    assert lines[0] == f"2 observed deployments, 0 mismatched; releases not modelled: {newer}"
+    (row,) = [line for line in lines if f"{newer} (not modelled)" in line]
+    assert DEFAULT_RULESET in row and row.endswith("yes")  # it decides as the nearest one
+    (said,) = [line for line in lines if line.startswith("release not modelled ")]
+    assert f"vLLM {newer} is not modelled: compared with {DEFAULT_RULESET}" in said
+    assert said.endswith(add_release_howto(newer))

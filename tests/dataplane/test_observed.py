@@ -16,8 +16,9 @@ from service.dataplane.observed import (
     ReportingProcess,
 )
 from service.metrics import Metrics
-from service.oracle import select
+from service.oracle import DEFAULT_RULESET, select
 from service.oracle.observed import predicted_outcome
+from service.oracle.releases import RELEASES, add_release_howto
 from service.settings import SettingsError
 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
@@ -97,14 +98,87 @@ def test_compared_with_another_release_a_difference_is_counted() -> None:
     )
 
 
-def test_a_release_without_a_ruleset_is_kept_with_that_noted() -> None:
+def _newer_than_every_ruleset(minor: int = 2) -> str:
+    """A release `minor` minor versions past the newest ruleset's range, as a pod reports it."""
+    major, base = (int(p) for p in RELEASES[DEFAULT_RULESET].below.split(".")[:2])
+    return f"{major}.{base + minor - 1}.0+cu130"
+
+
+def test_a_newer_release_is_compared_with_the_newest_ruleset_and_marked() -> None:
     metrics = Metrics()
     store = Observations(metrics)
-    store.report(process(version="0.99.1+cu130"), [observed(spec())])
+    version = _newer_than_every_ruleset()
+    store.report(process(version=version), [observed(spec(), DEFAULT_RULESET)])
     (entry,) = store.listing()
-    assert entry.ruleset == "" and "0.99.1+cu130 has no ruleset yet" in entry.note
+    assert entry.ruleset == DEFAULT_RULESET and not entry.release_modelled
+    assert entry.predicted is not None and entry.difference is None  # it decides alike
+    assert entry.note.startswith(f"vLLM {version} is not modelled: compared with ")
+    assert entry.note.endswith(add_release_howto(version))
+    labels = {"ruleset": DEFAULT_RULESET}
+    unmodelled = "moe_control_observed_unmodelled_releases_total"
+    assert counter(metrics, unmodelled, **labels, outcome="agrees") == 1
+    assert counter(metrics, unmodelled, **labels, outcome="differs") == 0
+
+
+def test_a_newer_release_that_decides_otherwise_is_counted_apart_from_mismatches() -> None:
+    """What the new release changed is no ruleset modelled wrongly: the mismatch metric
+    (and its alert) stay for releases a ruleset models; the listing shows the difference."""
+    metrics = Metrics()
+    store = Observations(metrics)
+    decision = observed(spec(platform="cpu", activation="gelu_tanh"), DEFAULT_RULESET)
+    wrong = dataclasses.replace(
+        decision, outcome=dataclasses.replace(decision.outcome, backend="NEW_KERNEL")
+    )
+    store.report(process(version=_newer_than_every_ruleset(1)), [wrong])
+    (entry,) = store.listing(mismatches_only=True)
+    assert not entry.release_modelled and entry.difference is not None
+    unmodelled = "moe_control_observed_unmodelled_releases_total"
+    assert counter(metrics, unmodelled, ruleset=DEFAULT_RULESET, outcome="differs") == 1
+    mismatches = "moe_control_prediction_mismatches_total"
+    field = entry.difference.field
+    assert counter(metrics, mismatches, ruleset=DEFAULT_RULESET, field=field) == 0
+
+
+def test_a_release_of_a_modelled_range_is_not_marked() -> None:
+    metrics = Metrics()
+    store = Observations(metrics)
+    release = RELEASES[DEFAULT_RULESET]
+    store.report(process(version=f"{release.series}.9+cu129"), [observed(spec(), DEFAULT_RULESET)])
+    (entry,) = store.listing()
+    assert entry.release_modelled and entry.ruleset == DEFAULT_RULESET and not entry.note
+    unmodelled = "moe_control_observed_unmodelled_releases_total"
+    assert counter(metrics, unmodelled, ruleset=DEFAULT_RULESET, outcome="agrees") == 0
+
+
+@pytest.mark.parametrize("version", ["0.1.0", "", "nightly"])
+def test_a_release_no_ruleset_is_as_old_as_is_kept_uncompared_and_counted(version: str) -> None:
+    metrics = Metrics()
+    store = Observations(metrics)
+    store.report(process(version=version), [observed(spec())])
+    (entry,) = store.listing()
+    assert entry.ruleset == "" and not entry.release_modelled
+    assert entry.note == f"vLLM {version or '(unknown)'} is not modelled: no ruleset is as old"
     assert entry.predicted is None and entry.difference is None
     assert store.listing(mismatches_only=True) == []
+    unmodelled = "moe_control_observed_unmodelled_releases_total"
+    assert counter(metrics, unmodelled, ruleset="none", outcome="not_compared") == 1
+
+
+def test_compared_with_a_ruleset_chosen_a_newer_release_stays_marked() -> None:
+    store = Observations(Metrics(), compare_ruleset=next(iter(RELEASES)))
+    store.report(process(version=_newer_than_every_ruleset()), [observed(spec())])
+    (entry,) = store.listing()
+    assert entry.ruleset == next(iter(RELEASES)) and not entry.release_modelled
+
+
+def test_the_mark_is_recomputed_on_load(tmp_path: Path) -> None:
+    """Only what was reported is kept: the server that loads decides what it models."""
+    store = Observations(Metrics(), state_dir=tmp_path)
+    store.report(process(version=_newer_than_every_ruleset()), [observed(spec())])
+    saved = json.loads((tmp_path / STORE_FILE).read_text())
+    assert "release_modelled" not in saved["entries"][0]
+    (entry,) = Observations(Metrics(), state_dir=tmp_path).listing()
+    assert not entry.release_modelled and entry.ruleset == DEFAULT_RULESET
 
 
 def test_a_deployment_the_server_cannot_decide_is_noted() -> None:

@@ -13,8 +13,9 @@ until Prometheus has scraped the final counters, and asks Prometheus' HTTP API:
   a small synthetic checkpoint fill the conversion panels with values);
 * every alert rule is healthy and in the state the traffic calls for: the error-ratio and
   no-eligible-backend alerts pending, the prediction-mismatch alert firing (one report the
-  server answers differently), the worker alerts inactive, and, once the server is stopped,
-  the target-down alert pending.
+  server answers differently), the unmodelled-release alert firing (one report from a
+  release newer than every ruleset), the worker alerts inactive, and, once the server is
+  stopped, the target-down alert pending.
 
 Prometheus counts a counter's increase only between two of its samples (a series born at
 10 shows no rate), so each kind of call is made once and scraped before the bulk of it.
@@ -45,6 +46,7 @@ from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.api.generated.moe_control.v1 import observed_pb2
 from service.client.convert import Connection, convert_checkpoint_remote, header_for
+from service.oracle.releases import DEFAULT_RULESET, RELEASES
 from tests.deploy.checks import (
     ALERTS,
     alert_rules,
@@ -94,6 +96,8 @@ EXPECTED_WHILE_SERVING = {
     "MoeControlNoEligibleBackendSpike": "pending",
     # One report the server answers differently (it has no `for`).
     "MoeControlPredictionMismatch": "firing",
+    # One report from a release newer than every ruleset (no `for` either).
+    "MoeControlUnmodelledRelease": "firing",
 }
 
 
@@ -237,6 +241,15 @@ def _mismatched_report() -> observed_pb2.ReportDecisionsRequest:
     return observed_pb2.ReportDecisionsRequest(process=process, decisions=[decision])
 
 
+def _unmodelled_report() -> observed_pb2.ReportDecisionsRequest:
+    """The same decision from a vLLM release newer than every ruleset."""
+    newest = RELEASES[DEFAULT_RULESET]
+    major, minor = (int(part) for part in newest.below.split(".")[:2])
+    request = _mismatched_report()
+    request.process.vllm_version = f"{major}.{minor + 1}.0"
+    return request
+
+
 def _call(stub: Any, request: pb.SelectBackendRequest) -> grpc.StatusCode:
     try:
         stub.SelectBackend(request, timeout=5)
@@ -294,6 +307,7 @@ def _drive_traffic(server: ServerProcess, prometheus: Prometheus) -> None:
         stub.ListWorkers(pb.ListWorkersRequest(), timeout=5)
         stub.GetPlatform(pb.GetPlatformRequest(), timeout=5)
         assert stub.ReportDecisions(_mismatched_report(), timeout=10).accepted == 1
+        assert stub.ReportDecisions(_unmodelled_report(), timeout=10).accepted == 1
         _convert(server, "out0")
         worker = stub.ListWorkers(pb.ListWorkersRequest(), timeout=5).workers[0]
         os.kill(worker.pid, signal.SIGKILL)  # a child of the server this test started

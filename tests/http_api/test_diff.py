@@ -35,13 +35,42 @@ def test_the_contract_and_the_data_plane_s_answer(client: TestClient) -> None:
     )
     assert response.status_code == 200
     body = response.json()
-    assert list(body) == ["from", "to", "changed", "before", "after", "differences"]
+    assert list(body) == [
+        "from",
+        "to",
+        "fail_on",
+        "changed",
+        "before",
+        "after",
+        "differences",
+        "other_differences",
+    ]
     assert (body["from"], body["to"], body["changed"]) == ("vllm-0.32", "vllm-0.33", True)
     assert body == upgrade(GELU_ON_CPU, "vllm-0.32", "vllm-0.33").to_json()
     assert body["before"]["error"]["stage"] == "backend"
-    fields = [d["field"] for d in body["differences"]]
-    assert fields[:3] == ["backend", "experts_class", "error"] and "verdict.CPU" in fields
-    assert all(set(d) == {"field", "before", "after", "cause"} for d in body["differences"])
+    assert [d["field"] for d in body["differences"]] == ["backend", "experts_class", "error"]
+    assert "verdict.CPU" in [d["field"] for d in body["other_differences"]]
+    every = body["differences"] + body["other_differences"]
+    assert all(set(d) == {"field", "before", "after", "cause"} for d in every)
+
+
+def test_fail_on_chooses_the_gated_fields(client: TestClient) -> None:
+    body = {"from": "0.32", "to": "0.33", "deployment": GELU_ON_CPU, "fail_on": ["verdict"]}
+    answer = client.post("/v1/diff", json=body).json()
+    assert answer["fail_on"] == ["verdict"] and answer["changed"] is True
+    assert answer == upgrade(GELU_ON_CPU, "0.32", "0.33").to_json(("verdict",))
+    assert {d["field"] for d in answer["differences"]} == {"verdict.CPU"}
+
+
+def test_an_unknown_fail_on_field_names_it_and_lists_the_accepted(client: TestClient) -> None:
+    for fail_on in (["stage"], "backend", [1]):
+        body = {"from": "0.32", "to": "0.33", "deployment": GELU_ON_CPU, "fail_on": fail_on}
+        response = client.post("/v1/diff", json=body)
+        assert response.status_code == 400 and field_of(response) == "fail_on", fail_on
+        assert (
+            "backend, experts_class, failure, error, verdict"
+            in (response.json()["error"]["message"])
+        )
 
 
 def test_after_is_the_select_answer_under_to(client: TestClient) -> None:

@@ -9,12 +9,14 @@ import json
 
 import pytest
 from google.rpc import code_pb2
+from starlette.testclient import TestClient
 
 from service.api.errors import MAPPINGS, ConcurrencyLimitError, status_for
 from service.api.interceptors.limits import Limits
 from service.http.errors import HTTP_STATUS, error_json
 from service.metrics import Metrics
 from service.oracle import InvalidSpecError
+from service.oracle.releases import DEFAULT_RULESET, RELEASES, add_release_howto
 from service.pool.errors import LayerNotFoundError, WorkerUnavailableError
 from service.settings import Settings
 from tests.http_api.conftest import SPEC, TOKEN, make_client
@@ -146,3 +148,18 @@ def test_the_select_limit_is_shared_with_grpc() -> None:
         limit.release()
     assert client.post("/v1/select", json=SPEC).status_code == 200
     assert limit.available == 1
+
+
+def test_a_release_newer_than_every_ruleset_is_400_naming_the_newest_and_how_to_add_it(
+    client: TestClient,
+) -> None:
+    newest = RELEASES[DEFAULT_RULESET]
+    major, minor = (int(part) for part in newest.below.split(".")[:2])
+    newer = f"{major}.{minor + 1}.0"
+    response = client.post("/v1/select", json={**SPEC, "ruleset": f"vllm=={newer}"})
+    assert response.status_code == 400
+    assert response.json()["error"]["status"] == "INVALID_ARGUMENT"
+    ((field, description),) = _violations(response.json())
+    assert field == "ruleset"
+    assert f"vLLM {newer} is newer than every ruleset (the newest is {newest.name})" in description
+    assert description.endswith(add_release_howto(newer))

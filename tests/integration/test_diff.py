@@ -120,6 +120,32 @@ def test_the_cli_asks_the_server_and_prints_what_it_prints_locally(
     assert unknown.returncode == 2 and "--from: unknown ruleset '0.99'" in unknown.stderr
 
 
+def test_the_server_gates_on_the_fields_the_cli_names(
+    server: ServerProcess, stub: Any, tmp_path: Path
+) -> None:
+    """A deployment that differs only in the wording of the same failure passes the default
+    gate and fails one on the error's text, asked of the server as answered locally."""
+    reworded = {**SILU, "id": "reworded", "moe_backend": "cpu"}
+    specs = tmp_path / "specs.jsonl"
+    specs.write_text(json.dumps(reworded) + "\n")
+    args = ["--from", "0.32", "--to", "0.33", "--deployment", str(specs)]
+    for fail_on, status in (([], 0), (["--fail-on", "error"], 1)):
+        local = _cli(*args, *fail_on, "--json")
+        remote = _cli(*args, *fail_on, "--json", "--server", server.address)
+        assert (local.returncode, remote.returncode) == (status, status), remote.stderr
+        assert remote.stdout == local.stdout
+    bad = _cli(*args, "--fail-on", "stage", "--server", server.address)
+    assert bad.returncode == 2 and "--fail-on: unknown field 'stage'" in bad.stderr
+    request = pb.DiffRulesetsRequest(
+        spec_json=json.dumps(reworded), rulesets=["0.32", "0.33"], fail_on=["verdicts"]
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.DiffRulesets(request, timeout=10)
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    _, details = rich_error(caught.value)
+    assert unpack(details, error_details_pb2.BadRequest).field_violations[0].field == "fail_on"
+
+
 def test_post_v1_diff_answers_as_the_cli(server: ServerProcess, tmp_path: Path) -> None:
     assert server.http_url is not None
     body = json.dumps({"from": "0.32", "to": "0.33", "deployment": GELU}).encode()

@@ -1,6 +1,7 @@
 """ReportDecisions and ListObservedDecisions on a real server (a primary and a replica, so a
 report may land on either and the one store is the primary's): authenticated like every
-RPC, bounded, kept in --state-dir across a restart, listed by `moe-control observed`."""
+RPC, bounded, kept in --state-dir across a restart, listed by `moe-control observed`; a
+release newer than every ruleset compared with the newest, marked, counted and said."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from service.api.codecs import observed as codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.api.generated.moe_control.v1 import observed_pb2
 from service.cli import main
+from service.oracle.releases import DEFAULT_RULESET, RELEASES
 from tests.api.codecs.test_observed import report
 
 pytestmark = pytest.mark.timeout(600)
@@ -94,3 +96,51 @@ def _get(url: str) -> Any:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
+
+
+def test_a_release_newer_than_every_ruleset_is_marked_counted_and_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    newest = RELEASES[DEFAULT_RULESET]
+    major, minor = (int(part) for part in newest.below.split(".")[:2])
+    newer = f"{major}.{minor + 1}.0+cu130"
+    metrics_port = _free_port()
+    args = ("--auth-token", TOKEN, "--server-processes", "2", "--http-port", str(_free_port()))
+    with (
+        serving(*args, "--metrics-port", str(metrics_port)) as server,
+        server.channel() as channel,
+    ):
+        stub: Any = pb_grpc.MoeControlServiceStub(channel)
+        request = report()
+        request.process.vllm_version = newer
+        assert stub.ReportDecisions(request, timeout=10, metadata=AUTH).accepted == 1
+        assert stub.ReportDecisions(report(), timeout=10, metadata=AUTH).accepted == 1
+        listing = stub.ListObservedDecisions(
+            observed_pb2.ListObservedDecisionsRequest(), timeout=10, metadata=AUTH
+        )
+        by_release = {d.vllm_version: d for d in listing.deployments}
+        ahead, modelled = by_release[newer], by_release[report().process.vllm_version]
+        assert ahead.release_not_modelled and not modelled.release_not_modelled
+        assert ahead.ruleset == DEFAULT_RULESET and ahead.HasField("predicted")
+        assert not ahead.first_difference  # the report decides as the newest ruleset does
+        assert ahead.note.startswith(f"vLLM {newer} is not modelled: compared with ")
+
+        flags = ["--server", server.address, "--token", TOKEN, "--timeout", "30"]
+        assert main(["observed", *flags]) == 0
+        text = capsys.readouterr().out
+        assert text.splitlines()[0].endswith(f"; releases not modelled: {newer}")
+        assert f"{newer} (not modelled)" in text and "release not modelled " in text
+        assert server.http_url is not None
+        served = _get(f"{server.http_url}/v1/observed")["deployments"]
+        assert {d["vllm_version"]: d["release_not_modelled"] for d in served} == {
+            newer: True,
+            report().process.vllm_version: False,
+        }
+        # the metric counts it by the ruleset compared with, on the primary's /metrics
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as r:
+            exposition = r.read().decode()
+        sample = (
+            "moe_control_observed_unmodelled_releases_total"
+            f'{{outcome="agrees",ruleset="{DEFAULT_RULESET}"}} 1.0'
+        )
+        assert sample in exposition.splitlines()

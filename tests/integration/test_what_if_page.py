@@ -314,12 +314,16 @@ def test_the_what_if_page_in_chromium(server: ServerProcess, tmp_path: Path) -> 
             expect(page.locator("#diff-outcome")).to_contain_text(
                 "Changed" if diff["changed"] else "Unchanged"
             )
-            rows = page.locator("#diff-table tbody tr")
-            expect(rows).to_have_count(len(diff["differences"]))
-            for row, difference in zip(rows.all(), diff["differences"], strict=True):
-                cells = row.locator("th, td").all_inner_texts()
-                assert cells[0] == difference["field"]
-                assert cells[3] == (difference["cause"] or "—")
+            for table, key in (
+                ("#diff-table", "differences"),
+                ("#diff-other-table", "other_differences"),
+            ):
+                rows = page.locator(f"{table} tbody tr")
+                expect(rows).to_have_count(len(diff[key]))
+                for row, difference in zip(rows.all(), diff[key], strict=True):
+                    cells = row.locator("th, td").all_inner_texts()
+                    assert cells[0] == difference["field"]
+                    assert cells[3] == (difference["cause"] or "—")
 
         # The screenshot shows the hazard cell's details.
         button.click()

@@ -98,17 +98,33 @@ def test_a_forced_backend_that_one_release_refuses() -> None:
     (change,) = diff.changes
     assert change.field == "error" and change.before.startswith("kernel_config: ArgumentError")
     assert "both fail at stage kernel_config" in change.cause
+    # the same failure in other words: a gate on the failure passes, one on its text fails
+    assert change.touches == {"error"}
+    assert not diff.to_json()["changed"] and diff.to_json(("error",))["changed"]
 
 
 def test_json_is_the_http_contract() -> None:
     diff = upgrade(spec("gelu_tanh"), "v0.32.0", "0.33.1")
     answer = diff.to_json()
-    assert list(answer) == ["from", "to", "changed", "before", "after", "differences"]
+    assert list(answer) == [
+        "from",
+        "to",
+        "fail_on",
+        "changed",
+        "before",
+        "after",
+        "differences",
+        "other_differences",
+    ]
     assert (answer["from"], answer["to"], answer["changed"]) == ("vllm-0.32", "vllm-0.33", True)
+    assert answer["fail_on"] == ["backend", "experts_class", "failure"]
     assert answer["before"] == diff.first.failure.to_json()  # type: ignore[union-attr]
     assert answer["after"] == select(spec("gelu_tanh"), ruleset="vllm-0.33").to_json()
-    for difference in answer["differences"]:
+    for difference in answer["differences"] + answer["other_differences"]:
         assert list(difference) == ["field", "before", "after", "cause"]
+    gated = {d["field"] for d in answer["differences"]}
+    assert gated == {"backend", "experts_class", "error"}  # error: the failure goes away
+    assert {d["field"] for d in answer["other_differences"]} == {"verdict.CPU"}
 
 
 def test_trace_backend_evaluates_every_check() -> None:

@@ -215,6 +215,7 @@ def entry_to_pb(entry: ObservedEntry) -> observed_pb2.ObservedDeployment:
         vllm_version=entry.vllm_version,
         ruleset=entry.ruleset,
         note=entry.note,
+        release_not_modelled=not entry.release_modelled,
         observed=decision_to_pb(entry.observed),
         processes=[
             observed_pb2.ReportingProcess(

@@ -9,21 +9,24 @@ an answer reads back as exactly the JSON `select --json` prints for it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from service.api.codecs import selection as codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.dataplane.upgrade import DiffQuery
+from service.oracle.gate import parse_fail_on
 from service.oracle.upgrade import Difference, RulesetAnswer, RulesetDiff, upgrade_json
 
 
 def diff_query(request: pb.DiffRulesetsRequest) -> DiffQuery:
     """The data plane's query for a request (its deployment converted now, so a bad one
-    fails before anything is decided)."""
+    fails before anything is decided, as does an unknown fail_on field)."""
     return DiffQuery(
         codec.deployment_to_json(request),
         tuple(request.rulesets),
         codec.platform_choice(request.platform),
+        parse_fail_on(request.fail_on),
     )
 
 
@@ -39,7 +42,7 @@ def answer_to_pb(answer: RulesetAnswer) -> pb.RulesetAnswer:
     return message
 
 
-def difference_to_pb(difference: Difference) -> pb.RulesetDifference:
+def difference_to_pb(difference: Difference, fail_on: Sequence[str]) -> pb.RulesetDifference:
     return pb.RulesetDifference(
         from_ruleset=difference.from_ruleset,
         to_ruleset=difference.to_ruleset,
@@ -47,14 +50,18 @@ def difference_to_pb(difference: Difference) -> pb.RulesetDifference:
         before=difference.before,
         after=difference.after,
         cause=difference.cause,
+        fails_gate=difference.fails(fail_on),
     )
 
 
-def diff_response(diff: RulesetDiff) -> pb.DiffRulesetsResponse:
+def diff_response(diff: RulesetDiff, fail_on: Sequence[str]) -> pb.DiffRulesetsResponse:
+    """The response, each difference marked by whether it touches a field of `fail_on`."""
     return pb.DiffRulesetsResponse(
         answers=[answer_to_pb(a) for a in diff.answers],
-        differences=[difference_to_pb(d) for d in diff.differences],
-        changes=[difference_to_pb(d) for d in diff.changes],
+        differences=[difference_to_pb(d, fail_on) for d in diff.differences],
+        changes=[difference_to_pb(d, fail_on) for d in diff.changes],
+        fail_on=list(fail_on),
+        changed=any(d.fails(fail_on) for d in diff.changes),
     )
 
 
@@ -76,12 +83,15 @@ def difference_json(message: pb.RulesetDifference) -> dict[str, str]:
 
 def upgrade_response_to_json(response: pb.DiffRulesetsResponse) -> dict[str, Any]:
     """The first-to-last upgrade of a response, as `moe-control diff --json` prints it
-    locally (`upgrade_json`: both answers, the changes with their causes)."""
+    locally (`upgrade_json`: both answers, the changes that fail the gate with their causes
+    and, apart, the others)."""
     first, last = response.answers[0], response.answers[-1]
     return upgrade_json(
         first.ruleset,
         last.ruleset,
         answer_json(first),
         answer_json(last),
-        [difference_json(d) for d in response.changes],
+        differences=[difference_json(d) for d in response.changes if d.fails_gate],
+        other_differences=[difference_json(d) for d in response.changes if not d.fails_gate],
+        fail_on=tuple(response.fail_on),
     )

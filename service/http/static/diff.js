@@ -15,9 +15,40 @@ function picked(answer) {
   return answer.backend || "unquantized";
 }
 
-/** Renders POST /v1/diff's answer into `target`. */
+function differenceTable(answer, id, caption, differences) {
+  return el(
+    "table",
+    { class: "differences", id },
+    el("caption", {}, caption),
+    el(
+      "thead",
+      {},
+      el("tr", {}, ["Field", answer.from, answer.to, "Cause"].map((h) => el("th", { scope: "col" }, h))),
+    ),
+    el(
+      "tbody",
+      {},
+      differences.map((d) =>
+        el(
+          "tr",
+          {},
+          el("th", { scope: "row" }, el("code", {}, d.field)),
+          el("td", {}, shown(d.before)),
+          el("td", {}, shown(d.after)),
+          el("td", {}, shown(d.cause)),
+        ),
+      ),
+    ),
+  );
+}
+
+/** Renders POST /v1/diff's answer into `target`: the differences of the gated fields
+ * (`fail_on`: what changes what runs), then, apart, the others (a verdict, an error's
+ * wording), which do not make the answer "Changed". */
 export function renderDiff(target, answer) {
   const differences = answer.differences || [];
+  const others = answer.other_differences || [];
+  const gated = (answer.fail_on || []).join(", ");
   replace(
     target,
     el(
@@ -29,32 +60,16 @@ export function renderDiff(target, answer) {
       " → ",
       el("span", { id: "diff-after" }, picked(answer.after)),
     ),
-    differences.length === 0
+    differences.length === 0 && others.length === 0
       ? el("p", { class: "hint" }, "No field of the answer differs.")
-      : el(
-          "table",
-          { class: "differences", id: "diff-table" },
-          el("caption", {}, `${differences.length} differences`),
-          el(
-            "thead",
-            {},
-            el("tr", {}, ["Field", answer.from, answer.to, "Cause"].map((h) => el("th", { scope: "col" }, h))),
-          ),
-          el(
-            "tbody",
-            {},
-            differences.map((d) =>
-              el(
-                "tr",
-                {},
-                el("th", { scope: "row" }, el("code", {}, d.field)),
-                el("td", {}, shown(d.before)),
-                el("td", {}, shown(d.after)),
-                el("td", {}, shown(d.cause)),
-              ),
-            ),
-          ),
-        ),
+      : [
+          differences.length === 0
+            ? el("p", { class: "hint" }, `None of ${gated} differs.`)
+            : differenceTable(answer, "diff-table", `${differences.length} differences (${gated})`, differences),
+          others.length === 0
+            ? []
+            : differenceTable(answer, "diff-other-table", `${others.length} other differences (not gated)`, others),
+        ],
   );
 }
 

@@ -13,6 +13,7 @@ from service.api.codecs import upgrade as codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import selection_pb2
 from service.oracle import InvalidSpecError
+from service.oracle.gate import DEFAULT_FAIL_ON
 from service.oracle.upgrade import diff_rulesets, upgrade
 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
@@ -35,6 +36,19 @@ def test_a_request_becomes_the_query() -> None:
     query = codec.diff_query(request)
     assert query.spec == SPEC and query.rulesets == ("0.32", "vllm-0.33")
     assert query.platform is not None and query.platform.preset == "h200"
+    assert query.fail_on == ("backend", "experts_class", "failure")  # none named: the default
+    request.fail_on.extend(["verdict", "backend"])
+    assert codec.diff_query(request).fail_on == ("backend", "verdict")
+
+
+def test_an_unknown_fail_on_field_names_the_field() -> None:
+    request = pb.DiffRulesetsRequest(
+        spec_json=json.dumps(SPEC), rulesets=["0.32", "0.33"], fail_on=["stage"]
+    )
+    with pytest.raises(InvalidSpecError) as caught:
+        codec.diff_query(request)
+    (violation,) = caught.value.violations
+    assert violation.field == "fail_on" and "accepted: backend, " in violation.description
 
 
 def test_a_request_without_a_deployment_names_the_field() -> None:
@@ -44,10 +58,16 @@ def test_a_request_without_a_deployment_names_the_field() -> None:
 
 
 @pytest.mark.parametrize(("start", "end"), [("0.32", "0.33"), ("0.33", "0.32"), ("0.33", "0.33")])
-def test_the_response_reads_back_as_the_local_json(start: str, end: str) -> None:
+@pytest.mark.parametrize("fail_on", [DEFAULT_FAIL_ON, ("verdict",), ("error", "backend")])
+def test_the_response_reads_back_as_the_local_json(
+    start: str, end: str, fail_on: tuple[str, ...]
+) -> None:
     diff = upgrade(SPEC, start, end)
-    response = pb.DiffRulesetsResponse.FromString(codec.diff_response(diff).SerializeToString())
-    assert codec.upgrade_response_to_json(response) == diff.to_json()
+    message = codec.diff_response(diff, fail_on)
+    response = pb.DiffRulesetsResponse.FromString(message.SerializeToString())
+    assert codec.upgrade_response_to_json(response) == diff.to_json(fail_on)
+    assert response.changed == diff.to_json(fail_on)["changed"]
+    assert [d.fails_gate for d in response.changes] == [d.fails(fail_on) for d in diff.changes]
     assert [a.ruleset for a in response.answers] == [a.ruleset for a in diff.answers]
     kinds = [a.WhichOneof("answer") for a in response.answers]
     assert kinds == ["failure" if a.failure else "decision" for a in diff.answers]
@@ -55,7 +75,7 @@ def test_the_response_reads_back_as_the_local_json(start: str, end: str) -> None
 
 def test_consecutive_differences_and_changes_keep_their_rulesets() -> None:
     diff = diff_rulesets(SPEC, ["vllm-0.32", "vllm-0.33", "vllm-0.32"])
-    response = codec.diff_response(diff)
+    response = codec.diff_response(diff, DEFAULT_FAIL_ON)
     steps = {(d.from_ruleset, d.to_ruleset) for d in response.differences}
     assert steps == {("vllm-0.32", "vllm-0.33"), ("vllm-0.33", "vllm-0.32")}
     assert list(response.changes) == []  # back where it started

@@ -152,7 +152,7 @@ class PredictedDecision(_message.Message):
     def __init__(self, moe_method: _Optional[str] = ..., integration: _Optional[str] = ..., backend: _Optional[str] = ..., experts_class: _Optional[str] = ..., error: _Optional[_Union[ObservedError, _Mapping]] = ..., weight_key: _Optional[_Union[ObservedWeightKey, _Mapping]] = ..., may_have_zp: _Optional[bool] = ..., may_have_bias: _Optional[bool] = ..., allow_tile_padding: _Optional[bool] = ..., candidates: _Optional[_Iterable[_Union[ObservedCandidate, _Mapping]]] = ...) -> None: ...
 
 class ObservedDeployment(_message.Message):
-    __slots__ = ("key", "count", "vllm_version", "ruleset", "note", "observed", "predicted", "first_difference", "observed_value", "predicted_value", "processes", "first_seen", "last_seen")
+    __slots__ = ("key", "count", "vllm_version", "ruleset", "note", "observed", "predicted", "first_difference", "observed_value", "predicted_value", "processes", "first_seen", "last_seen", "release_not_modelled")
     KEY_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     VLLM_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +166,7 @@ class ObservedDeployment(_message.Message):
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEEN_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_NOT_MODELLED_FIELD_NUMBER: _ClassVar[int]
     key: str
     count: int
     vllm_version: str
@@ -179,4 +180,5 @@ class ObservedDeployment(_message.Message):
     processes: _containers.RepeatedCompositeFieldContainer[ReportingProcess]
     first_seen: _timestamp_pb2.Timestamp
     last_seen: _timestamp_pb2.Timestamp
-    def __init__(self, key: _Optional[str] = ..., count: _Optional[int] = ..., vllm_version: _Optional[str] = ..., ruleset: _Optional[str] = ..., note: _Optional[str] = ..., observed: _Optional[_Union[ObservedDecision, _Mapping]] = ..., predicted: _Optional[_Union[PredictedDecision, _Mapping]] = ..., first_difference: _Optional[str] = ..., observed_value: _Optional[str] = ..., predicted_value: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ReportingProcess, _Mapping]]] = ..., first_seen: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_seen: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    release_not_modelled: bool
+    def __init__(self, key: _Optional[str] = ..., count: _Optional[int] = ..., vllm_version: _Optional[str] = ..., ruleset: _Optional[str] = ..., note: _Optional[str] = ..., observed: _Optional[_Union[ObservedDecision, _Mapping]] = ..., predicted: _Optional[_Union[PredictedDecision, _Mapping]] = ..., first_difference: _Optional[str] = ..., observed_value: _Optional[str] = ..., predicted_value: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[ReportingProcess, _Mapping]]] = ..., first_seen: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_seen: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., release_not_modelled: _Optional[bool] = ...) -> None: ...

@@ -76,28 +76,34 @@ class SelectBackendResponse(_message.Message):
     def __init__(self, ruleset: _Optional[str] = ..., quantization: _Optional[str] = ..., moe_method: _Optional[str] = ..., backend: _Optional[str] = ..., experts_class: _Optional[str] = ..., weight_key: _Optional[_Union[_selection_pb2.WeightKey, _Mapping]] = ..., may_have_zp: _Optional[bool] = ..., may_have_bias: _Optional[bool] = ..., allow_tile_padding: _Optional[bool] = ..., candidates: _Optional[_Iterable[_Union[_selection_pb2.BackendCandidate, _Mapping]]] = ..., hazards: _Optional[_Iterable[_Union[_selection_pb2.Hazard, _Mapping]]] = ..., platform: _Optional[_Union[_platform_pb2.PlatformProfile, _Mapping]] = ..., server_platform: _Optional[_Union[_platform_pb2.PlatformProfile, _Mapping]] = ..., measured: _Optional[_Union[_measured_pb2.MeasuredSelection, _Mapping]] = ..., explanation: _Optional[str] = ..., what_would_change: _Optional[_Union[_selection_pb2.WhatWouldChange, _Mapping]] = ...) -> None: ...
 
 class DiffRulesetsRequest(_message.Message):
-    __slots__ = ("spec", "spec_json", "model_config", "platform", "rulesets")
+    __slots__ = ("spec", "spec_json", "model_config", "platform", "rulesets", "fail_on")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
     MODEL_CONFIG_FIELD_NUMBER: _ClassVar[int]
     PLATFORM_FIELD_NUMBER: _ClassVar[int]
     RULESETS_FIELD_NUMBER: _ClassVar[int]
+    FAIL_ON_FIELD_NUMBER: _ClassVar[int]
     spec: _selection_pb2.DeploymentSpec
     spec_json: str
     model_config: _selection_pb2.ModelConfig
     platform: _selection_pb2.PlatformSelector
     rulesets: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, spec: _Optional[_Union[_selection_pb2.DeploymentSpec, _Mapping]] = ..., spec_json: _Optional[str] = ..., model_config: _Optional[_Union[_selection_pb2.ModelConfig, _Mapping]] = ..., platform: _Optional[_Union[_selection_pb2.PlatformSelector, _Mapping]] = ..., rulesets: _Optional[_Iterable[str]] = ...) -> None: ...
+    fail_on: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, spec: _Optional[_Union[_selection_pb2.DeploymentSpec, _Mapping]] = ..., spec_json: _Optional[str] = ..., model_config: _Optional[_Union[_selection_pb2.ModelConfig, _Mapping]] = ..., platform: _Optional[_Union[_selection_pb2.PlatformSelector, _Mapping]] = ..., rulesets: _Optional[_Iterable[str]] = ..., fail_on: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DiffRulesetsResponse(_message.Message):
-    __slots__ = ("answers", "differences", "changes")
+    __slots__ = ("answers", "differences", "changes", "fail_on", "changed")
     ANSWERS_FIELD_NUMBER: _ClassVar[int]
     DIFFERENCES_FIELD_NUMBER: _ClassVar[int]
     CHANGES_FIELD_NUMBER: _ClassVar[int]
+    FAIL_ON_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
     answers: _containers.RepeatedCompositeFieldContainer[RulesetAnswer]
     differences: _containers.RepeatedCompositeFieldContainer[RulesetDifference]
     changes: _containers.RepeatedCompositeFieldContainer[RulesetDifference]
-    def __init__(self, answers: _Optional[_Iterable[_Union[RulesetAnswer, _Mapping]]] = ..., differences: _Optional[_Iterable[_Union[RulesetDifference, _Mapping]]] = ..., changes: _Optional[_Iterable[_Union[RulesetDifference, _Mapping]]] = ...) -> None: ...
+    fail_on: _containers.RepeatedScalarFieldContainer[str]
+    changed: bool
+    def __init__(self, answers: _Optional[_Iterable[_Union[RulesetAnswer, _Mapping]]] = ..., differences: _Optional[_Iterable[_Union[RulesetDifference, _Mapping]]] = ..., changes: _Optional[_Iterable[_Union[RulesetDifference, _Mapping]]] = ..., fail_on: _Optional[_Iterable[str]] = ..., changed: _Optional[bool] = ...) -> None: ...
 
 class RulesetAnswer(_message.Message):
     __slots__ = ("ruleset", "decision", "failure")
@@ -110,20 +116,22 @@ class RulesetAnswer(_message.Message):
     def __init__(self, ruleset: _Optional[str] = ..., decision: _Optional[_Union[SelectBackendResponse, _Mapping]] = ..., failure: _Optional[_Union[_selection_pb2.SelectionFailure, _Mapping]] = ...) -> None: ...
 
 class RulesetDifference(_message.Message):
-    __slots__ = ("from_ruleset", "to_ruleset", "field", "before", "after", "cause")
+    __slots__ = ("from_ruleset", "to_ruleset", "field", "before", "after", "cause", "fails_gate")
     FROM_RULESET_FIELD_NUMBER: _ClassVar[int]
     TO_RULESET_FIELD_NUMBER: _ClassVar[int]
     FIELD_FIELD_NUMBER: _ClassVar[int]
     BEFORE_FIELD_NUMBER: _ClassVar[int]
     AFTER_FIELD_NUMBER: _ClassVar[int]
     CAUSE_FIELD_NUMBER: _ClassVar[int]
+    FAILS_GATE_FIELD_NUMBER: _ClassVar[int]
     from_ruleset: str
     to_ruleset: str
     field: str
     before: str
     after: str
     cause: str
-    def __init__(self, from_ruleset: _Optional[str] = ..., to_ruleset: _Optional[str] = ..., field: _Optional[str] = ..., before: _Optional[str] = ..., after: _Optional[str] = ..., cause: _Optional[str] = ...) -> None: ...
+    fails_gate: bool
+    def __init__(self, from_ruleset: _Optional[str] = ..., to_ruleset: _Optional[str] = ..., field: _Optional[str] = ..., before: _Optional[str] = ..., after: _Optional[str] = ..., cause: _Optional[str] = ..., fails_gate: _Optional[bool] = ...) -> None: ...
 
 class ConvertWeightsRequest(_message.Message):
     __slots__ = ("header", "tensor", "chunk")
