@@ -92,6 +92,8 @@ class RunRequest:
     warmup_iterations: int = 0
     timed_iterations: int = 0
     compare_with_reference: bool = False
+    #: The rule set inline weights convert by ("": the spec's, else the newest).
+    ruleset: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +187,7 @@ class Runner:
             assert request.inline_layer is not None
             worker = self._workers.place(request.worker_index)
             params["inline"], inline_tensors = self._inline(
-                request.inline_layer, worker.index, params["backend"]
+                request.inline_layer, worker.index, params["backend"], request.ruleset
             )
         segments = self._segments()
         pool = self._pool_of(segments)
@@ -286,7 +288,7 @@ class Runner:
         return await self._workers.holder(request.layer_id)
 
     def _inline(
-        self, layer: InlineLayer, index: int, backend: str
+        self, layer: InlineLayer, index: int, backend: str, ruleset: str
     ) -> tuple[dict[str, Any], list[tuple[str, TensorSpec, bytes]]]:
         """What the worker needs to convert inline weights on the fly, and their tensors."""
         if not layer.tensors:
@@ -306,7 +308,7 @@ class Runner:
         source = source_spec(
             deployment.hf_quantization_config, quantization=deployment.quantization
         )
-        target = resolve_target(deployment, backend, field="backend")
+        target = resolve_target(deployment, backend, ruleset=ruleset, field="backend")
         tensors = []
         for number, tensor in enumerate(layer.tensors):
             field = f"inline_layer.tensors[{tensor.name or number}]"
