@@ -41,6 +41,8 @@ from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint  
 from service.formats.routes.spec import SourceSpec  # noqa: E402
 from service.formats.synthetic.checkpoints import SyntheticSpec, synthetic_layer  # noqa: E402
 from service.formats.synthetic.quantize import random_layer  # noqa: E402
+from service.ipc import codec  # noqa: E402
+from service.ipc.messages import ConvertLayer, Ping, RunMoE, SegmentTensor  # noqa: E402
 from service.ipc.segments import SegmentDir  # noqa: E402
 from service.pool.config import SupervisorConfig  # noqa: E402
 from service.pool.pool import WorkerPool  # noqa: E402
@@ -104,7 +106,7 @@ async def measure(device: str, shape: str, backend: str, calls: int, warmup: int
         values["shape"].update(
             num_experts=experts, hidden_size=hidden, intermediate_size=intermediate
         )
-        layer_id = (await worker.call("convert_layer", values, cancellable=True))["layer_id"]
+        layer_id = (await worker.call(codec.from_json(ConvertLayer, values))).layer_id
         segments.remove("t-in-")
         del layer, tensors
         print(f"layer kept ({backend}) in {time.perf_counter() - started:.1f} s", flush=True)
@@ -115,37 +117,35 @@ async def measure(device: str, shape: str, backend: str, calls: int, warmup: int
         }
         capacity = max(4096, 2 * hidden)
         segments.new("out", capacity).close()
-        run = {
-            "segments_dir": str(segments.path),
-            "inputs": put_inputs(segments, given),
-            "out_segment": "out",
-            "out_capacity": capacity,
-            "layer_id": layer_id,
-        }
+        run = RunMoE(
+            segments_dir=str(segments.path),
+            inputs=tuple(
+                codec.from_json(SegmentTensor, item) for item in put_inputs(segments, given)
+            ),
+            out_segment="out",
+            out_capacity=capacity,
+            layer_id=layer_id,
+        )
         timings: list[tuple[float, float]] = []
         stages: dict[str, list[float]] = {}
         for number in range(warmup + calls):
             started = time.perf_counter()
-            answer = await worker.call(
-                "run_moe", run, cancellable=True, on_abandon=lambda late: None
-            )
+            answer = await worker.call(run, on_abandon=lambda late: None)
             wall = time.perf_counter() - started
             if number < warmup:  # JIT, autotuning, caches
                 continue
-            timings.append((wall, float(answer["device_seconds"])))
-            for stage, seconds in answer.get("stages", {}).items():
-                stages.setdefault(stage, []).append(float(seconds))
-            stages.setdefault("pipe + hand-over", []).append(
-                wall - sum(answer.get("stages", {}).values())
-            )
+            timings.append((wall, answer.device_seconds))
+            for stage, seconds in answer.stages.items():
+                stages.setdefault(stage, []).append(seconds)
+            stages.setdefault("pipe + hand-over", []).append(wall - sum(answer.stages.values()))
         pings = []
         for _ in range(calls):
             started = time.perf_counter()
-            await worker.call("ping")
+            await worker.call(Ping())
             pings.append(time.perf_counter() - started)
         print(
             f"run_moe M=1 on {device} ({shape}: E={experts} k={top_k} H={hidden} "
-            f"I={intermediate} int4 g{group}, {answer['backend']}): "
+            f"I={intermediate} int4 g{group}, {answer.backend}): "
             f"call {_ms([t for t, _ in timings])} ms, device {_ms([d for _, d in timings])} ms, "
             f"call - device {_ms([t - d for t, d in timings])} ms; ping {_ms(pings)} ms "
             f"(medians of {calls})"

@@ -35,6 +35,7 @@ from service.api.codecs.answer_cache import AnswerCache, CachedAnswer
 from service.api.generated.moe_control.v1 import measured_pb2, observed_pb2
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.measured import MeasuredAnswerer, MeasuredAnswers
+from service.api.names import SERVICE_NAME
 from service.dataplane.convert import Converter
 from service.dataplane.measured import MeasuredPolicy
 from service.dataplane.observed import Observations
@@ -48,7 +49,6 @@ from service.settings import MIB, Settings
 
 Context = grpc.aio.ServicerContext[Any, Any]
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic in the stubs only
-SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["MoeControlService"].full_name
 _MEASURED = measured_pb2.SELECTION_POLICY_MEASURED
 
 

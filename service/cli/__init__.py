@@ -11,16 +11,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import signal
 import sys
 from collections.abc import Sequence
 
 from service import __version__
 from service.cli import grpc_defaults
-
-#: A reader that went away (`moe-control select ... | head -4`): the status a shell reports
-#: for a tool killed by SIGPIPE, which is how well-behaved Unix tools end there.
-EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+from service.cli.client_flags import BadFlagError
+from service.client.exits import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
 
 #: Sub-command modules, in the order `--help` lists them.
 COMMANDS: tuple[str, ...] = (
@@ -63,7 +60,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
+    except BadFlagError as exc:
+        print(f"moe-control: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        # One line, never a traceback: what happened and how to go on (a command that
+        # keeps its work says so through `interrupted`).
+        print(f"\nmoe-control: interrupted; {_interrupted_hint(argv)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return status
+
+
+#: What a command that was interrupted leaves, and how to go on (default: nothing to resume).
+INTERRUPTED_HINTS: dict[str, str] = {
+    "convert": "the layers already converted are kept: run the same command again to resume",
+}
+
+
+def _interrupted_hint(argv: Sequence[str] | None) -> str:
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = next((w for w in words if not w.startswith("-")), "")
+    return INTERRUPTED_HINTS.get(command, "nothing was left half-done; run it again")
 
 
 def _dispatch(argv: Sequence[str] | None) -> int:
@@ -74,7 +91,7 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
-        return 2
+        return EXIT_BAD_INPUT
     status: int = handler(args)
     return status
 

@@ -14,7 +14,31 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from service.client.channel import Connection
 
-__all__ = ["add_connection_arguments", "connection_from_args"]
+__all__ = ["BadFlagError", "add_connection_arguments", "connection_from_args", "server_address"]
+
+
+class BadFlagError(ValueError):
+    """A flag the command cannot use, named in the message (exit 2, nothing was sent)."""
+
+
+def server_address(server: str, *, tls: bool) -> str:
+    """--server as grpc dials it: HOST:PORT as given, or a URL's HOST:PORT. `http://`
+    means plaintext and `https://` TLS, so each must agree with the TLS flags (--tls-ca
+    turns TLS on); any other scheme, or a path after the port, is refused."""
+    if "://" not in server:
+        return server
+    scheme, _, rest = server.partition("://")
+    scheme = scheme.lower()
+    if scheme not in ("http", "https"):
+        raise BadFlagError(f"--server {server}: HOST:PORT, http://HOST:PORT or https://HOST:PORT")
+    host = rest.rstrip("/")
+    if not host or "/" in host:
+        raise BadFlagError(f"--server {server}: no path after HOST:PORT (the API has none)")
+    if scheme == "https" and not tls:
+        raise BadFlagError(f"--server {server}: https needs --tls-ca (the CA that signed it)")
+    if scheme == "http" and tls:
+        raise BadFlagError(f"--server {server}: http is plaintext but --tls-ca asks for TLS")
+    return host
 
 
 def add_connection_arguments(
@@ -52,8 +76,11 @@ def connection_from_args(args: argparse.Namespace) -> Connection:
     """The `service.client.channel.Connection` the flags describe (imports grpc)."""
     from service.client.channel import Connection
 
+    address: str = args.server
+    if isinstance(address, str):
+        address = server_address(address, tls=args.tls_ca is not None)
     return Connection(
-        args.server,
+        address,
         token=getattr(args, "token", None),
         tls_ca=args.tls_ca,
         tls_cert=args.tls_cert,

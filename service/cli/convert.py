@@ -26,11 +26,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from service.cli.client_flags import add_connection_arguments, connection_from_args
+from service.client.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_SERVER_ERROR, EXIT_UNSUPPORTED
 
-EXIT_OK = 0
-EXIT_UNSUPPORTED = 1
-EXIT_BAD_INPUT = 2
-EXIT_SERVER = 3
+EXIT_SERVER = EXIT_SERVER_ERROR
 GB = 1e9
 
 

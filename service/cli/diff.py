@@ -34,6 +34,7 @@ from service.cli import matrix
 from service.cli.client_flags import add_connection_arguments, connection_from_args
 from service.cli.configs import load_model_configs
 from service.cli.select import add_deployment_arguments, apply_flags, read_deployments
+from service.client.exits import EXIT_BAD_INPUT, EXIT_CHANGED, EXIT_OK, EXIT_SERVER_ERROR
 from service.dataplane import matrix as fleet
 from service.oracle import (
     DEFAULT_RULESET,
@@ -49,10 +50,7 @@ from service.oracle.upgrade import upgrade, upgrade_chain
 if TYPE_CHECKING:
     from service.client.channel import Session
 
-EXIT_UNCHANGED = 0
-EXIT_CHANGED = 1
-EXIT_BAD_INPUT = 2
-EXIT_SERVER_ERROR = 3
+EXIT_UNCHANGED = EXIT_OK
 
 #: The whole command's default deadline with --server (a diff takes milliseconds).
 DEFAULT_TIMEOUT_S = 30.0

@@ -6,9 +6,9 @@ import argparse
 import sys
 from typing import Any
 
+from service.api.names import SERVICE_NAME as SERVICE
 from service.cli.client_flags import add_connection_arguments, connection_from_args
-
-SERVICE = "moe_control.v1.MoeControlService"
+from service.client.exits import EXIT_NOT_FOUND, EXIT_NOT_READY, EXIT_OK, EXIT_SERVER_ERROR
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,15 +40,14 @@ def run(args: argparse.Namespace) -> int:
         status = check_health(connection_from_args(args), service)
     except ServerNotReadyError as exc:
         print(f"moe-control health: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_NOT_READY
     except grpc.RpcError as error:
         call: Any = error  # a grpc.Call as well
         code = call.code()
         if code is grpc.StatusCode.NOT_FOUND:
-            message = unknown_service_message(service)
-        else:
-            message = call.details() or "no message from the server"
-        print(f"{code.name}: {message}")
-        return 1
+            print(f"{code.name}: {unknown_service_message(service)}")
+            return EXIT_NOT_FOUND
+        print(f"{code.name}: {call.details() or 'no message from the server'}")
+        return EXIT_SERVER_ERROR  # no answer at all: unreachable, refused, out of time
     print(status)
-    return 0 if status == "SERVING" else 1
+    return EXIT_OK if status == "SERVING" else EXIT_NOT_READY

@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from service.cli import remote
+from service.client.exits import EXIT_OK
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -61,4 +62,4 @@ def run(args: argparse.Namespace) -> int:
         remote.print_json(layers)
     else:
         print(render_table(layers))
-    return remote.EXIT_OK
+    return EXIT_OK

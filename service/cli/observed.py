@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from service.cli import remote
+from service.client.exits import EXIT_OK
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -110,4 +111,4 @@ def run(args: argparse.Namespace) -> int:
         remote.print_json(listing)
     else:
         print(render_table(listing))
-    return remote.EXIT_OK
+    return EXIT_OK

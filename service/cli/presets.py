@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from service.cli import remote
+from service.client.exits import EXIT_OK
 from service.oracle import PLATFORM_PRESETS
 
 
@@ -65,4 +66,4 @@ def run(args: argparse.Namespace) -> int:
         remote.print_json(presets)
     else:
         print(render_table(presets))
-    return remote.EXIT_OK
+    return EXIT_OK

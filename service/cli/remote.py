@@ -13,20 +13,18 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from service.cli.client_flags import add_connection_arguments, connection_from_args
+from service.client.exits import (
+    EXIT_BAD_INPUT,
+    EXIT_NOT_FOUND,
+    EXIT_NOT_READY,
+    EXIT_SERVER_ERROR,
+)
 
 if TYPE_CHECKING:
     from service.client.channel import Connection
 
 DEFAULT_SERVER = "localhost:50151"
 DEFAULT_TIMEOUT_S = 10.0
-
-EXIT_OK = 0
-#: The server answered NOT_FOUND (an unknown layer id), or it was not ready in time.
-EXIT_NOT_FOUND = 1
-EXIT_NOT_READY = 1
-EXIT_BAD_INPUT = 2
-#: Any other failed call: unreachable, timed out, refused.
-EXIT_SERVER_ERROR = 3
 
 
 def add_flags(parser: argparse.ArgumentParser, *, server_default: str | None) -> None:

@@ -9,6 +9,7 @@ import argparse
 from typing import Any
 
 from service.cli import remote
+from service.client.exits import EXIT_OK
 from service.oracle.rulesets import listing
 
 
@@ -58,4 +59,4 @@ def run(args: argparse.Namespace) -> int:
         remote.print_json(rulesets)
     else:
         print(render(rulesets))
-    return remote.EXIT_OK
+    return EXIT_OK

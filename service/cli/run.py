@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.cli.client_flags import add_connection_arguments, connection_from_args
+from service.client.exits import EXIT_BAD_INPUT, EXIT_NOT_FOUND, EXIT_NOT_READY, EXIT_SERVER_ERROR
 
 #: The demo's layer: small enough for Triton's CPU interpreter in a few seconds.
 DEMO_SHAPE = {"experts": 8, "top_k": 2, "hidden": 128, "intermediate": 128, "tokens": 16}
@@ -325,11 +326,14 @@ def _run_remote(args: argparse.Namespace) -> int:
             response = run_remote(session, _remote_request(args))
     except ServerNotReadyError as exc:
         print(f"moe-control run: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_NOT_READY
     except grpc.RpcError as error:
         call: Any = error
-        print(f"{call.code().name}: {call.details() or 'no message'}", file=sys.stderr)
-        return 1
+        code = call.code()
+        print(f"{code.name}: {call.details() or 'no message'}", file=sys.stderr)
+        if code is grpc.StatusCode.INVALID_ARGUMENT:
+            return EXIT_BAD_INPUT
+        return EXIT_NOT_FOUND if code is grpc.StatusCode.NOT_FOUND else EXIT_SERVER_ERROR
     return _report_remote(args, response)
 
 

@@ -26,6 +26,13 @@ from typing import TYPE_CHECKING, Any
 from service.cli import matrix
 from service.cli.client_flags import add_connection_arguments, connection_from_args
 from service.cli.configs import load_model_configs
+from service.client.exits import (
+    EXIT_BAD_INPUT,
+    EXIT_NOT_READY,
+    EXIT_OK,
+    EXIT_SELECTION_FAILED,
+    EXIT_SERVER_ERROR,
+)
 from service.dataplane import matrix as fleet
 from service.oracle import (
     DEFAULT_RULESET,
@@ -41,13 +48,6 @@ from service.oracle.platform import KNOWN_PACKAGES, preset
 if TYPE_CHECKING:
     from service.client.channel import Session
 
-EXIT_OK = 0
-EXIT_SELECTION_FAILED = 1
-#: Also: the server was not ready within --timeout (--wait-ready), as health/run/convert say.
-EXIT_NOT_READY = 1
-EXIT_BAD_INPUT = 2
-#: The server failed the call: unreachable, out of time, refused.
-EXIT_SERVER_ERROR = 3
 
 #: The whole command's default deadline with --server (a static answer takes milliseconds).
 DEFAULT_TIMEOUT_S = 30.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from service.cli import remote
+from service.client.exits import EXIT_OK
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,4 +35,4 @@ def run(args: argparse.Namespace) -> int:
         remote.print_json({"layer_id": args.layer_id, "freed_bytes": freed})
     else:
         print(f"unloaded {args.layer_id}: freed {freed} bytes")
-    return remote.EXIT_OK
+    return EXIT_OK

@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from service.cli import remote
+from service.client.exits import EXIT_OK
 
 _MIB = 1 << 20
 
@@ -83,4 +84,4 @@ def run(args: argparse.Namespace) -> int:
         remote.print_json(listing)
     else:
         print(render_table(listing))
-    return remote.EXIT_OK
+    return EXIT_OK

@@ -28,10 +28,7 @@ from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import selection_pb2
 from service.client.channel import Connection, Session
 from service.client.errors import RemoteSelectionError
-
-EXIT_SELECTION_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_SERVER_ERROR = 3
+from service.client.exits import EXIT_BAD_INPUT, EXIT_SELECTION_FAILED, EXIT_SERVER_ERROR
 
 
 def remote_failure(error: grpc.RpcError) -> RemoteSelectionError:

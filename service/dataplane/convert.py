@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import secrets
@@ -51,6 +52,15 @@ from service.formats.io.paths import DataRoot
 from service.formats.io.streaming import StreamBudget, TensorAssembler, TensorSpec, chunks
 from service.formats.routes.spec import Target, resolve_target, source_spec
 from service.ipc.errors import SegmentError
+from service.ipc.messages import (
+    CheckpointConverted,
+    CheckTarget,
+    ConvertCheckpoint,
+    ConvertLayer,
+    LayerConverted,
+    LayerShape,
+    SegmentTensor,
+)
 from service.ipc.segments import Segment, SegmentDir
 from service.metrics import Metrics
 from service.oracle import (
@@ -254,13 +264,13 @@ class Converter:
 
     async def _check_writer(self, worker: WorkerHandle, target: Target) -> None:
         """UNIMPLEMENTED before any data moves when the worker has no writer for the target."""
-        answer = await worker.call("check_target", {"backend": target.backend})
-        if not answer.get("supported"):
+        answer = await worker.call(CheckTarget(target.backend))
+        if not answer.supported:
             hint = ""
             if target.chosen_by == "oracle":
                 hint = " (vLLM's choice for this platform; name a target_backend or a platform)"
             raise NotImplementedError(
-                f"ConvertWeights cannot write {target.backend}{hint}: {answer.get('reason')}"
+                f"ConvertWeights cannot write {target.backend}{hint}: {answer.reason}"
             )
 
     def _chunk_limit(self, header: ConvertHeader) -> int:
@@ -297,74 +307,70 @@ class Converter:
         layer_id = ""
         try:
             inputs = await self._receive(stream, segments, prefix)
-            params = {
-                "segments_dir": str(segments.path),
-                "inputs": inputs,
-                "source": source.to_json(),
-                "backend": target.backend,
-                "experts_class": target.experts_class,
-                "ruleset": target.ruleset,
-                "shape": _shape(deployment),
-                "quantization": deployment.quantization,
-                "keep_loaded": header.keep_loaded,
-                "return_tensors": return_tensors,
-                "out_prefix": f"{prefix}out-",
-                "deployment": deployment.to_json(),
-                "layer_budget_bytes": self._settings.layer_budget_mib * MIB,
-            }
+            call = ConvertLayer(
+                segments_dir=str(segments.path),
+                inputs=inputs,
+                source=source,
+                backend=target.backend,
+                ruleset=target.ruleset,
+                shape=_shape(deployment),
+                out_prefix=f"{prefix}out-",
+                experts_class=target.experts_class,
+                quantization=deployment.quantization,
+                keep_loaded=header.keep_loaded,
+                return_tensors=return_tensors,
+                deployment=deployment.to_json(),
+                layer_budget_bytes=self._settings.layer_budget_mib * MIB,
+            )
 
-            def abandoned(late: dict[str, Any] | None) -> None:
+            def abandoned(late: LayerConverted | None) -> None:
                 """The call ended before the worker: clean up after it once it answers."""
+                kept_id = late.layer_id if late is not None else ""
                 log.info(
                     "cleaning up after an abandoned conversion",
-                    extra={
-                        "event": "convert_abandoned",
-                        "kept_layer": bool(late and late.get("layer_id")),
-                    },
+                    extra={"event": "convert_abandoned", "kept_layer": bool(kept_id)},
                 )
                 segments.remove(prefix)
-                if late and late.get("layer_id"):
-                    task = asyncio.ensure_future(self._drop(str(late["layer_id"])))
+                if kept_id:
+                    task = asyncio.ensure_future(self._drop(kept_id))
                     self._cleanup.add(task)
                     task.add_done_callback(self._cleanup.discard)
 
             try:
-                answer = await worker.call(
-                    "convert_layer", params, cancellable=True, on_abandon=abandoned
-                )
+                answer = await worker.call(call, on_abandon=abandoned)
             except WorkerCallError as exc:
                 raise conversion_error(exc) from None
-            layer_id = str(answer.get("layer_id", ""))
+            layer_id = answer.layer_id
             if layer_id:
-                kept = sum(TensorSpec.from_json(t["spec"]).byte_size for t in answer["tensors"])
+                kept = sum(t.spec.byte_size for t in answer.tensors)
                 self._workers.remember(layer_id, worker, kept)
             limit = self._chunk_limit(header)
             sent = []
-            for item in answer["tensors"]:
-                out = TensorSpec.from_json(item["spec"])
+            for item in answer.tensors:
+                out = item.spec
                 sent.append(out)
-                if "segment" not in item:
+                if not item.segment:
                     continue
                 yield TensorSent(out)
-                with segments.open(item["segment"], out.byte_size) as segment:
+                with segments.open(item.segment, out.byte_size) as segment:
                     for offset, part in chunks(segment.view, limit):
                         data = bytes(part)
                         del part  # no view into the mapping survives a suspension
                         yield ChunkSent(out.name, offset, data)
-                segments.file(item["segment"]).unlink(missing_ok=True)
-            bytes_in = sum(int(i["spec"]["byte_size"]) for i in inputs)
+                segments.file(item.segment).unlink(missing_ok=True)
+            bytes_in = sum(i.spec.byte_size for i in inputs)
             bytes_out = sum(spec.byte_size for spec in sent)
             elapsed = time.perf_counter() - started
             self._count(target.backend, elapsed, bytes_in, bytes_out)
             yield Summary(
                 backend=target.backend,
                 experts_class=target.experts_class,
-                descriptor=answer.get("descriptor"),
+                descriptor=answer.descriptor,
                 chosen_by=target.chosen_by,
                 bytes_in=bytes_in,
                 bytes_out=bytes_out,
                 elapsed_s=elapsed,
-                device_seconds=float(answer["device_seconds"]),
+                device_seconds=answer.device_seconds,
                 tensors=tuple(sent),
                 layer_id=layer_id,
             )
@@ -384,10 +390,10 @@ class Converter:
         stream: AsyncIterator[StreamItem],
         segments: SegmentDir,
         prefix: str,
-    ) -> list[dict[str, Any]]:
+    ) -> tuple[SegmentTensor, ...]:
         """Assemble every streamed tensor into its own segment; returns their descriptions."""
         budget = StreamBudget(self._settings.convert_max_layer_bytes)
-        inputs: list[dict[str, Any]] = []
+        inputs: list[SegmentTensor] = []
         names: set[str] = set()
         current: TensorAssembler | None = None
         segment: Segment | None = None
@@ -398,7 +404,9 @@ class Converter:
                 return
             digest = current.finish()
             segment.close()
-            inputs[-1]["spec"]["sha256"] = digest
+            inputs[-1] = dataclasses.replace(
+                inputs[-1], spec=dataclasses.replace(inputs[-1].spec, sha256=digest)
+            )
             current = segment = None
 
         try:
@@ -418,7 +426,7 @@ class Converter:
                     except SegmentError as exc:
                         raise ConvertResourceError(str(exc)) from None
                     current = TensorAssembler(spec, segment.view)
-                    inputs.append({"spec": spec.to_json(), "segment": name})
+                    inputs.append(SegmentTensor(spec, name))
                 elif isinstance(item, ChunkReceived):
                     if current is None:
                         raise StreamError(
@@ -443,8 +451,8 @@ class Converter:
             raise ConvertInputError(
                 "tensors", "required: inline mode streams the layer's tensors after the header"
             )
-        normalize_names([item["spec"]["name"] for item in inputs])
-        return inputs
+        normalize_names([item.spec.name for item in inputs])
+        return tuple(inputs)
 
     # -- path mode
 
@@ -486,20 +494,20 @@ class Converter:
         ready = len(self._workers.ready_workers())
         if header.worker_index is None and ready > 1:
             plan = await asyncio.to_thread(spread.plan_spread, job, ready)
-        call: asyncio.Task[dict[str, Any]]
+
+        async def whole() -> CheckpointConverted:
+            return await worker.call(
+                ConvertCheckpoint(job.to_json()),
+                on_event=lambda _name, data: events.put_nowait(data),
+            )
+
+        call: asyncio.Task[spread.SpreadAnswer] | asyncio.Task[CheckpointConverted]
         if plan is not None:
             call = asyncio.create_task(
                 spread.run_spread(self._workers, job.to_json(), plan, events.put_nowait)
             )
         else:
-            call = asyncio.create_task(
-                worker.call(
-                    "convert_checkpoint",
-                    {"job": job.to_json()},
-                    on_event=lambda _name, data: events.put_nowait(data),
-                    cancellable=True,
-                )
-            )
+            call = asyncio.create_task(whole())
         try:
             async for event in _until_done(call, events):
                 if "stages" in event:  # a converted layer's stage times (ConvertProgress has none)
@@ -513,19 +521,20 @@ class Converter:
                     )
                 yield Progress.of(event)
             try:
-                answer = call.result()
+                result = call.result()
             except WorkerCallError as exc:
                 raise conversion_error(exc) from None
+            answer = result.converted if isinstance(result, spread.SpreadAnswer) else result
             # Where the workers' time went, per stage summed over layers (worker seconds).
-            stages = {k: round(float(v), 3) for k, v in (answer.get("stage_seconds") or {}).items()}
-            if plan is not None:
+            stages = {k: round(v, 3) for k, v in answer.stage_seconds.items()}
+            if isinstance(result, spread.SpreadAnswer):
                 log.info(
                     "checkpoint conversion spread over workers",
                     extra={
                         "event": "convert_spread",
-                        "ranges": len(plan.ranges),
-                        "workers": answer.get("workers"),
-                        "layers_by_worker": answer.get("layers_by_worker"),
+                        "ranges": len(result.workers) - 1,
+                        "workers": list(result.workers),
+                        "layers_by_worker": result.layers_by_worker,
                         "stage_seconds": stages,
                     },
                 )
@@ -540,31 +549,26 @@ class Converter:
                 with contextlib.suppress(BaseException):
                     await call
         elapsed = time.perf_counter() - started
-        self._count(job.target.backend, elapsed, int(answer["bytes_in"]), int(answer["bytes_out"]))
+        self._count(job.target.backend, elapsed, answer.bytes_in, answer.bytes_out)
         yield Summary(
             backend=job.target.backend,
             experts_class=job.target.experts_class,
-            descriptor=answer.get("descriptor"),
+            descriptor=answer.descriptor,
             chosen_by=job.target.chosen_by,
-            bytes_in=int(answer["bytes_in"]),
-            bytes_out=int(answer["bytes_out"]),
+            bytes_in=answer.bytes_in,
+            bytes_out=answer.bytes_out,
             elapsed_s=elapsed,
-            device_seconds=float(answer["device_seconds"]),
-            manifest_tensors=tuple(answer.get("tensors", [])),
-            manifest_path=_shown(str(answer.get("manifest_path", "")), root),
-            layers_converted=int(answer["layers_converted"]),
-            layers_skipped=int(answer["layers_skipped"]),
+            device_seconds=answer.device_seconds,
+            manifest_tensors=answer.tensors,
+            manifest_path=_shown(answer.manifest_path, root),
+            layers_converted=answer.layers_converted,
+            layers_skipped=answer.layers_skipped,
         )
 
 
-def _shape(deployment: DeploymentSpec) -> dict[str, Any]:
+def _shape(deployment: DeploymentSpec) -> LayerShape:
     layer = deployment.layer
-    return {
-        "num_experts": layer.num_experts,
-        "hidden_size": layer.hidden_size,
-        "intermediate_size": layer.intermediate_size,
-        "gated": layer.is_gated,
-    }
+    return LayerShape(layer.num_experts, layer.hidden_size, layer.intermediate_size, layer.is_gated)
 
 
 def _shown(path: str, root: DataRoot) -> str:
@@ -577,7 +581,7 @@ def _shown(path: str, root: DataRoot) -> str:
 
 
 async def _until_done(
-    call: asyncio.Task[dict[str, Any]], events: asyncio.Queue[dict[str, Any]]
+    call: asyncio.Task[Any], events: asyncio.Queue[dict[str, Any]]
 ) -> AsyncIterator[dict[str, Any]]:
     """Events of a running worker call, until it ends (then whatever is still queued)."""
     while not call.done():

@@ -46,6 +46,7 @@ from service.dataplane.selection import (
     Timing,
 )
 from service.formats.routes.spec import source_spec
+from service.ipc.messages import MeasureBackends
 from service.kernels.registry import RUNNABLE
 from service.oracle import DEFAULT_RULESET, InvalidSpecError, SelectionError, parse_deployment
 from service.pool.errors import WorkerCallError, WorkerUnavailableError
@@ -111,7 +112,8 @@ class Job:
     worker_index: int
     key: str
     parts: dict[str, Any]
-    params: dict[str, Any]
+    #: The worker's request, its token counts and budget filled in when it is sent.
+    request: MeasureBackends
     tokens: tuple[int, ...]
     backends: tuple[str, ...]
 
@@ -157,9 +159,7 @@ def make_job(query: SelectQuery, workers: WorkerPool) -> Job:
     if snapshot.profile is None:
         raise WorkerUnavailableError(f"worker {index} is not ready to measure")
     deployment = parse_deployment(dict(query.spec), default_platform=snapshot.profile)
-    source = source_spec(
-        deployment.hf_quantization_config, quantization=deployment.quantization
-    ).to_json()
+    source = source_spec(deployment.hf_quantization_config, quantization=deployment.quantization)
     layer = deployment.layer
     shape = {
         "num_experts": layer.num_experts,
@@ -177,11 +177,13 @@ def make_job(query: SelectQuery, workers: WorkerPool) -> Job:
         "torch": snapshot.torch_version,
         "service": __version__,
         "shape": shape,
-        "quantization": source,
+        "quantization": source.to_json(),
         "backends": list(backends),
     }
-    params = {"shape": shape, "source": source, "backends": list(backends)}
-    return Job(index, cache_key(parts), parts, params, token_counts(options.token_counts), backends)
+    request = MeasureBackends(shape, source, tuple(backends), token_counts=())
+    return Job(
+        index, cache_key(parts), parts, request, token_counts(options.token_counts), backends
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -290,28 +292,24 @@ class MeasuredPolicy:
         self, job: Job, entry: dict[str, Any] | None, tokens: list[int]
     ) -> dict[str, Any]:
         worker = self._workers.worker(job.worker_index)
-        params = {**job.params, "token_counts": tokens, "budget_s": self.budget_s}
+        request = dataclasses.replace(
+            job.request, token_counts=tuple(tokens), budget_s=self.budget_s
+        )
         try:
-            answer = await worker.call(
-                "measure_backends", params, timeout=self.timeout_s, cancellable=True
-            )
+            answer = await worker.call(request, timeout=self.timeout_s)
         except WorkerCallError as exc:
             raise run_error(exc) from exc
         entry = dict(entry or {"parts": job.parts, "buckets": {}})
-        entry["device_name"] = str(answer.get("device_name", ""))
-        entry["versions"] = {str(k): str(v) for k, v in (answer.get("versions") or {}).items()}
+        entry["device_name"] = answer.device_name
+        entry["versions"] = dict(answer.versions)
         now = time.time()
         buckets = dict(entry.get("buckets") or {})
         for count in tokens:
             timings = []
-            for result in answer.get("results", []):
-                seconds = (result.get("seconds") or {}).get(str(count))
+            for result in answer.results:
+                seconds = result.seconds.get(str(count))
                 timings.append(
-                    {
-                        "backend": str(result.get("backend", "")),
-                        "seconds": None if seconds is None else float(seconds),
-                        "error": str(result.get("error", "")),
-                    }
+                    {"backend": result.backend, "seconds": seconds, "error": result.error}
                 )
             buckets[str(count)] = {"time": now, "timings": timings}
         entry["buckets"] = buckets

@@ -24,6 +24,7 @@ response bytes straight from the segment) and gets back what `encode` returned.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import secrets
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from service.formats.errors import ConvertResourceError
 from service.formats.io.streaming import DTYPES, TensorSpec
 from service.formats.routes.spec import resolve_target, source_spec
 from service.ipc.errors import SegmentError
+from service.ipc.messages import InlineWeights, LayerShape, MoeRan, RunMoE, SegmentTensor
 from service.ipc.segments import SegmentDir
 from service.metrics import Metrics
 from service.oracle import parse_deployment
@@ -92,6 +94,8 @@ class RunRequest:
     warmup_iterations: int = 0
     timed_iterations: int = 0
     compare_with_reference: bool = False
+    #: The rule set inline weights convert by ("": the spec's, else the newest).
+    ruleset: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +155,7 @@ class Runner:
 
     async def run(self, request: RunRequest, encode: Callable[[RunResult], _R]) -> _R:
         """Run the call; returns `encode(result)`, called while the output is lent."""
-        hidden = self._check_hidden(request)
+        self._check_hidden(request)
         assert request.hidden_states is not None
         which = request.weights
         if which is None:
@@ -168,24 +172,18 @@ class Runner:
             if getattr(request, field) > MAX_ITERATIONS:
                 raise RunInputError(field, f"at most {MAX_ITERATIONS} (each is a whole forward)")
         specs = [(field, wire_tensor(tensor, field), tensor.data) for field, tensor in named]
-        params: dict[str, Any] = {
-            "backend": request.backend.strip().upper(),
-            "validate": request.validate_inputs,
-            "warmup": request.warmup_iterations,
-            "timed": request.timed_iterations or 1,
-            "compare": request.compare_with_reference,
-        }
+        backend = request.backend.strip().upper()
+        inline: InlineWeights | None = None
+        inline_tensors: list[tuple[str, TensorSpec, bytes]] = []
         if which == "layer_id":
             if not request.layer_id:
                 raise RunInputError("layer_id", "required: the id ConvertWeights returned")
             worker = await self._holder(request)
-            params["layer_id"] = request.layer_id
-            inline_tensors: list[tuple[str, TensorSpec, bytes]] = []
         else:
             assert request.inline_layer is not None
             worker = self._workers.place(request.worker_index)
-            params["inline"], inline_tensors = self._inline(
-                request.inline_layer, worker.index, params["backend"]
+            inline, inline_tensors = self._inline(
+                request.inline_layer, worker.index, backend, request.ruleset
             )
         segments = self._segments()
         pool = self._pool_of(segments)
@@ -193,41 +191,46 @@ class Runner:
         lent: list[Pooled] = []
         answered = spilled = False
         try:
-            params["segments_dir"] = str(segments.path)
-            params["inputs"] = [self._put(pool, lent, s, d) for _, s, d in specs]
-            if inline_tensors:
-                params["inline"]["tensors"] = [
-                    self._put(pool, lent, s, d) for _, s, d in inline_tensors
-                ]
+            inputs = tuple(self._put(pool, lent, s, d) for _, s, d in specs)
+            if inline is not None:
+                put = tuple(self._put(pool, lent, s, d) for _, s, d in inline_tensors)
+                inline = dataclasses.replace(inline, tensors=put)
             # The output is [tokens, hidden] in the hidden states' dtype: its pooled segment
             # is lent up front; a worker whose output does not fit writes a new one instead.
             out_segment = self._take(pool, lent, len(specs[0][2]))
-            params["out_segment"] = out_segment.name
-            params["out_capacity"] = out_segment.capacity
-            params["out_spill"] = f"{prefix}out"
+            call = RunMoE(
+                segments_dir=str(segments.path),
+                inputs=inputs,
+                out_segment=out_segment.name,
+                out_capacity=out_segment.capacity,
+                out_spill=f"{prefix}out",
+                layer_id=request.layer_id if which == "layer_id" else None,
+                inline=inline,
+                backend=backend,
+                validate=request.validate_inputs,
+                warmup=request.warmup_iterations,
+                timed=request.timed_iterations or 1,
+                compare=request.compare_with_reference,
+            )
             try:
                 answer = await worker.call(
-                    "run_moe",
-                    params,
-                    cancellable=True,
-                    on_abandon=lambda late: _discard(segments.remove(prefix)),
+                    call, on_abandon=lambda late: _discard(segments.remove(prefix))
                 )
             except WorkerCallError as exc:
                 answered = True
                 raise run_error(exc, request.layer_id) from None
             answered = True
-            output = answer["output"]
-            described = output["spec"]
-            shape = [int(d) for d in described["shape"]]
-            nbytes = int(described["byte_size"])
-            spilled = output["segment"] != out_segment.name
+            described = answer.output.spec
+            shape = list(described.shape)
+            nbytes = described.byte_size
+            spilled = answer.output.segment != out_segment.name
             dtype = request.hidden_states.dtype
             # The reply is encoded while the output's segment is still lent to this call.
             if not spilled:
                 view = out_segment.view(nbytes)
                 result = encode(_result(answer, worker.index, dtype, shape, view))
             else:
-                with segments.open(output["segment"], nbytes) as segment:
+                with segments.open(answer.output.segment, nbytes) as segment:
                     result = encode(_result(answer, worker.index, dtype, shape, segment.view))
         finally:
             # Once the worker has answered it maps none of them; otherwise (cancelled, the
@@ -236,9 +239,9 @@ class Runner:
             self._schedule_trim(pool)
             if spilled or not answered:
                 segments.remove(prefix)  # the worker's own output segment, if it made one
-        seconds, tokens = self._metrics.run_moe_children(str(answer["backend"]))
-        seconds.observe(float(answer["device_seconds"]))
-        tokens.inc(int(answer.get("tokens", hidden[0])))
+        seconds, tokens = self._metrics.run_moe_children(answer.backend)
+        seconds.observe(answer.device_seconds)
+        tokens.inc(answer.tokens)
         return result
 
     def _check_hidden(self, request: RunRequest) -> tuple[int, int]:
@@ -286,9 +289,10 @@ class Runner:
         return await self._workers.holder(request.layer_id)
 
     def _inline(
-        self, layer: InlineLayer, index: int, backend: str
-    ) -> tuple[dict[str, Any], list[tuple[str, TensorSpec, bytes]]]:
-        """What the worker needs to convert inline weights on the fly, and their tensors."""
+        self, layer: InlineLayer, index: int, backend: str, ruleset: str
+    ) -> tuple[InlineWeights, list[tuple[str, TensorSpec, bytes]]]:
+        """What the worker needs to convert inline weights on the fly (their segments are
+        filled in once lent), and their tensors."""
         if not layer.tensors:
             raise RunInputError("inline_layer.tensors", "required: the layer's checkpoint tensors")
         total = sum(len(tensor.data) for tensor in layer.tensors)
@@ -306,24 +310,24 @@ class Runner:
         source = source_spec(
             deployment.hf_quantization_config, quantization=deployment.quantization
         )
-        target = resolve_target(deployment, backend, field="backend")
+        target = resolve_target(deployment, backend, ruleset=ruleset, field="backend")
         tensors = []
         for number, tensor in enumerate(layer.tensors):
             field = f"inline_layer.tensors[{tensor.name or number}]"
             tensors.append((field, wire_tensor(tensor, field, tensor.name), tensor.data))
         shape = deployment.layer
-        return {
-            "source": source.to_json(),
-            "backend": target.backend,
-            "shape": {
-                "num_experts": shape.num_experts,
-                "hidden_size": shape.hidden_size,
-                "intermediate_size": shape.intermediate_size,
-                "gated": shape.is_gated,
-            },
-            "quantization": deployment.quantization,
-            "deployment": deployment.to_json(),
-        }, tensors
+        weights = InlineWeights(
+            tensors=(),
+            source=source,
+            backend=target.backend,
+            ruleset=target.ruleset,
+            shape=LayerShape(
+                shape.num_experts, shape.hidden_size, shape.intermediate_size, shape.is_gated
+            ),
+            quantization=deployment.quantization,
+            deployment=deployment.to_json(),
+        )
+        return weights, tensors
 
     def _pool_of(self, segments: SegmentDir) -> SegmentPool:
         if self._pool is None or self._pool.directory is not segments:
@@ -355,22 +359,21 @@ class Runner:
 
     def _put(
         self, pool: SegmentPool, lent: list[Pooled], spec: TensorSpec, data: bytes
-    ) -> dict[str, Any]:
+    ) -> SegmentTensor:
         item = self._take(pool, lent, len(data))
         if data:
             item.view(len(data))[:] = data
-        return {"spec": spec.to_json(), "segment": item.name}
+        return SegmentTensor(spec, item.name)
 
 
 def _result(
-    answer: dict[str, Any], worker_index: int, dtype: str, shape: list[int], data: memoryview
+    answer: MoeRan, worker_index: int, dtype: str, shape: list[int], data: memoryview
 ) -> RunResult:
-    error = answer.get("max_abs_error")
     return RunResult(
-        backend=str(answer["backend"]),
+        backend=answer.backend,
         worker_index=worker_index,
-        device_seconds=float(answer["device_seconds"]),
-        max_abs_error=None if error is None else float(error),
+        device_seconds=answer.device_seconds,
+        max_abs_error=answer.max_abs_error,
         dtype=dtype,
         shape=shape,
         data=data,

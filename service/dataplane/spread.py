@@ -55,12 +55,11 @@ from service.formats.checkpoint.plan import (
     shard_names,
 )
 from service.formats.io.safetensors import SafetensorsFile
+from service.ipc.messages import MAX_LISTED_TENSORS, CheckpointConverted, ConvertCheckpoint
 from service.pool.errors import WorkerUnavailableError
 from service.pool.handle import WorkerHandle
 from service.pool.pool import WorkerPool
 
-#: The merged answer lists at most this many tensors (as a worker's answer does).
-MAX_LISTED_TENSORS = 20_000
 #: How often one range may be handed to another worker after its worker died.
 RETRIES_PER_RANGE = 1
 #: Ranges one worker runs at once: while one range's layer is written and hashed (CPU),
@@ -221,16 +220,26 @@ class _Merged:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class SpreadAnswer:
+    """The ranges' answers merged into one, as one worker's would be, and where they ran."""
+
+    converted: CheckpointConverted
+    #: The worker index of each range, in range order (the finalizing call last).
+    workers: tuple[int, ...]
+    #: MoE layers converted per worker index.
+    layers_by_worker: dict[str, int]
+
+
 async def run_spread(
     pool: WorkerPool, job_json: dict[str, Any], plan: SpreadPlan, emit: Emit
-) -> dict[str, Any]:
-    """Run the plan's ranges on the pool's ready workers; returns one answer shaped like a
-    worker's `convert_checkpoint` answer (plus `workers`: the worker index of each range)."""
+) -> SpreadAnswer:
+    """Run the plan's ranges on the pool's ready workers; returns their merged answer."""
     began = time.perf_counter()
     merged = _Merged(plan, emit)
     merged.start()
     queue: deque[int] = deque(range(len(plan.ranges)))
-    answers: dict[int, dict[str, Any]] = {}
+    answers: dict[int, CheckpointConverted] = {}
     ran_on: dict[int, int] = {}
     retries: dict[int, int] = {}
     prepared = asyncio.Event()
@@ -241,10 +250,7 @@ async def run_spread(
             merged.update(number, data)
 
         answer = await worker.call(
-            "convert_checkpoint",
-            {"job": plan.range_job(job_json, number)},
-            on_event=heard,
-            cancellable=True,
+            ConvertCheckpoint(plan.range_job(job_json, number)), on_event=heard
         )
         merged.finish(number)
         answers[number] = answer
@@ -314,41 +320,40 @@ async def run_spread(
 
 
 def _merge(
-    plan: SpreadPlan, answers: list[dict[str, Any]], ran_on: dict[int, int], began: float
-) -> dict[str, Any]:
+    plan: SpreadPlan, answers: list[CheckpointConverted], ran_on: dict[int, int], began: float
+) -> SpreadAnswer:
     """The ranges' answers as one, tensors in the order one worker lists them: the MoE
     layers in layer order, then the copied tensors."""
     prefixes = tuple(f"{module}." for module in plan.modules)
     layer_tensors: list[dict[str, Any]] = []
     copied: list[dict[str, Any]] = []
     for answer in answers:
-        for tensor in answer.get("tensors", []):
+        for tensor in answer.tensors:
             (layer_tensors if str(tensor.get("name", "")).startswith(prefixes) else copied).append(
                 tensor
             )
     tensors = layer_tensors + copied
-    manifest = next((a["manifest_path"] for a in reversed(answers) if a.get("manifest_path")), "")
-
-    def total(key: str) -> int:
-        return sum(int(a.get(key, 0)) for a in answers)
-
-    return {
-        "manifest_path": manifest,
-        "output_dir": str(answers[-1].get("output_dir", "")),
-        "layers_total": total("layers_total"),
-        "layers_converted": total("layers_converted"),
-        "layers_skipped": total("layers_skipped"),
-        "bytes_in": total("bytes_in"),
-        "bytes_out": total("bytes_out"),
-        "seconds": time.perf_counter() - began,
-        "device_seconds": sum(float(a.get("device_seconds", 0.0)) for a in answers),
-        "stage_seconds": _sum_stages(answers),
-        "descriptor": next((a["descriptor"] for a in answers if a.get("descriptor")), None),
-        "tensors": tensors[:MAX_LISTED_TENSORS],
-        "tensors_total": sum(int(a.get("tensors_total", 0)) for a in answers),
-        "workers": [ran_on[i] for i in range(len(answers))],
-        "layers_by_worker": _layers_by_worker(plan, ran_on),
-    }
+    manifest = next((a.manifest_path for a in reversed(answers) if a.manifest_path), "")
+    merged = CheckpointConverted(
+        manifest_path=manifest,
+        output_dir=answers[-1].output_dir,
+        layers_total=sum(a.layers_total for a in answers),
+        layers_converted=sum(a.layers_converted for a in answers),
+        layers_skipped=sum(a.layers_skipped for a in answers),
+        bytes_in=sum(a.bytes_in for a in answers),
+        bytes_out=sum(a.bytes_out for a in answers),
+        seconds=time.perf_counter() - began,
+        device_seconds=sum(a.device_seconds for a in answers),
+        stage_seconds=_sum_stages(answers),
+        descriptor=next((a.descriptor for a in answers if a.descriptor), None),
+        tensors=tuple(tensors[:MAX_LISTED_TENSORS]),
+        tensors_total=sum(a.tensors_total for a in answers),
+    )
+    return SpreadAnswer(
+        merged,
+        tuple(ran_on[i] for i in range(len(answers))),
+        _layers_by_worker(plan, ran_on),
+    )
 
 
 def _layers_by_worker(plan: SpreadPlan, ran_on: dict[int, int]) -> dict[str, int]:
@@ -360,10 +365,10 @@ def _layers_by_worker(plan: SpreadPlan, ran_on: dict[int, int]) -> dict[str, int
     return out
 
 
-def _sum_stages(answers: list[dict[str, Any]]) -> dict[str, float]:
+def _sum_stages(answers: list[CheckpointConverted]) -> dict[str, float]:
     """The workers' seconds per stage, summed (worker time, not wall time)."""
     out: dict[str, float] = {}
     for answer in answers:
-        for name, seconds in (answer.get("stage_seconds") or {}).items():
-            out[name] = out.get(name, 0.0) + float(seconds)
+        for name, seconds in answer.stage_seconds.items():
+            out[name] = out.get(name, 0.0) + seconds
     return out

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from service.api.interceptors.limits import Limits
+from service.api.names import method_path
 from service.http.auth import BearerCheck
 from service.http.errors import error_json
 from service.http.handlers import Call, Encoded, Plane, Reply
@@ -46,7 +47,7 @@ def error_response(exc: BaseException) -> JSONResponse:
 
 def endpoint(route: Route, door: Door) -> Endpoint:
     limit = method_limit(door.limits, route.limit)
-    method_name = f"/moe_control.v1.MoeControlService/{route.limit}"
+    method_name = method_path(str(route.limit))
     handler, plane, observer = route.handler, door.plane, door.observer
     check = None if route.public or not door.auth.enabled else door.auth.check
     has_body, max_body = route.request is not None, door.max_body_bytes

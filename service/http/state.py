@@ -22,7 +22,7 @@ from service.api.codecs.observed import listing_response
 from service.api.codecs.workers import layers_response, workers_response
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import observed_pb2
-from service.api.servicer import SERVICE_NAME
+from service.api.names import SERVICE_NAME
 from service.dataplane.observed import Observations
 from service.http.errors import ForwardedStatusError
 from service.pool.errors import WorkerUnavailableError

@@ -3,8 +3,9 @@
 A `WorkerHandle` supervises one `python -m service.worker --device D`: starts it, waits for
 its hello, pings it, and restarts it with a growing back-off when it exits, is killed or
 stops answering (`spawn`, `restart`); calls in flight on it then fail with
-`WorkerUnavailableError`. Its calls are JSON-lines requests (`service.ipc.protocol`) whose
-answers `InFlightCalls` routes back to the waiting caller.
+`WorkerUnavailableError`. Its calls are typed requests (`service.ipc.messages`), sent as
+JSON lines (`service.ipc.protocol`) whose answers `InFlightCalls` routes back to the
+waiting caller, decoded into the request's answer type.
 """
 
 from __future__ import annotations
@@ -16,19 +17,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
-from service.ipc import protocol
+from service.ipc import codec, protocol
 from service.ipc.errors import ProtocolError
+from service.ipc.messages import Cancel, Ping, Request
 from service.oracle import PlatformProfile
 from service.pool import spawn
 from service.pool.calls import InFlightCalls, Listener, OnAbandon
 from service.pool.config import SupervisorConfig
-from service.pool.errors import WorkerDiedError, WorkerUnavailableError
+from service.pool.errors import WorkerCallError, WorkerDiedError, WorkerUnavailableError
 from service.pool.reader import AnswerReader
 from service.pool.restart import RestartBackoff, exit_reason
 
 log = logging.getLogger("moe_control.supervisor")
+A = TypeVar("A")
 
 
 class WorkerState(StrEnum):
@@ -129,27 +132,59 @@ class WorkerHandle:
 
     async def call(
         self,
-        method: str,
-        params: dict[str, Any] | None = None,
+        request: Request[A],
         *,
         timeout: float | None = None,
         on_event: Listener | None = None,
-        cancellable: bool = False,
-        on_abandon: OnAbandon | None = None,
-    ) -> dict[str, Any]:
+        on_abandon: Callable[[A | None], None] | None = None,
+    ) -> A:
         """Send one request and wait for its answer.
 
-        `on_event` hears the call's progress lines. A `cancellable` call (a background job
-        in the worker) that is cancelled here, or times out, is cancelled in the worker too,
-        so it stops and frees what it holds; `on_abandon` then still gets the worker's
-        eventual answer (None if it failed or the worker died), for the caller's cleanup of
-        whatever a job that finished anyway made (a layer it kept, say)."""
+        `on_event` hears the call's progress lines. A background request (a job in the
+        worker) that is cancelled here, or times out, is cancelled in the worker too, so it
+        stops and frees what it holds; `on_abandon` then still gets the worker's eventual
+        answer (None if it failed or the worker died), for the caller's cleanup of whatever
+        a job that finished anyway made (a layer it kept, say)."""
+        kind = request.answer_type()
+        late: OnAbandon | None = None
+        if on_abandon is not None:
+            hear = on_abandon
+
+            def late(answer: dict[str, Any] | None) -> None:
+                hear(None if answer is None else codec.from_json(kind, answer))
+
+        answer = await self._call(
+            request.METHOD,
+            codec.to_json(request),
+            timeout=timeout,
+            on_event=on_event,
+            cancellable=request.BACKGROUND,
+            on_abandon=late,
+        )
+        try:
+            return codec.from_json(kind, answer)
+        except ProtocolError as exc:
+            raise WorkerCallError(
+                "ProtocolError", f"a malformed {request.METHOD} answer: {exc}"
+            ) from None
+
+    async def _call(
+        self,
+        method: str,
+        params: dict[str, Any],
+        *,
+        timeout: float | None,
+        on_event: Listener | None,
+        cancellable: bool,
+        on_abandon: OnAbandon | None,
+    ) -> dict[str, Any]:
+        """`call` on the pipe: the request's JSON out, the answer's JSON back."""
         process = self.process
         if not self.ready or process is None or process.stdin is None:
             raise WorkerUnavailableError(f"worker {self.index} ({self.device}) is {self.state}")
         call_id = self._calls.next_id()
         future = self._calls.open(call_id, on_event)
-        counted = method != "ping"
+        counted = method != Ping.METHOD
         self.busy += counted
         try:
             async with self._write_lock:
@@ -180,7 +215,8 @@ class WorkerHandle:
         """Tell the worker to stop a background call (fire and forget: nobody waits)."""
         if process.stdin is None or process.returncode is not None:
             return
-        cancel = protocol.request(self._calls.next_id(), "cancel", {"call_id": call_id})
+        request = Cancel(call_id)
+        cancel = protocol.request(self._calls.next_id(), request.METHOD, codec.to_json(request))
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
             process.stdin.write(cancel)
 
@@ -281,7 +317,7 @@ class WorkerHandle:
         while True:
             await asyncio.sleep(self.config.ping_interval_s)
             try:
-                await self.call("ping", timeout=self.config.ping_timeout_s)
+                await self.call(Ping(), timeout=self.config.ping_timeout_s)
             except TimeoutError:
                 raise WorkerDiedError(
                     f"no answer to a ping within {self.config.ping_timeout_s:g} s"

@@ -20,6 +20,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from service.ipc.messages import ListLayers, UnloadLayer
 from service.oracle import PlatformProfile
 from service.pool.config import SupervisorConfig
 from service.pool.errors import (
@@ -153,8 +154,8 @@ class WorkerPool:
         if not worker.ready:
             return []
         incarnation = worker.incarnation
-        answer = await worker.call("list_layers", timeout=timeout)
-        layers = [dict(layer) for layer in answer.get("layers", [])]
+        answer = await worker.call(ListLayers(), timeout=timeout)
+        layers = [dict(layer) for layer in answer.layers]
         if worker.incarnation == incarnation:
             self._layers.listed(worker.index, incarnation, layers)
         return layers
@@ -221,8 +222,8 @@ class WorkerPool:
     async def unload_layer(self, layer_id: str) -> int:
         """Drop a converted layer from the worker that holds it; returns the bytes freed."""
         worker = await self.holder(layer_id)
-        answer = await worker.call("unload_layer", {"layer_id": layer_id})
+        answer = await worker.call(UnloadLayer(layer_id))
         self.forget(layer_id)
-        if not answer.get("found"):
+        if not answer.found:
             raise LayerNotFoundError(layer_id)
-        return int(answer.get("freed_bytes", 0))
+        return answer.freed_bytes

@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+from service.api.names import method_path
 
 #: Metadata the transport sets by itself (forwarding it is refused or wrong).
 _TRANSPORT_KEYS = frozenset({"user-agent", "te", "content-type", "host"})
@@ -225,7 +226,7 @@ class ForwardedMeasure:
     """A replica's MEASURED answers: the primary's, over the private socket (the primary
     has the workers and the cache)."""
 
-    METHOD = "/moe_control.v1.MoeControlService/SelectBackend"
+    METHOD = method_path("SelectBackend")
 
     def __init__(self, channel: Any) -> None:
         self._call = channel.unary_unary(self.METHOD)

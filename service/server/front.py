@@ -26,7 +26,8 @@ from grpc_health.v1 import health, health_pb2_grpc
 from service.api.interceptors.chain import InterceptorChain
 from service.api.interceptors.limits import Limits
 from service.api.interceptors.registrar import HandlerRegistrar
-from service.api.servicer import SERVICE_NAME, SelectionServicer
+from service.api.names import SERVICE_NAME
+from service.api.servicer import SelectionServicer
 from service.metrics import Metrics
 from service.server.reflection import add_reflection
 from service.settings import Settings

@@ -34,7 +34,8 @@ from prometheus_client import start_http_server
 
 from service import __version__
 from service.api.interceptors.limits import Limits
-from service.api.servicer import SERVICE_NAME, MoeControlServicer
+from service.api.names import SERVICE_NAME
+from service.api.servicer import MoeControlServicer
 from service.kernels.registry import RUNNABLE
 from service.logs import configure_logging
 from service.metrics import Metrics, enable_multiprocess

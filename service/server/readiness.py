@@ -12,7 +12,7 @@ import asyncio
 
 from grpc_health.v1 import health, health_pb2
 
-from service.api.servicer import SERVICE_NAME
+from service.api.names import SERVICE_NAME
 from service.metrics import Metrics
 from service.pool.handle import WorkerHandle
 from service.pool.pool import WorkerPool

@@ -44,7 +44,8 @@ from grpc_health.v1 import health, health_pb2
 
 from service.api.interceptors.chain import InterceptorChain
 from service.api.interceptors.limits import Limits
-from service.api.servicer import SERVICE_NAME, MoeControlServicer, add_to_server
+from service.api.names import SERVICE_NAME
+from service.api.servicer import MoeControlServicer, add_to_server
 from service.api.servicer import SelectionServicer as Selection
 from service.logs import configure_logging
 from service.metrics import MULTIPROC_ENV, Metrics

@@ -37,5 +37,5 @@ class WorkerContext(Protocol):
 
 
 #: A background job of the worker (`main.BACKGROUND` names them): the worker, the call's
-#: parameters and its job context in, the answer out.
-Job = Callable[[WorkerContext, dict[str, Any], JobContext], dict[str, Any]]
+#: request (a `service.ipc.messages` request) and its job context in, its answer out.
+Job = Callable[[WorkerContext, Any, JobContext], object]

@@ -24,15 +24,19 @@ from service.formats.errors import ConvertCancelledError
 from service.formats.io.safetensors import tensor_bytes
 from service.formats.io.streaming import DTYPES, FROM_TORCH, TensorSpec
 from service.formats.routes import inline
-from service.formats.routes.spec import SourceSpec
+from service.ipc.messages import (
+    MAX_LISTED_TENSORS,
+    CheckpointConverted,
+    ConvertCheckpoint,
+    ConvertLayer,
+    LayerConverted,
+    SegmentTensor,
+)
 from service.ipc.segments import Segment, SegmentDir
 from service.oracle import DEFAULT_RULESET
 from service.worker.context import WorkerContext
 from service.worker.jobs import JobContext
 from service.worker.layers import LoadedLayer, new_layer_id, now_rfc3339
-
-#: A checkpoint job's answer lists at most this many tensors (the manifest has them all).
-MAX_LISTED_TENSORS = 20_000
 
 
 def _input_tensor(segment: Segment, spec: TensorSpec) -> torch.Tensor:
@@ -48,68 +52,60 @@ def _wire_spec(name: str, tensor: torch.Tensor, sha256: str) -> TensorSpec:
 
 
 def convert_layer(
-    worker: WorkerContext, params: dict[str, Any], context: JobContext
-) -> dict[str, Any]:
-    segments = SegmentDir(Path(params["segments_dir"]))
+    worker: WorkerContext, request: ConvertLayer, context: JobContext
+) -> LayerConverted:
+    segments = SegmentDir(Path(request.segments_dir))
     opened: list[Segment] = []
     made: list[str] = []
     try:
         tensors: dict[str, torch.Tensor] = {}
-        for item in params["inputs"]:
-            spec = TensorSpec.from_json(item["spec"])
+        for item in request.inputs:
+            spec = item.spec
             try:
-                segment = segments.open(item["segment"], spec.byte_size)
+                segment = segments.open(item.segment, spec.byte_size)
             except FileNotFoundError:
                 # The server deletes a call's segments once the call has ended (a client
                 # gone, a stream cut by a limit): nobody waits for this answer any more.
                 raise ConvertCancelledError(
-                    f"input segment {item['segment']} is gone: the call was abandoned"
+                    f"input segment {item.segment} is gone: the call was abandoned"
                 ) from None
             opened.append(segment)
             tensors[spec.name] = _input_tensor(segment, spec)
         context.check()
-        shape = params["shape"]
-        keep = bool(params.get("keep_loaded"))
+        shape = request.shape
         result = inline.convert_layer(
             tensors,
-            source=SourceSpec.from_json(params["source"]),
-            backend=str(params["backend"]),
+            source=request.source,
+            backend=request.backend,
             shape=inline.LayerShape(
-                int(shape["num_experts"]),
-                int(shape["hidden_size"]),
-                int(shape["intermediate_size"]),
-                bool(shape.get("gated", True)),
+                shape.num_experts, shape.hidden_size, shape.intermediate_size, shape.gated
             ),
             device=worker.device,
-            keep_device=keep,
-            vllm_quantization=params.get("quantization"),
-            ruleset=str(params.get("ruleset") or DEFAULT_RULESET),
+            keep_device=request.keep_loaded,
+            vllm_quantization=request.quantization,
+            ruleset=request.ruleset or DEFAULT_RULESET,
         )
         del tensors
         context.check()
-        outputs: list[dict[str, Any]] = []
-        prefix = str(params["out_prefix"])
+        outputs: list[SegmentTensor] = []
         for number, (name, tensor) in enumerate(result.tensors.items()):
             host = tensor.detach().to("cpu").contiguous()
             data = tensor_bytes(host)
-            entry: dict[str, Any] = {}
-            if params.get("return_tensors", True):
-                segment_name = f"{prefix}{number}"
+            segment_name = ""
+            if request.return_tensors:
+                segment_name = f"{request.out_prefix}{number}"
                 with segments.new(segment_name, len(data)) as out:
                     made.append(segment_name)
                     out.view[:] = data
-                entry["segment"] = segment_name
-            entry["spec"] = _wire_spec(name, host, hashlib.sha256(data).hexdigest()).to_json()
-            outputs.append(entry)
+            described = _wire_spec(name, host, hashlib.sha256(data).hexdigest())
+            outputs.append(SegmentTensor(described, segment_name))
             context.check()
-        answer: dict[str, Any] = {
-            "tensors": outputs,
-            "descriptor": result.descriptor,
-            "device_seconds": result.device_seconds,
-        }
-        if keep:
-            answer["layer_id"] = _keep(worker, params, result)
-        return answer
+        return LayerConverted(
+            tensors=tuple(outputs),
+            descriptor=result.descriptor,
+            device_seconds=result.device_seconds,
+            layer_id=_keep(worker, request, result) if request.keep_loaded else "",
+        )
     except BaseException:
         for name in made:
             segments.file(name).unlink(missing_ok=True)
@@ -119,32 +115,31 @@ def convert_layer(
             segment.close()
 
 
-def _keep(worker: WorkerContext, params: dict[str, Any], result: inline.InlineResult) -> str:
-    shape = params["shape"]
+def _keep(worker: WorkerContext, request: ConvertLayer, result: inline.InlineResult) -> str:
+    shape = request.shape
     layer_id = new_layer_id()
     descriptor = result.descriptor
     size = sum(t.numel() * t.element_size() for t in result.tensors.values())
     info = {
         "layer_id": layer_id,
         "format": {
-            "backend": str(params["backend"]),
-            "experts_class": str(params.get("experts_class", "")),
+            "backend": request.backend,
+            "experts_class": request.experts_class,
             "bits": int(descriptor.get("bits", 0)),
             "group_size": int(descriptor.get("group_size", 0)),
             "has_zero_points": bool(descriptor.get("has_zero_points", False)),
             "attributes": format_attributes(descriptor),
         },
-        "num_experts": int(shape["num_experts"]),
-        "hidden_size": int(shape["hidden_size"]),
-        "intermediate_size": int(shape["intermediate_size"]),
+        "num_experts": shape.num_experts,
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
         "byte_size": size,
         "load_time": now_rfc3339(),
         "device": worker.device,
     }
-    budget = params.get("layer_budget_bytes")
     worker.layers.add(
-        LoadedLayer(layer_id, info, dict(result.tensors), dict(params.get("deployment") or {})),
-        budget_bytes=None if budget is None else int(budget),
+        LoadedLayer(layer_id, info, dict(result.tensors), dict(request.deployment)),
+        budget_bytes=request.layer_budget_bytes,
     )
     return layer_id
 
@@ -163,26 +158,26 @@ def format_attributes(descriptor: dict[str, Any]) -> dict[str, str]:
 
 
 def convert_checkpoint(
-    worker: WorkerContext, params: dict[str, Any], context: JobContext
-) -> dict[str, Any]:
-    job = checkpoint_plan.CheckpointJob.from_json({**params["job"], "device": worker.device})
+    worker: WorkerContext, request: ConvertCheckpoint, context: JobContext
+) -> CheckpointConverted:
+    job = checkpoint_plan.CheckpointJob.from_json({**request.job, "device": worker.device})
     began = time.perf_counter()
     result = checkpoint_job.convert_checkpoint(
         job, progress=lambda event: context.emit("progress", event), check=context.check
     )
     tensors = result.tensors
-    return {
-        "manifest_path": str(result.manifest_path) if result.manifest_path else "",
-        "output_dir": str(result.output_dir),
-        "layers_total": result.layers_total,
-        "layers_converted": result.layers_converted,
-        "layers_skipped": result.layers_skipped,
-        "bytes_in": result.bytes_in,
-        "bytes_out": result.bytes_out,
-        "seconds": time.perf_counter() - began,
-        "device_seconds": result.convert_seconds,
-        "stage_seconds": result.stage_seconds,
-        "descriptor": result.descriptor,
-        "tensors": tensors[:MAX_LISTED_TENSORS],
-        "tensors_total": len(tensors),
-    }
+    return CheckpointConverted(
+        manifest_path=str(result.manifest_path) if result.manifest_path else "",
+        output_dir=str(result.output_dir),
+        layers_total=result.layers_total,
+        layers_converted=result.layers_converted,
+        layers_skipped=result.layers_skipped,
+        bytes_in=result.bytes_in,
+        bytes_out=result.bytes_out,
+        seconds=time.perf_counter() - began,
+        device_seconds=result.convert_seconds,
+        stage_seconds=dict(result.stage_seconds),
+        descriptor=result.descriptor,
+        tensors=tuple(tensors[:MAX_LISTED_TENSORS]),
+        tensors_total=len(tensors),
+    )

@@ -92,7 +92,9 @@ class JobContext:
             raise ConvertCancelledError(f"call {self.call_id} was cancelled")
 
 
-Handler = Callable[[dict[str, Any], JobContext], dict[str, Any]]
+#: Runs one background call: its decoded request (a `service.ipc.messages` request) and its
+#: context in, its answer's JSON out.
+Handler = Callable[[Any, JobContext], dict[str, Any]]
 
 
 class _Job:
@@ -100,9 +102,7 @@ class _Job:
 
     __slots__ = ("context", "handler", "method", "params")
 
-    def __init__(
-        self, context: JobContext, method: str, handler: Handler, params: dict[str, Any]
-    ) -> None:
+    def __init__(self, context: JobContext, method: str, handler: Handler, params: object) -> None:
         self.context = context
         self.method = method
         self.handler = handler
@@ -209,7 +209,7 @@ class Jobs:
         call_id: int,
         method: str,
         handler: Handler,
-        params: dict[str, Any],
+        params: object,
         *,
         kind: str = DEFAULT_KIND,
     ) -> None:

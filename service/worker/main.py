@@ -1,8 +1,11 @@
 """The worker process: `python -m service.worker --device cuda:0`.
 
-It owns one device. Its stdout carries the JSON-lines protocol only (fd 1 is pointed at
-stderr after the protocol stream is set aside, so a library that prints cannot corrupt it);
-its logs go to stderr. It exits when its stdin closes (the server went away).
+It owns one device. Each request line is decoded into the request type its method names
+(`service.ipc.messages.REQUESTS`) and dispatched on that type: quick ones answered inline
+(`Worker.handlers`), background ones started as jobs (`BACKGROUND`). Its stdout carries
+the JSON-lines protocol only (fd 1 is pointed at stderr after the protocol stream is set
+aside, so a library that prints cannot corrupt it); its logs go to stderr. It exits when
+its stdin closes (the server went away).
 """
 
 from __future__ import annotations
@@ -19,8 +22,28 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from service.formats.errors import ConversionUnsupported
-from service.ipc import protocol
+from service.ipc import codec, protocol
 from service.ipc.errors import ProtocolError
+from service.ipc.messages import (
+    REQUESTS,
+    Cancel,
+    Cancelled,
+    CheckTarget,
+    ConvertCheckpoint,
+    ConvertLayer,
+    LayersListed,
+    LayerUnloaded,
+    ListLayers,
+    MeasureBackends,
+    Ping,
+    Pong,
+    Profile,
+    Request,
+    RunMoE,
+    TargetChecked,
+    UnloadLayer,
+    WorkerProfile,
+)
 from service.worker import jobs, probe
 from service.worker.context import Job
 from service.worker.layers import LayerStore
@@ -31,13 +54,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("moe_control.worker")
 
-#: Background methods (they run on job threads; see jobs.py): method -> "module:function",
-#: imported on first use so a worker that never converts never imports torch for it.
-BACKGROUND: dict[str, str] = {
-    "convert_layer": "service.worker.convert:convert_layer",
-    "convert_checkpoint": "service.worker.convert:convert_checkpoint",
-    "run_moe": "service.worker.run:run_moe",
-    "measure_backends": "service.worker.measure:measure_backends",
+#: Background requests (they run on job threads; see jobs.py): type -> "module:function",
+#: imported on first use so a worker that never converts never imports torch for it. The
+#: function takes (worker, request, job context) and returns the request's answer.
+BACKGROUND: dict[type[Request[Any]], str] = {
+    ConvertLayer: "service.worker.convert:convert_layer",
+    ConvertCheckpoint: "service.worker.convert:convert_checkpoint",
+    RunMoE: "service.worker.run:run_moe",
+    MeasureBackends: "service.worker.measure:measure_backends",
 }
 
 
@@ -53,14 +77,15 @@ class Worker:
         self._streams: Streams | None = None
         self._transport: Transport | None = None
         self._kernels: dict[str, Any] | None = None
-        self._background: dict[str, tuple[jobs.Handler, str]] = {}
-        self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-            "ping": self.ping,
-            "profile": self.profile,
-            "list_layers": self.list_layers,
-            "unload_layer": self.unload_layer,
-            "cancel": self.cancel,
-            "check_target": self.check_target,
+        self._background: dict[type[Request[Any]], tuple[jobs.Handler, str]] = {}
+        #: The quick requests, answered inline: request type -> its handler.
+        self.handlers: dict[type[Request[Any]], Callable[[Any], object]] = {
+            Ping: self.ping,
+            Profile: self.profile,
+            ListLayers: self.list_layers,
+            UnloadLayer: self.unload_layer,
+            Cancel: self.cancel,
+            CheckTarget: self.check_target,
         }
 
     @property
@@ -83,66 +108,65 @@ class Worker:
                 self._transport = Transport(self.device)
             return self._transport
 
-    def background(self, method: str) -> jobs.Handler:
-        """The job for `method`, run on its request class's stream (streams.py)."""
-        return self.job(method)[0]
+    def background(self, kind: type[Request[Any]]) -> jobs.Handler:
+        """The job for requests of type `kind`, run on its request class's stream."""
+        return self.job(kind)[0]
 
-    def job(self, method: str) -> tuple[jobs.Handler, str]:
-        """`background(method)` and its request class (which kept job threads run it:
-        jobs.py). Made once per method: the import and lookup are not paid per call."""
-        found = self._background.get(method)
+    def job(self, kind: type[Request[Any]]) -> tuple[jobs.Handler, str]:
+        """`background(kind)` and its request class (which kept job threads run it:
+        jobs.py). Made once per type: the import and lookup are not paid per call."""
+        found = self._background.get(kind)
         if found is not None:
             return found
-        module_name, _, function = BACKGROUND[method].partition(":")
+        module_name, _, function = BACKGROUND[kind].partition(":")
         target: Job = getattr(importlib.import_module(module_name), function)
         from service.worker.streams import request_class
 
-        kind = request_class(method)
+        stream = request_class(kind.METHOD)
 
-        def handler(params: dict[str, Any], context: jobs.JobContext) -> dict[str, Any]:
-            with self.streams.scope(kind):
-                result: dict[str, Any] = target(self, params, context)
-            return result
+        def handler(request: Any, context: jobs.JobContext) -> dict[str, Any]:
+            with self.streams.scope(stream):
+                answer = target(self, request, context)
+            return codec.to_json(answer)
 
-        self._background[method] = handler, kind
-        return handler, kind
+        self._background[kind] = handler, stream
+        return handler, stream
 
-    def check_target(self, params: dict[str, Any]) -> dict[str, Any]:
+    def check_target(self, request: CheckTarget) -> TargetChecked:
         """Whether this worker can write a backend's layout (asked before data moves)."""
         from service.formats import registry
 
         try:
-            registry.writer_for(str(params.get("backend", "")))
+            registry.writer_for(request.backend)
         except ConversionUnsupported as exc:
-            return {"supported": False, "reason": exc.reason}
-        return {"supported": True}
+            return TargetChecked(False, exc.reason)
+        return TargetChecked(True)
 
-    def cancel(self, params: dict[str, Any]) -> dict[str, Any]:
-        return {"cancelled": self.jobs.cancel(int(params.get("call_id", -1)))}
+    def cancel(self, request: Cancel) -> Cancelled:
+        return Cancelled(self.jobs.cancel(request.call_id))
 
-    def ping(self, params: dict[str, Any]) -> dict[str, Any]:
-        return {"pid": os.getpid()}
+    def ping(self, request: Ping) -> Pong:
+        return Pong(os.getpid())
 
-    def profile(self, params: dict[str, Any]) -> dict[str, Any]:
-        """The hello's profile plus `kernels`: each backend's availability on this device
-        (worked out on the first call: it imports torch and loads vLLM's Marlin library)."""
+    def profile(self, request: Profile) -> WorkerProfile:
+        """The hello's profile and each backend's availability on this device (worked out
+        on the first call: it imports torch and loads vLLM's Marlin library)."""
         if self._kernels is None:
             import torch
 
             from service.worker.run import kernel_status
 
             self._kernels = kernel_status(torch.device(self.device))
-        return {**self.info, "kernels": self._kernels}
+        return WorkerProfile(self.info, self._kernels)
 
-    def list_layers(self, params: dict[str, Any]) -> dict[str, Any]:
-        return {"layers": self.layers.infos()}
+    def list_layers(self, request: ListLayers) -> LayersListed:
+        return LayersListed(tuple(self.layers.infos()))
 
-    def unload_layer(self, params: dict[str, Any]) -> dict[str, Any]:
-        layer = self.layers.pop(str(params.get("layer_id", "")))
-        return {
-            "found": layer is not None,
-            "freed_bytes": 0 if layer is None else int(layer.info.get("byte_size", 0)),
-        }
+    def unload_layer(self, request: UnloadLayer) -> LayerUnloaded:
+        layer = self.layers.pop(request.layer_id)
+        if layer is None:
+            return LayerUnloaded(False)
+        return LayerUnloaded(True, int(layer.info.get("byte_size", 0)))
 
     def handle(self, line: bytes) -> bytes | None:
         """The answer to one request line; None when it started a background job (which
@@ -155,22 +179,25 @@ class Worker:
         if not isinstance(call_id, int):
             return protocol.error(-1, "ProtocolError", "a request needs an integer id")
         method = str(message.get("method"))
-        params = message.get("params") or {}
-        if method in BACKGROUND:
+        kind = REQUESTS.get(method)
+        if kind is None:
+            return protocol.error(call_id, "UnknownMethod", f"no method {message.get('method')!r}")
+        try:
+            request = codec.from_json(kind, message.get("params") or {}, method)
+        except ProtocolError as exc:
+            return protocol.error(call_id, "ProtocolError", str(exc))
+        if kind.BACKGROUND:
             try:
-                job, kind = self.job(method)
-                self.jobs.start(call_id, method, job, params, kind=kind)
+                job, stream = self.job(kind)
+                self.jobs.start(call_id, method, job, request, kind=stream)
             except Exception as exc:
                 log.exception("cannot start %s", method)
                 return protocol.error(call_id, *jobs.describe(exc))
             return None
-        handler = self.handlers.get(method)
-        if handler is None:
-            return protocol.error(call_id, "UnknownMethod", f"no method {message.get('method')!r}")
         try:
-            return protocol.result(call_id, handler(params))
+            return protocol.result(call_id, codec.to_json(self.handlers[kind](request)))
         except Exception as exc:
-            log.exception("worker call %s failed", message.get("method"))
+            log.exception("worker call %s failed", method)
             return protocol.error(call_id, type(exc).__name__, str(exc))
 
 

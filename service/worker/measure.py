@@ -31,6 +31,7 @@ from service.formats.errors import ConversionUnsupported
 from service.formats.routes.spec import SourceSpec
 from service.formats.synthetic.checkpoints import SyntheticSpec, synthetic_layer, to_device
 from service.formats.writers import ConversionOptions
+from service.ipc.messages import BackendsMeasured, BackendTiming, MeasureBackends
 from service.kernels.errors import KernelError, KernelInputError
 from service.kernels.interface import ExpertsBackend, LayerSpec
 from service.kernels.routing import topk_route
@@ -69,30 +70,32 @@ def device_name(device: torch.device) -> str:
     return device.type
 
 
-def _params(params: dict[str, Any]) -> tuple[dict[str, Any], SourceSpec, list[str], list[int]]:
-    shape = dict(params["shape"])
+def _checked(request: MeasureBackends) -> tuple[dict[str, Any], list[int]]:
+    """The request's shape and token counts, checked (KernelInputError naming the field)."""
+    shape = dict(request.shape)
     for name in ("num_experts", "top_k", "hidden_size", "intermediate_size"):
-        if int(shape.get(name, 0)) < 1:
+        value = shape.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise KernelInputError(f"shape.{name}", "must be a positive integer")
-    tokens = [int(t) for t in params.get("token_counts", [])]
+    tokens = list(request.token_counts)
     if not tokens or len(tokens) > MAX_BUCKETS or not all(1 <= t <= MAX_TOKENS for t in tokens):
         raise KernelInputError(
             "token_counts", f"1 to {MAX_BUCKETS} counts, each in 1..{MAX_TOKENS}, got {tokens}"
         )
-    source = SourceSpec.from_json(params["source"])
-    backends = [str(b) for b in params.get("backends", [])]
-    return shape, source, backends, tokens
+    return shape, tokens
 
 
 def measure_backends(
-    worker: WorkerContext, params: dict[str, Any], context: JobContext
-) -> dict[str, Any]:
-    """{"device_name", "versions", "results": [{"backend", "seconds": {tokens: s}, "error"}]}."""
-    shape, source, backends, tokens = _params(params)
+    worker: WorkerContext, request: MeasureBackends, context: JobContext
+) -> BackendsMeasured:
+    """Each backend's median seconds per forward at each token count, or why it could not
+    be timed here."""
+    shape, tokens = _checked(request)
+    source, backends = request.source, request.backends
     device = torch.device(worker.device)
     dtype = DTYPES.get(str(shape.get("dtype") or "bfloat16"), torch.bfloat16)
-    budget_s = float(params.get("budget_s", DEFAULT_BUDGET_S))
-    seed = int(params.get("seed", 0))
+    budget_s = DEFAULT_BUDGET_S if request.budget_s is None else request.budget_s
+    seed = request.seed
     spec = SyntheticSpec(
         layout=source.layout,
         num_experts=int(shape["num_experts"]),
@@ -110,17 +113,16 @@ def measure_backends(
     layer = synthetic_layer(spec, torch.Generator().manual_seed(seed))
     layer = to_device(layer, device) if device.type != "cpu" else layer
     activation = str(shape.get("activation") or "silu")
-    results = []
+    results: list[BackendTiming] = []
     for backend in backends:
         context.check()
-        result: dict[str, Any] = {"backend": backend, "seconds": {}}
+        seconds: dict[str, float] = {}
         try:
             runner = _prepared(
                 backend, layer, source=source, spec=spec, device=device, tokens=tokens
             )
         except (ConversionUnsupported, KernelError) as exc:
-            result["error"] = str(exc)[:300]
-            results.append(result)
+            results.append(BackendTiming(backend, error=str(exc)[:300]))
             continue
         generator = torch.Generator(device=device).manual_seed(seed + 1)
         for count in tokens:
@@ -136,12 +138,12 @@ def measure_backends(
             ) -> None:
                 r.forward(args[0], args[1], args[2], activation)
 
-            result["seconds"][str(count)] = median_seconds(
+            seconds[str(count)] = median_seconds(
                 once, device, budget_s, capturable=runner.graph_capturable
             )
         del runner
-        results.append(result)
-    return {"device_name": device_name(device), "versions": versions(), "results": results}
+        results.append(BackendTiming(backend, seconds))
+    return BackendsMeasured(device_name(device), versions(), tuple(results))
 
 
 def _prepared(

@@ -29,7 +29,7 @@ import torch
 
 from service.formats.io.streaming import DTYPES, FROM_TORCH, TensorSpec
 from service.formats.routes import inline
-from service.formats.routes.spec import SourceSpec
+from service.ipc.messages import InlineWeights, MoeRan, RunMoE, SegmentTensor
 from service.ipc.segments import Segment, SegmentDir
 from service.kernels import registry
 from service.kernels.activation import resolve
@@ -177,39 +177,37 @@ class _Timer:
 
 
 def _inline_layer(
-    worker: WorkerContext, spec: dict[str, Any], tensors: dict[str, torch.Tensor]
-) -> Any:
-    """Convert inline weights on the fly into a LoadedLayer that is never stored."""
-    shape = spec["shape"]
-    backend = str(spec["backend"])
+    worker: WorkerContext, weights: InlineWeights, tensors: dict[str, torch.Tensor]
+) -> LoadedLayer:
+    """Convert inline weights on the fly, under the request's ruleset, into a LoadedLayer
+    that is never stored."""
+    shape = weights.shape
     result = inline.convert_layer(
         tensors,
-        source=SourceSpec.from_json(spec["source"]),
-        backend=backend,
+        source=weights.source,
+        backend=weights.backend,
         shape=inline.LayerShape(
-            int(shape["num_experts"]),
-            int(shape["hidden_size"]),
-            int(shape["intermediate_size"]),
-            bool(shape.get("gated", True)),
+            shape.num_experts, shape.hidden_size, shape.intermediate_size, shape.gated
         ),
         device=worker.device,
         keep_device=True,
-        vllm_quantization=spec.get("quantization"),
+        vllm_quantization=weights.quantization,
+        ruleset=weights.ruleset,
     )
     descriptor = result.descriptor
     info = {
         "layer_id": "",
         "format": {
-            "backend": backend,
+            "backend": weights.backend,
             "bits": int(descriptor.get("bits", 0)),
             "group_size": int(descriptor.get("group_size", 0)),
             "has_zero_points": bool(descriptor.get("has_zero_points", False)),
         },
-        "num_experts": int(shape["num_experts"]),
-        "hidden_size": int(shape["hidden_size"]),
-        "intermediate_size": int(shape["intermediate_size"]),
+        "num_experts": shape.num_experts,
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
     }
-    return LoadedLayer("", info, dict(result.tensors), dict(spec.get("deployment") or {}))
+    return LoadedLayer("", info, dict(result.tensors), dict(weights.deployment))
 
 
 def _route(
@@ -315,37 +313,38 @@ class _Stages:
         self._last = now
 
 
-def run_moe(worker: WorkerContext, params: dict[str, Any], context: JobContext) -> dict[str, Any]:
+def run_moe(worker: WorkerContext, request: RunMoE, context: JobContext) -> MoeRan:
     stages = _Stages()
-    segments = _segment_dir(str(params["segments_dir"]))
-    mapped = _mapped(str(params["segments_dir"]))
+    segments = _segment_dir(request.segments_dir)
+    mapped = _mapped(request.segments_dir)
     opened: list[Segment] = []
     device = torch.device(worker.device)
     try:
 
-        def load(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        def load(items: tuple[SegmentTensor, ...]) -> dict[str, torch.Tensor]:
             """Inline weights: big, one call's, mapped for this call only."""
             out: dict[str, torch.Tensor] = {}
             for item in items:
-                spec = TensorSpec.from_json(item["spec"])
-                segment = segments.open(item["segment"], spec.byte_size)
+                segment = segments.open(item.segment, item.spec.byte_size)
                 opened.append(segment)
-                out[spec.name] = _tensor(segment.view, spec)
+                out[item.spec.name] = _tensor(segment.view, item.spec)
             return out
 
         inputs: dict[str, torch.Tensor] = {}
-        for item in params["inputs"]:
-            spec = TensorSpec.from_json(item["spec"])
-            inputs[spec.name] = _tensor(mapped.read(item["segment"], spec.byte_size), spec)
+        for item in request.inputs:
+            spec = item.spec
+            inputs[spec.name] = _tensor(mapped.read(item.segment, spec.byte_size), spec)
         stages.done("open")
-        if "layer_id" in params:
-            layer = worker.layers.use(str(params["layer_id"]))
+        if request.layer_id is not None:
+            layer = worker.layers.use(request.layer_id)
             if layer is None:
-                raise LayerMissingError(str(params["layer_id"]))
+                raise LayerMissingError(request.layer_id)
+        elif request.inline is not None:
+            layer = _inline_layer(worker, request.inline, load(request.inline.tensors))
         else:
-            layer = _inline_layer(worker, params["inline"], load(params["inline"]["tensors"]))
+            raise KernelInputError("weights", "required: layer_id or inline")
         context.check()
-        validate = bool(params.get("validate"))
+        validate = request.validate
         hidden = inputs["hidden_states"]
         if hidden.dim() != 2:
             raise KernelInputError(
@@ -353,7 +352,7 @@ def run_moe(worker: WorkerContext, params: dict[str, Any], context: JobContext) 
             )
         if validate and hidden.dtype.is_floating_point and not bool(hidden.isfinite().all()):
             raise KernelInputError("hidden_states", "contains NaN or Inf")
-        runner = prepared(layer, str(params.get("backend", "")), device)
+        runner = prepared(layer, request.backend, device)
         stages.done("layer")
         tokens = int(hidden.shape[0])
         if _route_on_host(inputs):
@@ -370,8 +369,8 @@ def run_moe(worker: WorkerContext, params: dict[str, Any], context: JobContext) 
             stages.done("routing")
         hidden = on_device["hidden_states"]
         activation = str((layer.deployment.get("layer") or {}).get("activation", "silu"))
-        warmup = min(int(params.get("warmup", 0)), MAX_ITERATIONS)
-        timed = max(1, min(int(params.get("timed", 1)), MAX_ITERATIONS))
+        warmup = min(request.warmup, MAX_ITERATIONS)
+        timed = max(1, min(request.timed, MAX_ITERATIONS))
         # Checked before every forward: up to 2000 of them may follow a caller that has
         # gone (deadline, cancel), and the worker must not compute for it for minutes.
         for _ in range(warmup):
@@ -389,32 +388,37 @@ def run_moe(worker: WorkerContext, params: dict[str, Any], context: JobContext) 
         timer.time(once, timed)
         out = results[0]
         stages.done("forward")
-        answer: dict[str, Any] = {"backend": runner.name, "tokens": tokens}
-        if params.get("compare"):
+        max_abs_error = None
+        if request.compare:
             reference = _reference(layer, hidden, ids, weights, activation)
             diff = (out.to(torch.float32) - reference).abs()
-            answer["max_abs_error"] = float(diff.max()) if diff.numel() else 0.0
+            max_abs_error = float(diff.max()) if diff.numel() else 0.0
             stages.done("compare")
         # Described first: on a GPU this host work overlaps the forward's end (_Timer).
         described = TensorSpec.of(
             "output", FROM_TORCH[str(out.dtype).removeprefix("torch.")], tuple(out.shape)
-        ).to_json()
-        name, nbytes = str(params["out_segment"]), out.numel() * out.element_size()
-        capacity = params.get("out_capacity")
-        if capacity is None or nbytes > int(capacity):
+        )
+        name, nbytes = request.out_segment, out.numel() * out.element_size()
+        capacity = request.out_capacity
+        if capacity is None or nbytes > capacity:
             # No segment lent for the output (or it is too small): a new one of our own.
-            name = str(params.get("out_spill") or name)
+            name = request.out_spill or name
             with segments.new(name, nbytes) as segment:
                 worker.transport.to_host(out, segment.view)
         else:
             lent = name
             worker.transport.to_file(out, lambda data: mapped.write(lent, data))
-        answer["output"] = {"segment": name, "spec": described}
         # After the output: its copy back has waited for the forward already (_Timer).
-        answer["device_seconds"] = timer.seconds()
+        device_seconds = timer.seconds()
         stages.done("output")
-        answer["stages"] = stages.seconds
-        return answer
+        return MoeRan(
+            backend=runner.name,
+            tokens=tokens,
+            output=SegmentTensor(described, name),
+            device_seconds=device_seconds,
+            max_abs_error=max_abs_error,
+            stages=stages.seconds,
+        )
     finally:
         for segment in opened:
             segment.close()

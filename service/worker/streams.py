@@ -23,16 +23,18 @@ from typing import Any
 
 import torch
 
+from service.ipc.messages import ConvertCheckpoint, ConvertLayer, MeasureBackends, RunMoE
+
 RUN = "run"
 CONVERT = "convert"
 MEASURE = "measure"
 
 #: Background method -> request class; a method not listed runs on the RUN stream.
 METHOD_CLASSES: dict[str, str] = {
-    "run_moe": RUN,
-    "convert_layer": CONVERT,
-    "convert_checkpoint": CONVERT,
-    "measure_backends": MEASURE,
+    RunMoE.METHOD: RUN,
+    ConvertLayer.METHOD: CONVERT,
+    ConvertCheckpoint.METHOD: CONVERT,
+    MeasureBackends.METHOD: MEASURE,
 }
 
 

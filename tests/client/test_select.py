@@ -19,12 +19,13 @@ from grpc_status import rpc_status
 
 from service.api.errors import status_for
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+from service.api.names import SERVICE_NAME
 from service.client.channel import Connection
 from service.client.errors import RemoteSelectionError
 from service.client.select import EXIT_BAD_INPUT, EXIT_SERVER_ERROR, remote_select
 from service.oracle import InvalidSpecError
 
-SERVICE = "moe_control.v1.MoeControlService"
+SERVICE = SERVICE_NAME
 #: SelectBackend calls the fake server has seen, by the marker in their spec.
 CALLS: dict[str, int] = {}
 

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-SERVICE = "moe_control.v1.MoeControlService"
+from service.api.names import SERVICE_NAME
+
+SERVICE = SERVICE_NAME
 _LISTENING = re.compile(
     r"listening for gRPC on (\S+?)(?:; metrics at (\S+?))?(?:; HTTP at (\S+))?$"
 )

@@ -237,3 +237,19 @@ def test_a_cancelled_conversion_is_logged(server: ServerProcess) -> None:
     assert wait_for(logged, 10), "".join(server.stderr_lines[-20:])
     line = next(line for line in server.stderr_lines if "convert_cancelled" in line)
     assert '"mode": "checkpoint"' in line
+
+
+def test_health_takes_a_url_and_exits_3_when_nothing_answers(
+    server: ServerProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--server http://HOST:PORT` is the same server; a refused connection is a transport
+    error (exit 3, as every client command), not a NOT_SERVING answer (exit 1)."""
+    assert main(["health", "--server", f"http://{server.address}/"]) == 0
+    assert capsys.readouterr().out.strip() == "SERVING"
+    import socket
+
+    with socket.socket() as probe:  # a port nobody listens on: bound, never listening
+        probe.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{probe.getsockname()[1]}"
+        assert main(["health", "--server", closed, "--timeout", "5"]) == 3
+    assert capsys.readouterr().out.startswith("UNAVAILABLE")

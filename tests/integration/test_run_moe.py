@@ -343,3 +343,35 @@ def test_a_backend_the_worker_cannot_run_is_failed_precondition(
     assert failure.violations[0].subject == "MARLIN"
     assert "CUDA" in failure.violations[0].description
     stub.UnloadLayer(pb.UnloadLayerRequest(layer_id=layer_id), timeout=10)
+
+
+def test_inline_weights_convert_under_the_requests_ruleset(stub: Any, segments_dir: Path) -> None:
+    """An act-order GPTQ layer inline for MARLIN: vLLM 0.29 converts it (sorted by group),
+    the newest release refuses it. Under the request's ruleset 0.29 the conversion goes
+    through, so what stops the call is the MARLIN kernel a CPU worker cannot run
+    (FAILED_PRECONDITION), not the newest release's refusal (UNIMPLEMENTED)."""
+    gen = torch.Generator().manual_seed(13)
+    act = random_layer(
+        E, 128, 128, bits=4, group_size=32, symmetric=True, act_order=True, generator=gen
+    )
+    quant = {**QUANT, "desc_act": True}
+    tensors = write_checkpoint(
+        GPTQ, act, SourceQuantization(4, 32, desc_act=True), naming="mixtral"
+    )
+    hidden = torch.randn(2, 128, generator=gen).to(torch.bfloat16)
+    logits = torch.randn(2, E, generator=gen)
+    spec = deployment_pb(quant, num_experts=E, top_k=TOP_K, hidden_size=128, intermediate_size=128)
+    codes = {}
+    for ruleset in ("vllm-0.29", ""):
+        request = run_request(
+            hidden, inline=(spec, tensors), router_logits=logits, backend="MARLIN"
+        )
+        request.ruleset = ruleset
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.RunMoE(request, timeout=60)
+        codes[ruleset] = caught.value.code(), caught.value.details()
+    assert codes["vllm-0.29"][0] is grpc.StatusCode.FAILED_PRECONDITION, codes
+    assert "CUDA" in codes["vllm-0.29"][1]
+    assert codes[""][0] is grpc.StatusCode.UNIMPLEMENTED
+    assert "act-order" in codes[""][1]
+    assert leftover(segments_dir) == []

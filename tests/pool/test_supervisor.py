@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
+from service.ipc.messages import Ping
 from service.pool.config import SupervisorConfig
 from service.pool.devices import discover_devices
 from service.pool.errors import WorkerNotFoundError, WorkerUnavailableError
@@ -43,7 +44,7 @@ def test_pool_starts_restarts_and_stops() -> None:
             assert profile.device == "cpu"
             assert pool.default_profile() == profile
             first = pool.snapshots()[0]
-            assert (await pool.workers[0].call("ping"))["pid"] == first.pid
+            assert (await pool.workers[0].call(Ping())).pid == first.pid
 
             os.kill(first.pid, signal.SIGKILL)
             assert await until(lambda: pool.snapshots()[0].restarts == 1)

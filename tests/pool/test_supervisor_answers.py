@@ -13,7 +13,6 @@ import asyncio
 import os
 import signal
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -21,7 +20,8 @@ from worker.test_convert_job import params, put_inputs
 
 from service.formats.readers import GPTQ, SourceQuantization, write_checkpoint
 from service.formats.synthetic.quantize import random_layer
-from service.ipc import protocol
+from service.ipc import codec, protocol
+from service.ipc.messages import ConvertLayer, LayerConverted
 from service.ipc.segments import SegmentDir
 from service.pool.config import SupervisorConfig
 from service.pool.pool import WorkerPool
@@ -94,7 +94,7 @@ def test_an_abandoned_call_gets_its_late_answer_once(tmp_path: Path) -> None:
     )
     tensors = write_checkpoint(GPTQ, layer, SourceQuantization(4, 32), naming="mixtral")
 
-    async def scenario() -> tuple[list[dict[str, Any] | None], list[dict[str, Any] | None]]:
+    async def scenario() -> tuple[list[LayerConverted | None], list[LayerConverted | None]]:
         pool = WorkerPool(["cpu"], FAST)
         pool.start()
         segments = SegmentDir.create(tmp_path)
@@ -102,11 +102,10 @@ def test_an_abandoned_call_gets_its_late_answer_once(tmp_path: Path) -> None:
             assert await pool.wait_ready(60)
             worker = pool.workers[0]
             values = params(segments, put_inputs(segments, tensors), keep_loaded=True)
-            late: list[dict[str, Any] | None] = []
+            request = codec.from_json(ConvertLayer, values)
+            late: list[LayerConverted | None] = []
             with pytest.raises(TimeoutError):
-                await worker.call(
-                    "convert_layer", values, timeout=1e-4, cancellable=True, on_abandon=late.append
-                )
+                await worker.call(request, timeout=1e-4, on_abandon=late.append)
             for _ in range(500):
                 if late:
                     break
@@ -115,19 +114,13 @@ def test_an_abandoned_call_gets_its_late_answer_once(tmp_path: Path) -> None:
             kept = {info["layer_id"] for info in await pool.list_layers(0)}
             first = late[:]
             answer = first[0] if first else None
-            assert (answer is None and not kept) or (answer and answer["layer_id"] in kept)
+            assert (answer is None and not kept) or (answer and answer.layer_id in kept)
 
-            stopped: list[dict[str, Any] | None] = []
+            stopped: list[LayerConverted | None] = []
             pid = pool.snapshots()[0].pid
             os.kill(pid, signal.SIGSTOP)
             with pytest.raises(TimeoutError):
-                await worker.call(
-                    "convert_layer",
-                    values,
-                    timeout=0.2,
-                    cancellable=True,
-                    on_abandon=stopped.append,
-                )
+                await worker.call(request, timeout=0.2, on_abandon=stopped.append)
             assert stopped == []  # still running as far as anyone knows
             os.kill(pid, signal.SIGKILL)
             for _ in range(500):

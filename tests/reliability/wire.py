@@ -17,7 +17,9 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-SERVICE = "moe_control.v1.MoeControlService"
+from service.api.names import SERVICE_NAME
+
+SERVICE = SERVICE_NAME
 UNARY = (
     "SelectBackend",
     "RunMoE",

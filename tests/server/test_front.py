@@ -16,7 +16,8 @@ from service.api.generated.grpc.reflection.v1 import reflection_pb2 as v1_pb2
 from service.api.generated.grpc.reflection.v1 import reflection_pb2_grpc as v1_pb2_grpc
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.interceptors.metrics import CODES
-from service.api.servicer import SERVICE_NAME, MoeControlServicer
+from service.api.names import SERVICE_NAME
+from service.api.servicer import MoeControlServicer
 from service.metrics import Metrics
 from service.server.front import start_front
 from service.server.reflection import REFLECTION_SERVICES

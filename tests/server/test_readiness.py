@@ -10,7 +10,7 @@ from typing import Any
 
 from grpc_health.v1 import health, health_pb2
 
-from service.api.servicer import SERVICE_NAME
+from service.api.names import SERVICE_NAME
 from service.metrics import Metrics
 from service.server.readiness import Readiness
 from service.server.replica import WorkerView

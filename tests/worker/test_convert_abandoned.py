@@ -17,6 +17,7 @@ from service.formats.io.streaming import TensorSpec
 from service.formats.routes.spec import SourceSpec
 from service.ipc import protocol
 from service.ipc.segments import SegmentDir
+from service.oracle import DEFAULT_RULESET
 from service.worker.main import Worker
 
 
@@ -30,6 +31,7 @@ def test_missing_input_segment_answers_cancelled(tmp_path: Path) -> None:
         "inputs": [{"spec": spec.to_json(), "segment": "c1-gone-in-0"}],
         "source": SourceSpec("gptq", 4, 32).to_json(),
         "backend": "TRITON",
+        "ruleset": DEFAULT_RULESET,
         "shape": {"num_experts": 2, "hidden_size": 64, "intermediate_size": 64, "gated": True},
         "out_prefix": "c1-gone-out-",
         "return_tensors": True,

@@ -27,7 +27,7 @@ from service.formats.synthetic.quantize import random_layer
 from service.ipc import protocol
 from service.ipc.errors import SegmentError
 from service.ipc.segments import SegmentDir
-from service.oracle import InvalidSpecError
+from service.oracle import DEFAULT_RULESET, InvalidSpecError
 from service.worker import jobs
 from service.worker.main import Worker
 
@@ -74,6 +74,7 @@ def params(segments: SegmentDir, inputs: list[dict[str, Any]], **extra: Any) -> 
         "inputs": inputs,
         "source": SourceSpec("gptq", 4, 32).to_json(),
         "backend": "TRITON",
+        "ruleset": DEFAULT_RULESET,
         "shape": {"num_experts": 2, "hidden_size": 64, "intermediate_size": 64, "gated": True},
         "out_prefix": "t-out-",
         "return_tensors": True,
@@ -177,5 +178,5 @@ def test_check_target(tmp_path: Path) -> None:
     worker = Worker("cpu", Lines())
     yes = protocol.decode(worker.handle(request(1, "check_target", {"backend": "TRITON"})) or b"")
     no = protocol.decode(worker.handle(request(2, "check_target", {"backend": "CPU"})) or b"")
-    assert yes["result"] == {"supported": True}
+    assert yes["result"] == {"supported": True, "reason": ""}
     assert no["result"]["supported"] is False and no["result"]["reason"]

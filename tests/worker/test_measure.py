@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 import torch
 
+from service.ipc import codec
+from service.ipc.messages import MeasureBackends
 from service.kernels.errors import KernelInputError
 from service.worker.jobs import JobContext
 from service.worker.main import BACKGROUND, Worker
@@ -16,8 +18,9 @@ SHAPE = {"num_experts": 4, "top_k": 2, "hidden_size": 64, "intermediate_size": 6
 SOURCE = {"layout": "gptq", "bits": 4, "group_size": 32, "symmetric": True}
 
 
-def params(**extra: Any) -> dict[str, Any]:
-    return {
+def params(**extra: Any) -> MeasureBackends:
+    """The request as the server sends it (its JSON decoded as the worker decodes it)."""
+    values = {
         "shape": SHAPE,
         "source": SOURCE,
         "backends": ["EMULATION", "MARLIN", "CPU"],
@@ -25,6 +28,7 @@ def params(**extra: Any) -> dict[str, Any]:
         "budget_s": 0.01,
         **extra,
     }
+    return codec.from_json(MeasureBackends, values)
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +38,14 @@ def worker() -> Worker:
 
 def test_times_what_runs_and_says_why_the_rest_cannot(worker: Worker) -> None:
     answer = measure_backends(worker, params(), JobContext(1, lambda line: None))
-    assert answer["device_name"] == "cpu" and answer["versions"]["torch"]
-    by = {r["backend"]: r for r in answer["results"]}
+    assert answer.device_name == "cpu" and answer.versions["torch"]
+    by = {r.backend: r for r in answer.results}
     assert list(by) == ["EMULATION", "MARLIN", "CPU"]
-    assert set(by["EMULATION"]["seconds"]) == {"1", "3"}
-    assert all(s > 0 for s in by["EMULATION"]["seconds"].values())
-    assert "CUDA" in by["MARLIN"]["error"] and not by["MARLIN"]["seconds"]
-    assert "no kernel" in by["CPU"]["error"]
-    assert BACKGROUND["measure_backends"] == "service.worker.measure:measure_backends"
+    assert set(by["EMULATION"].seconds) == {"1", "3"}
+    assert all(s > 0 for s in by["EMULATION"].seconds.values())
+    assert "CUDA" in by["MARLIN"].error and not by["MARLIN"].seconds
+    assert "no kernel" in by["CPU"].error
+    assert BACKGROUND[MeasureBackends] == "service.worker.measure:measure_backends"
 
 
 def test_asymmetric_and_int8_layers_are_timed(worker: Worker) -> None:
@@ -51,7 +55,7 @@ def test_asymmetric_and_int8_layers_are_timed(worker: Worker) -> None:
             params(source=source, backends=["EMULATION"], token_counts=[2]),
             JobContext(2, lambda line: None),
         )
-        assert answer["results"][0]["seconds"]["2"] > 0
+        assert answer.results[0].seconds["2"] > 0
 
 
 @pytest.mark.parametrize(

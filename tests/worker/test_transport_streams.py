@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from service.ipc.messages import CheckTarget, TargetChecked
 from service.worker import main, streams
 from service.worker.jobs import JobContext
 
@@ -17,7 +18,7 @@ def test_every_background_method_has_its_class() -> None:
     assert streams.request_class("convert_layer") == streams.CONVERT
     assert streams.request_class("convert_checkpoint") == streams.CONVERT
     assert streams.request_class("measure_backends") == streams.MEASURE
-    assert set(main.BACKGROUND) <= set(streams.METHOD_CLASSES)
+    assert {kind.METHOD for kind in main.BACKGROUND} <= set(streams.METHOD_CLASSES)
 
 
 def test_cpu_scope_is_a_no_op() -> None:
@@ -40,11 +41,13 @@ def test_jobs_run_inside_their_scope(monkeypatch: Any) -> None:
         return real_scope(kind, synchronize=synchronize)
 
     monkeypatch.setattr(worker.streams, "scope", scope)
-    monkeypatch.setitem(main.BACKGROUND, "convert_layer", f"{__name__}:_job")
-    handler = worker.background("convert_layer")
-    assert handler({"x": 2}, JobContext(1, lambda line: None)) == {"twice": 4}
+    monkeypatch.setitem(main.BACKGROUND, CheckTarget, f"{__name__}:_job")
+    monkeypatch.setitem(streams.METHOD_CLASSES, CheckTarget.METHOD, streams.CONVERT)
+    handler = worker.background(CheckTarget)
+    answer = handler(CheckTarget("TRITON"), JobContext(1, lambda line: None))
+    assert answer == {"supported": True, "reason": "TRITON"}
     assert entered == [streams.CONVERT]
 
 
-def _job(worker: main.Worker, params: dict[str, Any], context: JobContext) -> dict[str, Any]:
-    return {"twice": 2 * int(params["x"])}
+def _job(worker: main.Worker, request: CheckTarget, context: JobContext) -> TargetChecked:
+    return TargetChecked(True, request.backend)

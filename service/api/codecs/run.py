@@ -65,6 +65,7 @@ def run_request(request: pb.RunMoERequest) -> RunRequest:
         warmup_iterations=request.warmup_iterations,
         timed_iterations=request.timed_iterations,
         compare_with_reference=request.compare_with_reference,
+        ruleset=request.ruleset,
     )
 
 

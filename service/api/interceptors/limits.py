@@ -25,10 +25,11 @@ from typing import Any
 
 from service.api.errors import ConcurrencyLimitError
 from service.api.interceptors.handlers import Context, Method, Stream, Unary
+from service.api.names import SERVICE_NAME
 from service.metrics import Metrics
 from service.settings import Settings
 
-SERVICE = "moe_control.v1.MoeControlService"
+SERVICE = SERVICE_NAME
 
 #: Full method name -> the Settings field that limits it (its method class). Methods not
 #: here (health, reflection, the cheap listings) are limited by nothing but the global limit.

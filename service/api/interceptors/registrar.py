@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterable, Mapping
 import grpc
 
 from service.api.interceptors.handlers import Handler
+from service.api.names import method_path
 
 #: The methods handed to grpc's core as pre-registered methods: only the one called at
 #: high rates is worth a pending request of its own.
-PRE_REGISTERED = frozenset({"/moe_control.v1.MoeControlService/SelectBackend"})
+PRE_REGISTERED = frozenset({method_path("SelectBackend")})
 
 Wrap = Callable[[str, Handler], Handler]
 

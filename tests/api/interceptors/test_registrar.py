@@ -25,7 +25,8 @@ def test_a_method_registered_twice_is_refused() -> None:
 def test_the_front_registers_every_method_of_the_service_once() -> None:
     """What the primary's front registers: its selection methods, then the worker ones."""
     from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
-    from service.api.servicer import SERVICE_NAME, MoeControlServicer
+    from service.api.names import SERVICE_NAME
+    from service.api.servicer import MoeControlServicer
     from service.metrics import Metrics
 
     class Pool:

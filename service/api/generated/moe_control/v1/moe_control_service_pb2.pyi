@@ -271,7 +271,7 @@ class ConvertSummary(_message.Message):
     def __init__(self, target_format: _Optional[_Union[KernelFormat, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.TensorHeader, _Mapping]]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., layer_id: _Optional[str] = ..., manifest_path: _Optional[str] = ..., device_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., layers_converted: _Optional[int] = ..., layers_skipped: _Optional[int] = ..., backend_chosen_by: _Optional[str] = ...) -> None: ...
 
 class RunMoERequest(_message.Message):
-    __slots__ = ("layer_id", "inline_layer", "hidden_states", "router_logits", "topk", "backend", "worker_index", "warmup_iterations", "timed_iterations", "compare_with_reference", "validate_inputs")
+    __slots__ = ("layer_id", "inline_layer", "hidden_states", "router_logits", "topk", "backend", "worker_index", "warmup_iterations", "timed_iterations", "compare_with_reference", "validate_inputs", "ruleset")
     LAYER_ID_FIELD_NUMBER: _ClassVar[int]
     INLINE_LAYER_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
@@ -283,6 +283,7 @@ class RunMoERequest(_message.Message):
     TIMED_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
     COMPARE_WITH_REFERENCE_FIELD_NUMBER: _ClassVar[int]
     VALIDATE_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    RULESET_FIELD_NUMBER: _ClassVar[int]
     layer_id: str
     inline_layer: InlineLayer
     hidden_states: _tensor_pb2.Tensor
@@ -294,7 +295,8 @@ class RunMoERequest(_message.Message):
     timed_iterations: int
     compare_with_reference: bool
     validate_inputs: bool
-    def __init__(self, layer_id: _Optional[str] = ..., inline_layer: _Optional[_Union[InlineLayer, _Mapping]] = ..., hidden_states: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., router_logits: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., topk: _Optional[_Union[TopKRouting, _Mapping]] = ..., backend: _Optional[str] = ..., worker_index: _Optional[int] = ..., warmup_iterations: _Optional[int] = ..., timed_iterations: _Optional[int] = ..., compare_with_reference: _Optional[bool] = ..., validate_inputs: _Optional[bool] = ...) -> None: ...
+    ruleset: str
+    def __init__(self, layer_id: _Optional[str] = ..., inline_layer: _Optional[_Union[InlineLayer, _Mapping]] = ..., hidden_states: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., router_logits: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., topk: _Optional[_Union[TopKRouting, _Mapping]] = ..., backend: _Optional[str] = ..., worker_index: _Optional[int] = ..., warmup_iterations: _Optional[int] = ..., timed_iterations: _Optional[int] = ..., compare_with_reference: _Optional[bool] = ..., validate_inputs: _Optional[bool] = ..., ruleset: _Optional[str] = ...) -> None: ...
 
 class TopKRouting(_message.Message):
     __slots__ = ("topk_ids", "topk_weights")
