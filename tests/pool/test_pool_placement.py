@@ -21,7 +21,7 @@ from service.pool.errors import (
 from service.pool.handle import WorkerState
 from service.pool.pool import WorkerPool
 
-FAST = SupervisorConfig(ping_interval_s=0.2, ping_timeout_s=2.0, restart_backoff_s=0.3)
+FAST = SupervisorConfig(ping_interval_s=0.2, ping_timeout_s=30.0, restart_backoff_s=0.3)
 
 
 def test_cpu_workers_multiply_the_cpu_only() -> None:

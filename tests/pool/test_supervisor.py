@@ -17,10 +17,14 @@ from service.pool.errors import WorkerNotFoundError, WorkerUnavailableError
 from service.pool.handle import WorkerHandle, WorkerState
 from service.pool.pool import WorkerPool
 
-FAST = SupervisorConfig(ping_interval_s=0.2, ping_timeout_s=2.0, restart_backoff_s=0.05)
+#: Quick pings and restarts, but a ping timeout no loaded machine reaches by accident (a
+#: worker busy importing torch on a shared core can take seconds to answer).
+FAST = SupervisorConfig(ping_interval_s=0.2, ping_timeout_s=30.0, restart_backoff_s=0.05)
+#: For the hung-worker test only: a stopped worker is declared hung after this long.
+HUNG = SupervisorConfig(ping_interval_s=0.2, ping_timeout_s=3.0, restart_backoff_s=0.05)
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
+async def until(predicate: Callable[[], bool], timeout: float = 120.0) -> bool:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -39,7 +43,7 @@ def test_pool_starts_restarts_and_stops() -> None:
         pool = WorkerPool(["cpu"], FAST, on_change=changed)
         pool.start()
         try:
-            assert await pool.wait_ready(30)
+            assert await pool.wait_ready(120)
             profile = pool.profile(0)
             assert profile.device == "cpu"
             assert pool.default_profile() == profile
@@ -48,7 +52,7 @@ def test_pool_starts_restarts_and_stops() -> None:
 
             os.kill(first.pid, signal.SIGKILL)
             assert await until(lambda: pool.snapshots()[0].restarts == 1)
-            assert await pool.wait_ready(30)
+            assert await pool.wait_ready(120)
             second = pool.snapshots()[0]
             assert second.restarts == 1
             assert second.pid != first.pid
@@ -69,16 +73,16 @@ def test_pool_starts_restarts_and_stops() -> None:
 
 def test_a_hung_worker_is_killed_and_restarted() -> None:
     async def scenario() -> None:
-        pool = WorkerPool(["cpu"], FAST)
+        pool = WorkerPool(["cpu"], HUNG)
         pool.start()
         try:
-            assert await pool.wait_ready(30)
+            assert await pool.wait_ready(120)
             first = pool.snapshots()[0]
             os.kill(first.pid, signal.SIGSTOP)  # alive, but answers nothing
-            assert await until(lambda: pool.snapshots()[0].restarts == 1)
-            assert await pool.wait_ready(30)
+            assert await until(lambda: pool.snapshots()[0].pid != first.pid)
+            assert await pool.wait_ready(120)
             second = pool.snapshots()[0]
-            assert second.restarts == 1
+            assert second.restarts > first.restarts
             assert "no answer to a ping" in second.last_exit_reason
         finally:
             await pool.stop()
