@@ -14,7 +14,7 @@ METRICS_PORT ?= 9464
 HTTP_PORT ?= 8151
 LOG_LEVEL ?= WARNING
 
-.PHONY: screenshot http-bench soak fuzz-long run test lint typecheck unit parity parity-record install install-vllm clean help bench protos proto-lint load-bench gpu-test bench-gpu gpu-multi
+.PHONY: test-under-load screenshot http-bench soak fuzz-long run test lint typecheck unit parity parity-record install install-vllm clean help bench protos proto-lint load-bench gpu-test bench-gpu gpu-multi
 
 help:
 	@echo "make run   - install on first use and serve on $(HOST):$(PORT) (metrics on :$(METRICS_PORT))"
@@ -113,6 +113,11 @@ proto-lint: $(BUF)
 
 test: $(VENV)/.stamp $(VLLM_VENV)/.stamp $(VLLM_VENV)/.plugin-stamp lint typecheck proto-lint
 	MOE_CONTROL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/pytest -q -m "not gpu"
+
+# `make test` while another process keeps every core busy for the whole run (stress-ng when
+# installed): the suite's verdicts wait for conditions, never for an idle machine.
+test-under-load:
+	scripts/under_load.sh $(MAKE) test
 
 # One line on the terminal: where it listens and where the metrics are (LOG_LEVEL=INFO shows
 # the JSON life-cycle logs on stderr as well).
