@@ -98,8 +98,9 @@ class Settings:
     server_processes: int = field(
         default=0,
         metadata=_doc(
-            "gRPC server processes sharing the port (SO_REUSEPORT), each with its own event "
-            "loop; the kernel spreads connections, not calls, over them (0: one per CPU "
+            "server processes sharing the gRPC and HTTP ports (docs/server.md, Ports), each "
+            "with its own event loop; the kernel spreads connections, not calls, over them "
+            "(0: one per CPU "
             "core this process may use: its affinity, capped by a cgroup CPU quota)"
         ),
     )

@@ -12,7 +12,7 @@ from service.server.replica import main
 
 async def open_http(plane: ReplicaDoorPlane) -> OpenDoor:
     """The door on the replica's selection and limits, the primary's state asked of its
-    private server, on the primary's door's port."""
+    private server, on the primary's door's listening socket."""
     from service.http.serve import open_http as open_door
     from service.http.state import ForwardedState
 
@@ -23,8 +23,7 @@ async def open_http(plane: ReplicaDoorPlane) -> OpenDoor:
         state=ForwardedState(plane.channel, plane.settings.token()),
         ready=plane.ready,
         limits=plane.limits,
-        port=plane.port,
-        reuseport=True,
+        sock=plane.listener,
     )
 
 

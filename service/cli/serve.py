@@ -62,5 +62,4 @@ async def _open_http(server: MoeControlServer) -> OpenDoor:
         state=LocalState(server.pool, server.servicer.observations),
         ready=lambda: server.readiness.ready,
         limits=server.limits,
-        reuseport=server.settings.process_count() > 1,
     )

@@ -5,11 +5,13 @@ The server cannot import service.http (a sibling floor), so the CLI's `serve` pa
 openers in: `DoorFactory` for the primary (primary.py), which takes the started server, and
 `ReplicaDoorFactory` for a replica, which takes the replica's `ReplicaDoorPlane` (its
 selection and limits, its view of readiness, the channel to the primary's private server).
-The primary's door listens first; the replicas' listen on the port it resolved.
+The primary's door binds its port first, alone (service.ports); the replicas' accept on
+that very socket, inherited.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -21,9 +23,10 @@ from service.settings import Settings
 
 
 class OpenDoor(Protocol):
-    """A door that listens (on `port`) until stopped."""
+    """A door that listens (on `port`, from `listener`) until stopped."""
 
     port: int
+    listener: socket.socket
 
     def url(self, host: str) -> str: ...
 
@@ -32,13 +35,13 @@ class OpenDoor(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ReplicaDoorPlane:
-    """What a replica's door serves from: its settings and the port the primary's door
-    listens on, its metrics, selection and limits (those of its gRPC server), its
+    """What a replica's door serves from: its settings and the primary's door's listening
+    socket (inherited), its metrics, selection and limits (those of its gRPC server), its
     readiness, and the channel to the primary's private server (for what only the primary
     knows)."""
 
     settings: Settings
-    port: int
+    listener: socket.socket
     metrics: Metrics
     selection: SelectionServicer
     limits: Limits

@@ -19,6 +19,7 @@ in-flight calls `grace_s`, then the private server, the workers and /metrics sto
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import shutil
@@ -42,6 +43,7 @@ from service.metrics import Metrics, enable_multiprocess
 from service.pool.config import SupervisorConfig
 from service.pool.devices import discover_devices
 from service.pool.pool import WorkerPool
+from service.ports import PortTakenError, check_free
 from service.process import make_runtime_dir, settle_heap, tune_malloc
 from service.server.doors import OpenDoor
 from service.server.front import Front, start_front
@@ -110,6 +112,8 @@ class MoeControlServer:
 
     async def start(self) -> Endpoints:
         s = self.settings
+        # Every port another process holds fails the start now, before anything starts.
+        self._check_ports()
         metrics_url = self._start_metrics() if s.metrics_enabled else None
         devices = await discover_devices(s.devices, cpu_workers=s.cpu_workers)
         pool = self.pool = WorkerPool(
@@ -161,11 +165,24 @@ class MoeControlServer:
         )
         return Endpoints(grpc_address, metrics_url, http_url)
 
+    def _check_ports(self) -> None:
+        s = self.settings
+        check_free(s.host, s.port, "port")
+        if self._http_factory is not None and s.http_port:
+            check_free(s.host, s.http_port, "http_port")
+        if s.metrics_enabled:
+            check_free(s.metrics_host, s.metrics_port, "metrics_port")
+
     def _start_metrics(self) -> str:
         s = self.settings
-        self._metrics_http, _ = start_http_server(
-            s.metrics_port, addr=s.metrics_host, registry=self.metrics.registry
-        )
+        try:
+            self._metrics_http, _ = start_http_server(
+                s.metrics_port, addr=s.metrics_host, registry=self.metrics.registry
+            )
+        except OSError as exc:  # bound without SO_REUSEPORT: nobody shares it
+            if exc.errno == errno.EADDRINUSE:
+                raise PortTakenError(s.metrics_host, s.metrics_port, "metrics_port") from None
+            raise
         port = self._metrics_http.server_port
         return f"http://{_host_for_url(s.metrics_host)}:{port}/metrics"
 
@@ -178,8 +195,9 @@ class MoeControlServer:
             "settings": settings_to_json(s),
             "port": self.front.port,
             "internal": target,
-            # None: no HTTP door (off, or not opened by this server's caller).
-            "http_port": self.http.port if self.http is not None else None,
+            # The HTTP door's listening socket, inherited by every replica (None: no door,
+            # off or not opened by this server's caller).
+            "http_fd": self.http.listener.fileno() if self.http is not None else None,
         }
         self.replicas = self.readiness.replicas = ReplicaSet(
             count,
@@ -187,6 +205,7 @@ class MoeControlServer:
             env=os.environ,
             restart_backoff_s=s.worker_restart_backoff_s,
             module=self._replica_module,
+            pass_fds=() if self.http is None else (self.http.listener.fileno(),),
         )
         self.readiness.publish()
         await self.replicas.start()
@@ -306,6 +325,10 @@ def run(
     configure_logging(settings.log_level, settings.log_format)
     try:
         asyncio.run(serve(settings, http, replica_module))
+    except PortTakenError as exc:  # a setting's fault, as a bad value is: exit 2
+        log.error("cannot serve: %s", exc, extra={"event": "startup_failed", "port": exc.port})
+        print(f"moe-control serve: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         log.error("cannot serve: %s", exc, extra={"event": "startup_failed"})
         print(f"moe-control: cannot serve: {exc}", file=sys.stderr)

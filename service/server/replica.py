@@ -3,15 +3,16 @@
 One Python process serves SelectBackend on one core at most, bound by grpc's per-call work
 rather than the oracle (bench/RESULTS.md). So `moe-control serve --server-processes N`
 runs the primary (the process started by hand, which owns the workers, /metrics and the life
-cycle) and N-1 replicas. All N listen on the same port with SO_REUSEPORT, and the kernel
-spreads connections among them.
+cycle) and N-1 replicas. All N listen on the gRPC port with SO_REUSEPORT, and the kernel
+spreads connections among them; the HTTP door's port is bound by the primary alone and its
+socket inherited by every replica, which accept on it (service.ports says why).
 
 A replica runs the same public server as the primary (front.py): it answers
 SelectBackend, ListPlatformPresets, ListRulesets, health and reflection itself and forwards
 every other MoeControlService call, as bytes (forward.py), to the primary's private server
 on a Unix socket, which serves it without counting it again. With a door opener (doors.py:
 the CLI's replica entry, `python -m service.cli.replica`, passes service.http's), it serves
-the HTTP/JSON door too, on the port the primary's door resolved, from the same selection
+the HTTP/JSON door too, on the primary's door's socket (inherited), from the same selection
 and limits; what only the primary knows, the door asks of that private server. Its view of
 the workers (readiness, profiles) is what the primary writes to its stdin, one JSON object
 a line, on every worker change; readiness is the primary's. Metrics use prometheus_client's
@@ -33,6 +34,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -125,8 +127,11 @@ class ReplicaSet:
         env: Mapping[str, str],
         restart_backoff_s: float = 1.0,
         module: str = REPLICA_MODULE,
+        pass_fds: Sequence[int] = (),
     ) -> None:
         self.count = count
+        #: Descriptors every replica inherits (the HTTP door's listening socket).
+        self._pass_fds = tuple(pass_fds)
         self._module = module
         self._config = json.dumps({"config": dict(config)}).encode() + b"\n"
         self._env = dict(env)
@@ -188,6 +193,7 @@ class ReplicaSet:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=self._env,
+            pass_fds=self._pass_fds,
         )
         self._processes[index] = process
         _write(process, self._config)
@@ -330,11 +336,11 @@ async def _serve(
             reuseport=True,
             limits=call_limits,
         )
-        http_port = config.get("http_port")
-        if door is not None and http_port is not None:
+        http_fd = config.get("http_fd")
+        if door is not None and http_fd is not None:
             plane = ReplicaDoorPlane(
                 settings=settings,
-                port=int(http_port),
+                listener=socket.socket(fileno=int(http_fd)),
                 metrics=metrics,
                 selection=selection,
                 limits=call_limits,
