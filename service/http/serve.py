@@ -114,6 +114,7 @@ async def open_http(
         state=state,
         ready=ready,
         cache=AnswerCache(settings.select_cache_mib * MIB) if settings.select_cache_mib else None,
+        offload=selection.offload,
     )
     app = build_app(plane, settings, metrics, limits)
     return await start_http(app, settings, sock=sock)

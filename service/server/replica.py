@@ -49,6 +49,7 @@ from service.api.interceptors.limits import Limits
 from service.api.names import SERVICE_NAME
 from service.api.servicer import MoeControlServicer, add_to_server
 from service.api.servicer import SelectionServicer as Selection
+from service.dataplane.offload import Offload
 from service.logs import configure_logging
 from service.metrics import MULTIPROC_ENV, Metrics
 from service.oracle import PlatformProfile
@@ -319,7 +320,12 @@ async def _serve(
     ]
     channel = grpc.aio.insecure_channel(config["internal"], options=limits)
     forwarder = Forwarder(channel, service_methods(exclude=LOCAL_METHODS))
-    selection = Selection(view, metrics, cache_bytes=settings.select_cache_mib * MIB)
+    selection = Selection(
+        view,
+        metrics,
+        cache_bytes=settings.select_cache_mib * MIB,
+        offload=Offload.from_settings(settings),
+    )
     selection.measured = ForwardedMeasure(channel)  # the primary measures and caches
     # One set of per-method limits for this process's gRPC server and HTTP door.
     call_limits = Limits.from_settings(settings, metrics)
