@@ -64,6 +64,11 @@ def _unary(method: Any, request: Any, response: Any) -> Handler:
     )
 
 
+def _time_left(context: Any) -> float | None:
+    """The call's remaining time (None: no deadline, or no call, as in a direct use)."""
+    return None if context is None else context.time_remaining()
+
+
 def _as_bytes(reply: bytes) -> bytes:
     """The serializer of a method that encodes its replies itself."""
     return reply
@@ -120,7 +125,7 @@ class SelectionServicer:
                 raise WorkerUnavailableError("policy MEASURED is not served by this process")
             return await self.measured.answer_bytes(data, request, context)
         if request.what_would_change or len(data) > LARGE_REQUEST_BYTES:
-            budget = self.offload.budget(context.time_remaining())
+            budget = self.offload.budget(_time_left(context))
             return await self.offload.run(
                 lambda budget: self._decide(data, request, generation, budget), budget
             )
@@ -155,7 +160,7 @@ class SelectionServicer:
             query = upgrade_codec.diff_query(request)
             return upgrade_codec.diff_response(diff(self.selector, query), query.fail_on)
 
-        return await self.offload.run(decide, self.offload.budget(context.time_remaining()))
+        return await self.offload.run(decide, self.offload.budget(_time_left(context)))
 
     async def SelectMatrix(self, request: pb.SelectMatrixRequest, context: Any) -> bytes:
         """Off the event loop, all of it: the specs parsed, every cell (service.api.matrix,
@@ -168,7 +173,7 @@ class SelectionServicer:
             payload: bytes = matrix_codec.matrix_response(table).SerializeToString()
             return payload
 
-        return await self.offload.run(decide, self.offload.budget(context.time_remaining()))
+        return await self.offload.run(decide, self.offload.budget(_time_left(context)))
 
     def handlers(self) -> dict[str, Handler]:
         """Its methods' handlers, by name (SelectBackend on bytes both ways)."""

@@ -7,8 +7,9 @@ on the layer's shape, and prints each token count's fastest backend beside vLLM'
 which backend is fastest depends on the shape and the token count, vLLM's priority list
 does not look at either.
 
-With `--server`, every question of one command (each JSON Lines spec, each matrix cell) goes
-through one session (`service.client.channel`): `--timeout` bounds the whole command
+With `--server`, every question of one command (each JSON Lines spec; a matrix, asked in
+one SelectMatrix call, or one SelectBackend per cell of a server without it) goes through
+one session (`service.client.channel`): `--timeout` bounds the whole command
 (`--wait-ready` included), and UNAVAILABLE answers carrying the server's RetryInfo are
 retried. Measuring is slow, so `--policy measured` has a longer default deadline.
 """

@@ -1,6 +1,6 @@
 """The fleet matrix: models by GPUs (by ruleset too), each cell the backend vLLM picks,
 hazards marked; transport-free, so every front (the CLI's `select --config`, the HTTP/JSON
-API's `POST /v1/select:matrix`) builds it the same way.
+API's `POST /v1/select:matrix`, gRPC's SelectMatrix) builds it the same way.
 
 A platform engineer with several checkpoints and a mixed fleet asks one question: which
 backend does each model get on each GPU, and where does it break. The matrix asks an answer
