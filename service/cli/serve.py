@@ -7,6 +7,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from service.client.exits import EXIT_BAD_INPUT
+from service.ports import PortTakenError
 from service.settings import ENV_PREFIX, Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -43,8 +45,12 @@ def run(args: argparse.Namespace) -> int:
         settings.token()  # a missing token file is a start-up error, not a runtime one
     except SettingsError as exc:
         print(f"moe-control serve: {exc}", file=sys.stderr)
-        return 2
-    return serve(settings, _open_http, REPLICA_MODULE)
+        return EXIT_BAD_INPUT
+    try:
+        return serve(settings, _open_http, REPLICA_MODULE)
+    except PortTakenError as exc:  # a setting's fault, as a bad value is
+        print(f"moe-control serve: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 async def _open_http(server: MoeControlServer) -> OpenDoor:

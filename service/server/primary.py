@@ -317,7 +317,8 @@ def run(
 ) -> int:
     """Serve until stopped; `http` opens the primary's HTTP/JSON door (`--http-port`; 0:
     off), `replica_module` is what each replica runs (`python -m`; the CLI's opens the
-    door in replicas too)."""
+    door in replicas too). A port another process holds raises PortTakenError before
+    anything starts."""
     # Before any thread starts: the big messages' buffers are kept for the next call
     # (process.py's "server" row; --no-malloc-tuning leaves glibc's defaults).
     if settings.malloc_tuning:
@@ -325,10 +326,9 @@ def run(
     configure_logging(settings.log_level, settings.log_format)
     try:
         asyncio.run(serve(settings, http, replica_module))
-    except PortTakenError as exc:  # a setting's fault, as a bad value is: exit 2
+    except PortTakenError as exc:  # a setting's fault, as a bad value is: the caller says
         log.error("cannot serve: %s", exc, extra={"event": "startup_failed", "port": exc.port})
-        print(f"moe-control serve: {exc}", file=sys.stderr)
-        return 2
+        raise
     except OSError as exc:
         log.error("cannot serve: %s", exc, extra={"event": "startup_failed"})
         print(f"moe-control: cannot serve: {exc}", file=sys.stderr)

@@ -26,8 +26,15 @@ from service.process import ENVIRONMENT, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, SET
 BLOCK = 48 << 20
 CODE = f"""
 import ctypes, json, socket, sys
-from service.server.primary import run
+from service.ports import PortTakenError
+from service.server.primary import run as serve
 from service.settings import Settings
+
+def run(settings):
+    try:
+        return serve(settings)
+    except PortTakenError:  # the busy port, named: `moe-control serve` exits 2
+        return 2
 
 busy = socket.socket()
 busy.bind(("127.0.0.1", 0))
