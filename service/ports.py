@@ -26,6 +26,8 @@ import socket
 
 from service.settings import Settings
 
+#: Connections the kernel queues for a listening socket until a process accepts them.
+LISTEN_BACKLOG = 2048
 #: The Settings fields that are ports a server listens on.
 PORT_FIELDS = ("port", "http_port", "metrics_port")
 
@@ -60,7 +62,7 @@ def _socket(host: str) -> tuple[socket.socket, tuple[str, int]]:
     return sock, (bare, 0)
 
 
-def listen(host: str, port: int, setting: str, *, backlog: int = 2048) -> socket.socket:
+def listen(host: str, port: int, setting: str, *, backlog: int = LISTEN_BACKLOG) -> socket.socket:
     """A listening socket on `host`:`port` that no other process can share (no
     `SO_REUSEPORT`), non-blocking; PortTakenError naming `setting` when the port is
     taken, OSError for any other failure to bind."""

@@ -70,6 +70,10 @@ async def start_http(
     tls = settings.tls_cert is not None and settings.tls_key is not None
     config = uvicorn.Config(
         app,
+        # asyncio accepts up to `backlog` connections each time the socket is readable: one,
+        # so the server processes that share this socket take a burst of connections by
+        # turns, not one process all of it (the kernel's queue is set again below).
+        backlog=1,
         lifespan="off",
         log_config=None,
         access_log=False,
@@ -89,6 +93,7 @@ async def start_http(
         sock = ports.listen(settings.host, settings.http_port, "http_port")
     port = sock.getsockname()[1]
     await server.startup(sockets=[sock])
+    sock.listen(ports.LISTEN_BACKLOG)  # asyncio listened with `backlog`: the queue again
     task = asyncio.create_task(server.main_loop())
     return HttpDoor(server, task, port, tls, sock)
 
