@@ -5,18 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING
 
 from service.client.exits import EXIT_BAD_INPUT
 from service.ports import PortTakenError
 from service.settings import ENV_PREFIX, Settings, SettingsError
-
-if TYPE_CHECKING:
-    from service.server.doors import OpenDoor
-    from service.server.primary import MoeControlServer
-
-#: What each replica server process runs: the replica with the HTTP door (replica.py here).
-REPLICA_MODULE = "service.cli.replica"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,25 +39,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"moe-control serve: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        return serve(settings, _open_http, REPLICA_MODULE)
+        return serve(settings)
     except PortTakenError as exc:  # a setting's fault, as a bad value is
         print(f"moe-control serve: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-
-
-async def _open_http(server: MoeControlServer) -> OpenDoor:
-    """The HTTP/JSON door (service.http) on the primary's own selector, pool, store of
-    observed decisions, readiness and limits (beside the replicas' doors when there are
-    any)."""
-    from service.http.serve import open_http
-    from service.http.state import LocalState
-
-    assert server.servicer is not None
-    return await open_http(
-        server.settings,
-        metrics=server.metrics,
-        selection=server.servicer.selection,
-        state=LocalState(server.pool, server.servicer.observations),
-        ready=lambda: server.readiness.ready,
-        limits=server.limits,
-    )

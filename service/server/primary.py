@@ -4,10 +4,10 @@ Processes: this one, the primary, owns the workers (one per device), /metrics an
 cycle; `--server-processes` N adds N-1 replicas (replica.py). Every process listens on the
 public port (front.py); the replicas forward what needs a worker to the primary's private
 server on a Unix socket (forward.py).
-Start: /metrics, workers, the public server, the HTTP/JSON door (`--http-port`; the CLI
-passes its openers in, doors.py, service.http being a floor of its own), the private one
-and the replicas (with more than one process; each serves gRPC and the HTTP door on the
-same ports), then one line on stdout saying where it
+Start: /metrics, workers, the public server, the HTTP/JSON door (`--http-port`,
+service.http, a floor below this one), the private one and the replicas (with more than
+one process; each serves gRPC and the HTTP door on the same ports), then one line on
+stdout saying where it
 listens, and one more once the server is ready (the first worker ready: readiness SERVING).
 Health: liveness ("") is SERVING while the process runs; readiness (the service's name) as
 readiness.py says, in every process.
@@ -25,7 +25,6 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +36,8 @@ from service import __version__
 from service.api.interceptors.limits import Limits
 from service.api.names import SERVICE_NAME
 from service.api.servicer import MoeControlServicer
+from service.http.serve import HttpDoor, open_http
+from service.http.state import LocalState
 from service.kernels.registry import RUNNABLE
 from service.logs import configure_logging
 from service.metrics import Metrics, enable_multiprocess
@@ -45,25 +46,14 @@ from service.pool.devices import discover_devices
 from service.pool.pool import WorkerPool
 from service.ports import PortTakenError, check_free
 from service.process import make_runtime_dir, settle_heap, tune_malloc
-from service.server.doors import OpenDoor
 from service.server.front import Front, start_front
 from service.server.readiness import Readiness
-from service.server.replica import (
-    REPLICA_MODULE,
-    ReplicaSet,
-    settings_to_json,
-    start_private_server,
-)
+from service.server.replica import ReplicaSet, settings_to_json, start_private_server
 from service.settings import Settings
 
 log = logging.getLogger("moe_control.server")
 
-__all__ = ["DoorFactory", "Endpoints", "MoeControlServer", "OpenDoor", "run", "serve"]
-
-
-#: Opens the primary's door on a started server (its servicer, pool, readiness and limits
-#: are set).
-DoorFactory = Callable[["MoeControlServer"], Awaitable[OpenDoor]]
+__all__ = ["Endpoints", "MoeControlServer", "run", "serve"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +78,8 @@ class MoeControlServer:
         metrics: Metrics | None = None,
         *,
         runtime_dir: str | None = None,
-        http: DoorFactory | None = None,
-        replica_module: str = REPLICA_MODULE,
     ) -> None:
         self.settings = settings
-        self._replica_module = replica_module
         self.metrics = metrics if metrics is not None else Metrics()
         # Conversions and forwards run here (a replica forwards them): their series too.
         self.metrics.prepare_kernels(RUNNABLE)
@@ -104,8 +91,7 @@ class MoeControlServer:
         self.internal: grpc.aio.Server | None = None
         self.replicas: ReplicaSet | None = None
         self.limits: Limits | None = None
-        self._http_factory = http
-        self.http: OpenDoor | None = None
+        self.http: HttpDoor | None = None
         self._own_dir = None if runtime_dir is not None else make_runtime_dir()
         self._runtime_dir: str = runtime_dir or self._own_dir or ""
         self._metrics_http: Any = None
@@ -140,10 +126,17 @@ class MoeControlServer:
         )
         pool.start()
         http_url = None
-        if self._http_factory is not None and s.http_port:
-            # The same selector, pool, readiness and limits as the public gRPC server; before
-            # the replicas, which listen on the port it resolved.
-            self.http = await self._http_factory(self)
+        if s.http_port:
+            # The same selector, pool, store of observed decisions, readiness and limits as
+            # the public gRPC server; before the replicas, which inherit its socket.
+            self.http = await open_http(
+                s,
+                metrics=self.metrics,
+                selection=servicer.selection,
+                state=LocalState(pool, servicer.observations),
+                ready=lambda: self.readiness.ready,
+                limits=limits,
+            )
             http_url = self.http.url(_host_for_url(s.host))
         if processes > 1:
             await self._start_replicas(processes - 1, limits)
@@ -168,7 +161,7 @@ class MoeControlServer:
     def _check_ports(self) -> None:
         s = self.settings
         check_free(s.host, s.port, "port")
-        if self._http_factory is not None and s.http_port:
+        if s.http_port:
             check_free(s.host, s.http_port, "http_port")
         if s.metrics_enabled:
             check_free(s.metrics_host, s.metrics_port, "metrics_port")
@@ -195,8 +188,7 @@ class MoeControlServer:
             "settings": settings_to_json(s),
             "port": self.front.port,
             "internal": target,
-            # The HTTP door's listening socket, inherited by every replica (None: no door,
-            # off or not opened by this server's caller).
+            # The HTTP door's listening socket, inherited by every replica (None: off).
             "http_fd": self.http.listener.fileno() if self.http is not None else None,
         }
         self.replicas = self.readiness.replicas = ReplicaSet(
@@ -204,7 +196,6 @@ class MoeControlServer:
             config,
             env=os.environ,
             restart_backoff_s=s.worker_restart_backoff_s,
-            module=self._replica_module,
             pass_fds=() if self.http is None else (self.http.listener.fileno(),),
         )
         self.readiness.publish()
@@ -262,9 +253,7 @@ def _host_for_url(host: str) -> str:
     return host
 
 
-async def serve(
-    settings: Settings, http: DoorFactory | None = None, replica_module: str = REPLICA_MODULE
-) -> None:
+async def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
     runtime_dir = make_runtime_dir()
     try:
@@ -275,9 +264,7 @@ async def serve(
             os.mkdir(metrics_dir)
             enable_multiprocess(metrics_dir)
             metrics = Metrics(multiprocess_dir=metrics_dir)
-        server = MoeControlServer(
-            settings, metrics, runtime_dir=runtime_dir, http=http, replica_module=replica_module
-        )
+        server = MoeControlServer(settings, metrics, runtime_dir=runtime_dir)
         await _serve(server)
     finally:
         shutil.rmtree(runtime_dir, ignore_errors=True)
@@ -312,20 +299,16 @@ async def _announce_ready(server: MoeControlServer) -> None:
     print(f"moe-control ready: {ready} of {len(workers)} workers ready", flush=True)
 
 
-def run(
-    settings: Settings, http: DoorFactory | None = None, replica_module: str = REPLICA_MODULE
-) -> int:
-    """Serve until stopped; `http` opens the primary's HTTP/JSON door (`--http-port`; 0:
-    off), `replica_module` is what each replica runs (`python -m`; the CLI's opens the
-    door in replicas too). A port another process holds raises PortTakenError before
-    anything starts."""
+def run(settings: Settings) -> int:
+    """Serve until stopped (the HTTP/JSON door too, unless `--http-port` is 0). A port
+    another process holds raises PortTakenError before anything starts."""
     # Before any thread starts: the big messages' buffers are kept for the next call
     # (process.py's "server" row; --no-malloc-tuning leaves glibc's defaults).
     if settings.malloc_tuning:
         tune_malloc("server")
     configure_logging(settings.log_level, settings.log_format)
     try:
-        asyncio.run(serve(settings, http, replica_module))
+        asyncio.run(serve(settings))
     except PortTakenError as exc:  # a setting's fault, as a bad value is: the caller says
         log.error("cannot serve: %s", exc, extra={"event": "startup_failed", "port": exc.port})
         raise

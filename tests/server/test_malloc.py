@@ -39,7 +39,7 @@ def run(settings):
 busy = socket.socket()
 busy.bind(("127.0.0.1", 0))
 busy.listen()
-code = run(Settings(port=0, metrics_port=busy.getsockname()[1], devices="cpu",
+code = run(Settings(port=0, http_port=0, metrics_port=busy.getsockname()[1], devices="cpu",
                     log_level="ERROR", malloc_tuning=sys.argv[1] == "on"))
 
 class Info(ctypes.Structure):
@@ -61,7 +61,7 @@ HAS_MALLINFO2 = hasattr(ctypes.CDLL(None), "mallinfo2")
 # A replica (`--server-processes` > 1) through its own start, `service.server.replica._serve`,
 # stopped at once by a busy port: the same measurement after it.
 REPLICA_CODE = CODE.replace(
-    """code = run(Settings(port=0, metrics_port=busy.getsockname()[1], devices="cpu",
+    """code = run(Settings(port=0, http_port=0, metrics_port=busy.getsockname()[1], devices="cpu",
                     log_level="ERROR", malloc_tuning=sys.argv[1] == "on"))""",
     """import asyncio, os, tempfile
 from service.server.replica import _serve
