@@ -106,4 +106,6 @@ class Offload:
                 sys.setswitchinterval(self._interval)
 
     def close(self) -> None:
+        """Drop the jobs still waiting for a thread (the server is stopping: their calls
+        are gone); a running one ends at its budget."""
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -228,6 +228,7 @@ class MoeControlServer:
             await self.pool.stop()
         if self.servicer is not None:
             self.servicer.convert.close()
+            self.servicer.selection.offload.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()

@@ -380,6 +380,7 @@ async def _serve(config: Mapping[str, Any], reader: asyncio.StreamReader) -> int
     with contextlib.suppress(asyncio.CancelledError):
         await follower
     await channel.close()
+    selection.offload.close()
     return 0
 
 
