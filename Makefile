@@ -14,7 +14,7 @@ METRICS_PORT ?= 9464
 HTTP_PORT ?= 8151
 LOG_LEVEL ?= WARNING
 
-.PHONY: test-under-load screenshot http-bench soak fuzz-long run test lint typecheck unit parity parity-record install install-vllm clean help bench protos proto-lint load-bench gpu-test bench-gpu gpu-multi
+.PHONY: test-under-load screenshot http-bench stall-bench soak fuzz-long run test lint typecheck unit parity parity-record install install-vllm clean help bench protos proto-lint load-bench gpu-test bench-gpu gpu-multi
 
 help:
 	@echo "make run   - install on first use and serve on $(HOST):$(PORT) (metrics on :$(METRICS_PORT))"
@@ -136,6 +136,13 @@ load-bench: $(VENV)/.stamp
 # the configs x GPUs x rulesets matrix timed (bench/RESULTS.md names the figures).
 http-bench: $(VENV)/.stamp
 	$(BIN)/python bench/http_bench.py
+
+# Health, /readyz and a plain SelectBackend while the largest matrix is decided
+# (bench/RESULTS.md, "A loop that never stalls"); then the matrix over --server against
+# the local command.
+stall-bench: $(VENV)/.stamp
+	$(BIN)/python bench/stall_bench.py
+	$(BIN)/python bench/matrix_remote_bench.py
 
 # The what-if page's screenshot (docs/what-if.png, the README's): the browser test
 # (tests/integration/test_what_if_page.py: Debian's chromium driven by Playwright, a real

@@ -21,6 +21,8 @@ from service.errors import MoeControlError
 
 ENV_PREFIX = "MOE_CONTROL_"
 MIB = 1024 * 1024
+#: CPU-heavy requests (matrices, diffs, the what-would-change search) get this long by default.
+CPU_BUDGET_S = 20.0
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -98,8 +100,9 @@ class Settings:
     server_processes: int = field(
         default=0,
         metadata=_doc(
-            "gRPC server processes sharing the port (SO_REUSEPORT), each with its own event "
-            "loop; the kernel spreads connections, not calls, over them (0: one per CPU "
+            "server processes sharing the gRPC and HTTP ports (docs/server.md, Ports), each "
+            "with its own event loop; the kernel spreads connections, not calls, over them "
+            "(0: one per CPU "
             "core this process may use: its affinity, capped by a cgroup CPU quota)"
         ),
     )
@@ -109,6 +112,23 @@ class Settings:
             "memory for remembered SelectBackend answers, per process (the same request "
             "bytes while no worker changes get the same answer, still counted in the "
             "metrics; 0: off)"
+        ),
+    )
+    cpu_threads: int = field(
+        default=1,
+        metadata=_doc(
+            "threads per server process that decide CPU-heavy requests (matrices, diffs, "
+            "the what-would-change search, big specs) off its event loop, so health, "
+            "readiness and plain selections keep answering; more such requests wait their "
+            "turn"
+        ),
+    )
+    cpu_budget_s: float = field(
+        default=CPU_BUDGET_S,
+        metadata=_doc(
+            "seconds a CPU-heavy request may take, waiting for a thread included (a shorter "
+            "client deadline wins): past it, DEADLINE_EXCEEDED (HTTP 504), or for a "
+            "matrix, the cells not reached marked as not decided"
         ),
     )
     keepalive_time_s: float = field(
@@ -260,6 +280,10 @@ class Settings:
                 problems.append(f"{name} must be >= 0")
         if self.cpu_workers < 1:
             problems.append("cpu_workers must be >= 1")
+        if self.cpu_threads < 1:
+            problems.append("cpu_threads must be >= 1")
+        if not self.cpu_budget_s > 0:
+            problems.append("cpu_budget_s must be > 0")
         if self.observed_max_deployments < 1:
             problems.append("observed_max_deployments must be >= 1")
         if (self.tls_cert is None) != (self.tls_key is None):

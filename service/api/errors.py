@@ -41,7 +41,7 @@ from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from service.api.codecs import selection as codec
-from service.dataplane.errors import RunInputError, RunResourceError
+from service.dataplane.errors import BudgetExceededError, RunInputError, RunResourceError
 from service.errors import MoeControlError
 from service.formats.errors import (
     ConvertInputError,
@@ -255,6 +255,11 @@ MAPPINGS: tuple[Mapping, ...] = (
         lambda exc: (error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=1)),),
     ),
     Mapping(UnauthenticatedError, code_pb2.UNAUTHENTICATED),
+    Mapping(
+        BudgetExceededError,
+        code_pb2.DEADLINE_EXCEEDED,
+        lambda exc: (_error_info("CPU_BUDGET", limit=exc.setting, seconds=f"{exc.budget_s:g}"),),
+    ),
     Mapping(ConcurrencyLimitError, code_pb2.RESOURCE_EXHAUSTED, _concurrency_limited),
     Mapping(
         NotImplementedError,

@@ -26,6 +26,7 @@ from typing import Any, TypeAlias
 import grpc
 
 from service.api.codecs import conversion, workers
+from service.api.codecs import matrix as matrix_codec
 from service.api.codecs import observed as observed_codec
 from service.api.codecs import rulesets as rulesets_codec
 from service.api.codecs import run as run_codec
@@ -34,11 +35,13 @@ from service.api.codecs import upgrade as upgrade_codec
 from service.api.codecs.answer_cache import AnswerCache, CachedAnswer
 from service.api.generated.moe_control.v1 import measured_pb2, observed_pb2
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
+from service.api.matrix import decide_matrix
 from service.api.measured import MeasuredAnswerer, MeasuredAnswers
 from service.api.names import SERVICE_NAME
 from service.dataplane.convert import Converter
 from service.dataplane.measured import MeasuredPolicy
 from service.dataplane.observed import Observations
+from service.dataplane.offload import Budget, Offload
 from service.dataplane.run import Runner
 from service.dataplane.selection import PlatformSource, Selector
 from service.dataplane.upgrade import diff
@@ -50,12 +53,20 @@ from service.settings import MIB, Settings
 Context = grpc.aio.ServicerContext[Any, Any]
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic in the stubs only
 _MEASURED = measured_pb2.SELECTION_POLICY_MEASURED
+#: A SelectBackend request larger than this (a whole config.json is a few KiB) is decided
+#: off the event loop: parsing it may take a while.
+LARGE_REQUEST_BYTES = 64 * 1024
 
 
 def _unary(method: Any, request: Any, response: Any) -> Handler:
     return grpc.unary_unary_rpc_method_handler(
         method, request_deserializer=request.FromString, response_serializer=response
     )
+
+
+def _time_left(context: Any) -> float | None:
+    """The call's remaining time (None: no deadline, or no call, as in a direct use)."""
+    return None if context is None else context.time_remaining()
 
 
 def _as_bytes(reply: bytes) -> bytes:
@@ -68,14 +79,27 @@ class SelectionServicer:
     one server process."""
 
     #: The methods it serves (what every process answers itself).
-    METHODS = ("SelectBackend", "ListPlatformPresets", "ListRulesets", "DiffRulesets")
+    METHODS = (
+        "SelectBackend",
+        "ListPlatformPresets",
+        "ListRulesets",
+        "DiffRulesets",
+        "SelectMatrix",
+    )
 
     def __init__(
-        self, platforms: PlatformSource, metrics: Metrics, *, cache_bytes: int = 32 * MIB
+        self,
+        platforms: PlatformSource,
+        metrics: Metrics,
+        *,
+        cache_bytes: int = 32 * MIB,
+        offload: Offload | None = None,
     ) -> None:
         self._platforms = platforms
         self.selector = Selector(platforms, metrics)
         self.cache = AnswerCache(cache_bytes) if cache_bytes > 0 else None
+        #: Where CPU-heavy calls run, off the event loop (the HTTP door shares it).
+        self.offload = offload if offload is not None else Offload()
         #: Policy MEASURED: the primary's answers, a replica's forwarder, or None where it
         #: is not served. Its answers bypass `cache`.
         self.measured: MeasuredAnswerer | None = None
@@ -84,7 +108,9 @@ class SelectionServicer:
 
     async def SelectBackend(self, data: bytes, context: Any) -> bytes:
         """On the wire form: a kept answer when there is one, else decide and keep it.
-        Only answers are kept; errors are decided again each time."""
+        Only answers are kept; errors are decided again each time. A decision with the
+        what-would-change search (tens of milliseconds), or from a large request, is made
+        off the event loop; a plain one (a fraction of a millisecond) on it."""
         generation = self._platforms.generation
         cache = self.cache
         if cache is not None:
@@ -98,10 +124,20 @@ class SelectionServicer:
             if self.measured is None:
                 raise WorkerUnavailableError("policy MEASURED is not served by this process")
             return await self.measured.answer_bytes(data, request, context)
+        if request.what_would_change or len(data) > LARGE_REQUEST_BYTES:
+            budget = self.offload.budget(_time_left(context))
+            return await self.offload.run(
+                lambda budget: self._decide(data, request, generation, budget), budget
+            )
+        return self._decide(data, request, generation, None)
+
+    def _decide(self, data: bytes, request: Any, generation: int, budget: Budget | None) -> bytes:
+        if budget is not None:
+            budget.check("the decision")
         answer, counters = self.selector.decide(codec.select_query(request))
         payload: bytes = codec.select_answer(answer).SerializeToString()
-        if cache is not None:
-            cache.put(data, CachedAnswer(generation, payload, counters))
+        if self.cache is not None:
+            self.cache.put(data, CachedAnswer(generation, payload, counters))
         return payload
 
     async def ListPlatformPresets(
@@ -117,8 +153,27 @@ class SelectionServicer:
     async def DiffRulesets(
         self, request: pb.DiffRulesetsRequest, context: Any
     ) -> pb.DiffRulesetsResponse:
-        query = upgrade_codec.diff_query(request)
-        return upgrade_codec.diff_response(diff(self.selector, query), query.fail_on)
+        """Off the event loop: every ruleset's decision, each with its search."""
+
+        def decide(budget: Budget) -> pb.DiffRulesetsResponse:
+            budget.check("the diff")
+            query = upgrade_codec.diff_query(request)
+            return upgrade_codec.diff_response(diff(self.selector, query), query.fail_on)
+
+        return await self.offload.run(decide, self.offload.budget(_time_left(context)))
+
+    async def SelectMatrix(self, request: pb.SelectMatrixRequest, context: Any) -> bytes:
+        """Off the event loop, all of it: the specs parsed, every cell (service.api.matrix,
+        as POST /v1/select:matrix decides them, kept in this process's answer cache), the
+        answer encoded."""
+
+        def decide(budget: Budget) -> bytes:
+            query = matrix_codec.matrix_query(request)
+            table = decide_matrix(self.selector, self.cache, query, budget)
+            payload: bytes = matrix_codec.matrix_response(table).SerializeToString()
+            return payload
+
+        return await self.offload.run(decide, self.offload.budget(_time_left(context)))
 
     def handlers(self) -> dict[str, Handler]:
         """Its methods' handlers, by name (SelectBackend on bytes both ways)."""
@@ -139,6 +194,7 @@ class SelectionServicer:
                 pb.DiffRulesetsRequest,
                 pb.DiffRulesetsResponse.SerializeToString,
             ),
+            "SelectMatrix": _unary(self.SelectMatrix, pb.SelectMatrixRequest, _as_bytes),
         }
 
 
@@ -152,7 +208,10 @@ class MoeControlServicer:
         settings = settings or Settings()
         workers.layer_budget_bytes = settings.layer_budget_mib * MIB
         self.selection = SelectionServicer(
-            workers, metrics, cache_bytes=settings.select_cache_mib * MIB
+            workers,
+            metrics,
+            cache_bytes=settings.select_cache_mib * MIB,
+            offload=Offload.from_settings(settings),
         )
         policy = MeasuredPolicy(workers, settings.state_dir)
         self.selection.measured = MeasuredAnswers(policy, self.selection.selector)

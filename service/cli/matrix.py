@@ -4,9 +4,9 @@ itself is built in service.dataplane.matrix.
 
 A platform engineer with several checkpoints and a mixed fleet asks one question: which
 backend does each model get on each GPU, and where does it break. The matrix asks the
-oracle (or a server, one SelectBackend per cell) once per model, ruleset and GPU, through
-the same answer function a single `select` uses, so a cell says exactly what that single
-answer says.
+oracle (or a server: the whole matrix in one SelectMatrix call) once per model, ruleset and
+GPU, through the same answer function a single `select` uses, so a cell says exactly what
+that single answer says.
 """
 
 from __future__ import annotations

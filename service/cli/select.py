@@ -7,8 +7,9 @@ on the layer's shape, and prints each token count's fastest backend beside vLLM'
 which backend is fastest depends on the shape and the token count, vLLM's priority list
 does not look at either.
 
-With `--server`, every question of one command (each JSON Lines spec, each matrix cell) goes
-through one session (`service.client.channel`): `--timeout` bounds the whole command
+With `--server`, every question of one command (each JSON Lines spec; a matrix, asked in
+one SelectMatrix call, or one SelectBackend per cell of a server without it) goes through
+one session (`service.client.channel`): `--timeout` bounds the whole command
 (`--wait-ready` included), and UNAVAILABLE answers carrying the server's RetryInfo are
 retried. Measuring is slow, so `--policy measured` has a longer default deadline.
 """
@@ -182,6 +183,20 @@ def read_deployments(path: Path) -> Iterator[Any]:
             yield InvalidSpecError.single(f"{path}:{number}", f"not JSON: {exc}")
 
 
+def platform_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """What --packages and --env lay over a platform (`fleet.lay_over`)."""
+    overlay: dict[str, Any] = {}
+    if args.packages is not None:
+        names = [] if args.packages in ("", "none") else args.packages.split(",")
+        overlay["packages"] = [name.strip() for name in names if name.strip()]
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise InvalidSpecError.single("--env", f"expected NAME=VALUE, got {item!r}")
+        overlay["env"] = {**overlay.get("env", {}), name: value}
+    return overlay
+
+
 def apply_flags(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Command-line flags override (or fill in) the spec's fields."""
     spec = dict(spec)
@@ -193,16 +208,7 @@ def apply_flags(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
             platform = preset(platform).to_json()
         if not isinstance(platform, dict):
             raise InvalidSpecError.single("--gpu", "required: a platform preset, e.g. h100")
-        platform = dict(platform)
-        if args.packages is not None:
-            names = [] if args.packages in ("", "none") else args.packages.split(",")
-            platform["packages"] = [name.strip() for name in names if name.strip()]
-        for item in args.env:
-            name, sep, value = item.partition("=")
-            if not sep or not name:
-                raise InvalidSpecError.single("--env", f"expected NAME=VALUE, got {item!r}")
-            platform["env"] = {**(platform.get("env") or {}), name: value}
-        spec["platform"] = platform
+        spec["platform"] = fleet.lay_over(platform, platform_flags(args))
     parallel = dict(spec.get("parallel") or {})
     for flag, key in (
         ("tensor_parallel_size", "tensor_parallel_size"),
@@ -436,6 +442,15 @@ class _OutOfTimeError(Exception):
     """The command's deadline passed: every later call would fail the same way."""
 
 
+class _MatrixFailedError(Exception):
+    """The server refused the whole matrix: its error, in the local shapes, and status."""
+
+    def __init__(self, result: dict[str, Any], exit_code: int) -> None:
+        super().__init__(result)
+        self.result = result
+        self.exit_code = exit_code
+
+
 class _Server:
     """One session for every question a command asks, opened at the first (so a bad flag or
     spec is reported before any wait for the server)."""
@@ -479,6 +494,9 @@ def run(args: argparse.Namespace) -> int:
     except ServerNotReadyError as exc:
         print(f"moe-control select: {exc}", file=sys.stderr)
         return EXIT_NOT_READY
+    except _MatrixFailedError as exc:
+        print(json.dumps(exc.result) if args.json else render_table(exc.result), file=sys.stderr)
+        return exc.exit_code
     except _OutOfTimeError:
         message = deadline_message(args)
         if args.json:
@@ -549,6 +567,25 @@ def _run_matrix(
     if args.policy == "measured":
         raise InvalidSpecError.single("--policy", "a matrix is static (one worker measures)")
 
+    if server is not None:
+        table = _remote_matrix(args, server, models, gpus, rulesets)
+        if table is None:  # a server without SelectMatrix: one SelectBackend per cell
+            table = _matrix_by_cells(args, server, models, gpus, rulesets)
+    else:
+        table = _matrix_by_cells(args, None, models, gpus, rulesets)
+    print(matrix.render(table, "json" if args.json else "csv" if args.csv else "table"))
+    return table.exit_code
+
+
+def _matrix_by_cells(
+    args: argparse.Namespace,
+    server: _Server | None,
+    models: list[fleet.MatrixModel],
+    gpus: list[str],
+    rulesets: list[str],
+) -> fleet.Matrix:
+    """Every cell decided here, or asked of the server one SelectBackend at a time."""
+
     def spec_for(spec: Any, gpu: str) -> dict[str, Any]:
         return apply_flags(spec, argparse.Namespace(**{**vars(args), "gpu": gpu}))
 
@@ -557,9 +594,56 @@ def _run_matrix(
             return _remote(args, server, spec, ruleset)
         return answer(spec, ruleset, what_would_change=False)  # a cell shows no hints
 
-    table = fleet.build_matrix(models, gpus, rulesets, spec_for=spec_for, answer=decide)
-    print(matrix.render(table, "json" if args.json else "csv" if args.csv else "table"))
-    return table.exit_code
+    return fleet.build_matrix(models, gpus, rulesets, spec_for=spec_for, answer=decide)
+
+
+def _remote_matrix(
+    args: argparse.Namespace,
+    server: _Server,
+    models: list[fleet.MatrixModel],
+    gpus: list[str],
+    rulesets: list[str],
+) -> fleet.Matrix | None:
+    """The matrix in one SelectMatrix call: the rows' specs with the flags applied (the
+    platform's --packages and --env sent once, laid over each GPU by the server); rows
+    without a spec are invalid here, as locally. None: the server has no SelectMatrix."""
+    import grpc
+
+    from service.client.errors import RemoteSelectionError
+    from service.client.select import remote_matrix
+
+    no_gpu = argparse.Namespace(**{**vars(args), "gpu": None, "packages": None, "env": []})
+    rows = {m.label: apply_flags(dict(m.spec), no_gpu) for m in models if m.spec is not None}
+    overlay = platform_flags(args)
+    cells: dict[tuple[str, str, str], fleet.Cell] = {}
+    if rows:
+        try:
+            decided = remote_matrix(
+                server.session(),
+                [(m.label, m.origin, rows[m.label]) for m in models if m.label in rows],
+                gpus,
+                rulesets,
+                platform=overlay,
+            )
+        except RemoteSelectionError as exc:
+            if exc.code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise _OutOfTimeError from None
+            if exc.code is grpc.StatusCode.UNIMPLEMENTED:
+                return None
+            raise _MatrixFailedError(exc.result, exc.exit_code) from None
+        cells = {(c.model, c.ruleset, c.gpu): c for c in decided}
+    invalid = fleet.build_matrix(
+        [m for m in models if m.spec is None],
+        gpus,
+        rulesets,
+        spec_for=lambda spec, gpu: dict(spec),
+        answer=lambda spec, ruleset: ({}, EXIT_OK),  # never asked: these rows have no spec
+    )
+    cells.update({(c.model, c.ruleset, c.gpu): c for c in invalid.cells})
+    ordered = tuple(
+        cells[(m.label, ruleset, gpu)] for m in models for ruleset in rulesets for gpu in gpus
+    )
+    return fleet.Matrix(tuple(models), tuple(gpus), tuple(rulesets), ordered)
 
 
 def _remote(

@@ -5,16 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING
 
+from service.client.exits import EXIT_BAD_INPUT
+from service.ports import PortTakenError
 from service.settings import ENV_PREFIX, Settings, SettingsError
-
-if TYPE_CHECKING:
-    from service.server.doors import OpenDoor
-    from service.server.primary import MoeControlServer
-
-#: What each replica server process runs: the replica with the HTTP door (replica.py here).
-REPLICA_MODULE = "service.cli.replica"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,24 +37,9 @@ def run(args: argparse.Namespace) -> int:
         settings.token()  # a missing token file is a start-up error, not a runtime one
     except SettingsError as exc:
         print(f"moe-control serve: {exc}", file=sys.stderr)
-        return 2
-    return serve(settings, _open_http, REPLICA_MODULE)
-
-
-async def _open_http(server: MoeControlServer) -> OpenDoor:
-    """The HTTP/JSON door (service.http) on the primary's own selector, pool, store of
-    observed decisions, readiness and limits (beside the replicas' doors when there are
-    any)."""
-    from service.http.serve import open_http
-    from service.http.state import LocalState
-
-    assert server.servicer is not None
-    return await open_http(
-        server.settings,
-        metrics=server.metrics,
-        selection=server.servicer.selection,
-        state=LocalState(server.pool, server.servicer.observations),
-        ready=lambda: server.readiness.ready,
-        limits=server.limits,
-        reuseport=server.settings.process_count() > 1,
-    )
+        return EXIT_BAD_INPUT
+    try:
+        return serve(settings)
+    except PortTakenError as exc:  # a setting's fault, as a bad value is
+        print(f"moe-control serve: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT

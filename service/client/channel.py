@@ -48,6 +48,7 @@ IDEMPOTENT_METHODS = frozenset(
         "ListPlatformPresets",
         "ListRulesets",
         "DiffRulesets",
+        "SelectMatrix",
         "ListWorkers",
         "ListLayers",
         "ListObservedDecisions",

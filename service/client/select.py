@@ -23,12 +23,14 @@ from typing import Any
 import grpc
 from grpc_status import rpc_status
 
+from service.api.codecs import matrix as matrix_codec
 from service.api.codecs import selection as codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import selection_pb2
 from service.client.channel import Connection, Session
 from service.client.errors import RemoteSelectionError
 from service.client.exits import EXIT_BAD_INPUT, EXIT_SELECTION_FAILED, EXIT_SERVER_ERROR
+from service.dataplane.matrix import Cell
 
 
 def remote_failure(error: grpc.RpcError) -> RemoteSelectionError:
@@ -125,6 +127,34 @@ def remote_select(
     if response.HasField("measured"):
         result["measured"] = measured_to_json(response.measured)
     return result
+
+
+def remote_matrix(
+    session: Session,
+    models: Sequence[tuple[str, str, Mapping[str, Any]]],
+    gpus: Sequence[str],
+    rulesets: Sequence[str],
+    *,
+    platform: Mapping[str, Any] | None = None,
+) -> list[Cell]:
+    """The matrix of `models` ((label, origin, deployment spec) each) by `gpus` by
+    `rulesets` in one SelectMatrix call, every cell as `select --config` builds it locally
+    (`platform`: what is laid over each GPU's preset, --packages and --env). Failures raise
+    `RemoteSelectionError` (DEADLINE_EXCEEDED, UNIMPLEMENTED from an older server, ...)."""
+    request = pb.SelectMatrixRequest(
+        models=[
+            pb.MatrixModel(label=label, origin=origin, spec_json=json.dumps(spec))
+            for label, origin, spec in models
+        ],
+        gpus=list(gpus),
+        rulesets=list(rulesets),
+        platform_json=json.dumps(platform) if platform else "",
+    )
+    try:
+        response = session.unary("SelectMatrix", request)
+    except grpc.RpcError as error:
+        raise remote_failure(error) from None
+    return [matrix_codec.cell_from_pb(cell) for cell in response.cells]
 
 
 def _call(session: Session, request: pb.SelectBackendRequest) -> Any:

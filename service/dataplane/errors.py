@@ -87,3 +87,17 @@ def run_error(exc: WorkerCallError, layer_id: str = "") -> Exception:
     if category == "unimplemented":
         return NotImplementedError(exc.message)
     return exc
+
+
+class BudgetExceededError(MoeControlError):
+    """CPU-heavy work (service.dataplane.offload) ran past its time budget: the server's
+    `setting` (seconds), or the caller's own deadline where that came first."""
+
+    def __init__(self, what: str, budget_s: float, setting: str) -> None:
+        self.what = what
+        self.budget_s = budget_s
+        self.setting = setting
+        super().__init__(
+            f"{what} was not done within {budget_s:g} s (the smaller of the call's deadline "
+            f"and the server's {setting}); ask for less at once"
+        )

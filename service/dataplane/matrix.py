@@ -1,6 +1,6 @@
 """The fleet matrix: models by GPUs (by ruleset too), each cell the backend vLLM picks,
 hazards marked; transport-free, so every front (the CLI's `select --config`, the HTTP/JSON
-API's `POST /v1/select:matrix`) builds it the same way.
+API's `POST /v1/select:matrix`, gRPC's SelectMatrix) builds it the same way.
 
 A platform engineer with several checkpoints and a mixed fleet asks one question: which
 backend does each model get on each GPU, and where does it break. The matrix asks an answer
@@ -12,9 +12,10 @@ answer says.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from service.dataplane.offload import BUDGET_SETTING, Budget
 from service.oracle import (
     DEFAULT_RULESET,
     PLATFORM_PRESETS,
@@ -24,6 +25,11 @@ from service.oracle import (
     preset,
     resolve_ruleset,
 )
+
+#: A matrix has at most this many cells (models x GPUs x rulesets), on every door.
+MAX_MATRIX_CELLS = 20_000
+#: The exit status of a cell the server did not decide (as a transport error's).
+EXIT_NOT_DECIDED = 3
 
 #: Marks a cell whose chosen path has a known hazard; the hazards are listed under the table.
 HAZARD_MARK = "!"
@@ -104,6 +110,38 @@ class Matrix:
         return next(c for c in self.cells if (c.model, c.ruleset, c.gpu) == (model, ruleset, gpu))
 
 
+@dataclass(frozen=True, slots=True)
+class MatrixQuery:
+    """A matrix to decide: its rows (each model's deployment spec), GPU preset names and
+    canonical ruleset names; `platform`: fields laid over every GPU's preset profile
+    (`lay_over`: packages, env; empty: the presets as they are)."""
+
+    models: Sequence[MatrixModel]
+    gpus: Sequence[str]
+    rulesets: Sequence[str]
+    platform: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def cells(self) -> int:
+        return len(self.models) * len(self.gpus) * len(self.rulesets)
+
+
+def lay_over(profile: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    """A platform profile's JSON with `overlay`'s fields laid over it (`select --packages`
+    replaces the packages, each `--env` entry is added to the profile's env)."""
+    platform = {**profile, **overlay}
+    if "env" in overlay:
+        platform["env"] = {**(profile.get("env") or {}), **overlay["env"]}
+    return platform
+
+
+def size_problem(cells: int) -> str | None:
+    """What is wrong with a matrix of `cells` cells (more than MAX_MATRIX_CELLS), or None."""
+    if cells > MAX_MATRIX_CELLS:
+        return f"{cells} cells; a matrix has at most {MAX_MATRIX_CELLS}"
+    return None
+
+
 def build_matrix(
     models: Sequence[MatrixModel],
     gpus: Sequence[str],
@@ -111,14 +149,19 @@ def build_matrix(
     *,
     spec_for: SpecFor,
     answer: Answer,
+    budget: Budget | None = None,
 ) -> Matrix:
-    """Decide every (model, ruleset, GPU) cell with `answer`."""
+    """Decide every (model, ruleset, GPU) cell with `answer`. Once `budget` is spent, the
+    cells not decided yet say so (outcome "error"): what was decided is kept."""
     cells: list[Cell] = []
     for model in models:
         for ruleset in rulesets:
             for gpu in gpus:
                 if model.spec is None:
                     result, code, platform = dict(model.invalid or {}), 2, None
+                elif budget is not None and budget.spent:
+                    cells.append(not_decided(model.label, ruleset, gpu, budget.seconds))
+                    continue
                 else:
                     spec = spec_for(model.spec, gpu)
                     result, code = answer(spec, ruleset)
@@ -136,6 +179,16 @@ def build_matrix(
                     )
                 )
     return Matrix(tuple(models), tuple(gpus), tuple(rulesets), tuple(cells))
+
+
+def not_decided(model: str, ruleset: str, gpu: str, budget_s: float) -> Cell:
+    """A cell the time budget did not reach."""
+    problem = (
+        f"DEADLINE_EXCEEDED: not decided within the time budget of {budget_s:g} s (the "
+        f"smaller of the call's deadline and the server's {BUDGET_SETTING}); ask for fewer "
+        "cells at once"
+    )
+    return Cell(model, ruleset, gpu, "error", None, (), problem, EXIT_NOT_DECIDED, None)
 
 
 def _cell(

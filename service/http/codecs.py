@@ -13,31 +13,22 @@ inventory form).
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from service.api.codecs.selection import parse_json_object
-from service.dataplane.matrix import MatrixModel, model_from_config
+from service.api.matrix import with_id
+from service.dataplane.matrix import MatrixQuery, model_from_config, size_problem
 from service.dataplane.selection import SelectAnswer, SelectQuery
 from service.dataplane.upgrade import DiffQuery
 from service.http.errors import bad_body
 from service.oracle import (
     DEFAULT_RULESET,
     PLATFORM_PRESETS,
-    InvalidSpecError,
-    SelectionError,
     deployment_from_model_config,
     preset,
     resolve_ruleset,
 )
 from service.oracle.gate import GATE_FIELDS, parse_fail_on
-
-#: Matrix requests are bounded: models x GPUs x rulesets cells at most.
-MAX_MATRIX_CELLS = 20_000
-#: A select matrix cell's exit-status-like code, as the CLI's matrix keeps them.
-OK, _FAILS, _INVALID = 0, 1, 2
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -49,22 +40,6 @@ def parse_json(body: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise bad_body("body", f"not UTF-8: {exc}") from None
     return parse_json_object(text, "body")
-
-
-def encode(answer: Any) -> bytes:
-    """JSON bytes, as every answer of the door is encoded (Starlette's JSONResponse's
-    form: UTF-8, compact)."""
-    return json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
-
-
-def canonical(value: Any) -> bytes:
-    """JSON bytes that are the same for equal values whatever their keys' order (a key)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-
-
-def parse_kept(payload: bytes) -> Any:
-    """What `encode` made, as its JSON value again."""
-    return json.loads(payload)
 
 
 def _object(value: Any, field: str) -> dict[str, Any]:
@@ -104,35 +79,10 @@ def diff_query(body: Any) -> DiffQuery:
     )
 
 
-def with_id(spec: Mapping[str, Any], result: dict[str, Any]) -> dict[str, Any]:
-    """The answer with the spec's "id" first, as `select --json` prints it."""
-    if "id" in spec:
-        return {"id": spec["id"], **result}
-    return result
-
-
 def answer_json(query: SelectQuery, answer: SelectAnswer) -> dict[str, Any]:
     """A decision as `select --json` prints it."""
     assert answer.decision is not None
     return with_id(query.spec, answer.decision.to_json())
-
-
-def cell_answer(spec: Mapping[str, Any], outcome: Any) -> tuple[dict[str, Any], int]:
-    """A matrix cell's answer from a decision or the error deciding it raised, as the
-    CLI's local `answer` gives it (the JSON and its exit status)."""
-    if isinstance(outcome, SelectionError):
-        return with_id(spec, outcome.to_json()), _FAILS
-    if isinstance(outcome, InvalidSpecError):
-        invalid = [{"field": v.field, "description": v.description} for v in outcome.violations]
-        return with_id(spec, {"invalid": invalid}), _INVALID
-    return with_id(spec, outcome.decision.to_json()), OK
-
-
-@dataclass(frozen=True, slots=True)
-class MatrixRequest:
-    models: list[MatrixModel]
-    gpus: list[str]
-    rulesets: list[str]
 
 
 def _names(value: Any, field: str) -> list[str] | None:
@@ -144,7 +94,7 @@ def _names(value: Any, field: str) -> list[str] | None:
     return list(dict.fromkeys(value))
 
 
-def matrix_request(body: Any) -> MatrixRequest:
+def matrix_request(body: Any) -> MatrixQuery:
     """POST /v1/select:matrix's body: {"configs": [{"name": ..., "config": {...}}, ...]
     (or {name: config}), "gpus": [...] or "all", "rulesets": [...] (default: the
     newest release)}."""
@@ -175,25 +125,8 @@ def matrix_request(body: Any) -> MatrixRequest:
             resolve_ruleset(name, field=f"rulesets[{index}]") for index, name in enumerate(named)
         )
     )
-    cells = len(models) * len(gpus) * len(rulesets)
-    if cells > MAX_MATRIX_CELLS:
-        raise bad_body("configs", f"{cells} cells; a matrix has at most {MAX_MATRIX_CELLS}")
-    return MatrixRequest(models, gpus, rulesets)
-
-
-class CellSpec(dict[str, Any]):
-    """A matrix cell's spec (`spec_for`) with its key: the model's canonical JSON, made
-    once per model, with the GPU's name."""
-
-    __slots__ = ("key",)
-
-    def __init__(self, spec: Mapping[str, Any], key: bytes) -> None:
-        super().__init__(spec)
-        self.key = key
-
-
-def spec_for(spec: Mapping[str, Any], gpu: str) -> dict[str, Any]:
-    """A model's spec on a GPU preset, named as a single select names it (`"platform":
-    "h200"`: the preset is looked up, not its profile parsed again for every cell, and the
-    decision is counted under the preset's name)."""
-    return {**spec, "platform": gpu}
+    query = MatrixQuery(models, gpus, rulesets)
+    problem = size_problem(query.cells)
+    if problem is not None:
+        raise bad_body("configs", problem)
+    return query

@@ -21,14 +21,14 @@ from typing import Any
 from service.api.codecs.answer_cache import AnswerCache, CachedAnswer
 from service.api.codecs.messages import layers_json, message_json, presets_json, workers_json
 from service.api.codecs.rulesets import rulesets_from_pb
-from service.dataplane.matrix import build_matrix
+from service.api.matrix import decide_matrix, encode
 from service.dataplane.matrix import to_json as matrix_json
-from service.dataplane.selection import Selector, SelectQuery
+from service.dataplane.offload import Budget, Offload
+from service.dataplane.selection import Selector
 from service.dataplane.upgrade import diff as diff_rulesets
 from service.http import codecs
 from service.http.errors import bad_body
 from service.http.state import PrimaryState
-from service.oracle import InvalidSpecError, SelectionError
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +47,8 @@ class Plane:
     #: POST /v1/select's kept answers (JSON bytes by body bytes, while no worker changes),
     #: as gRPC's SelectBackend keeps its own (`--select-cache-mib`); None: off.
     cache: AnswerCache | None = None
+    #: Where CPU-heavy work runs, off the event loop (the process's gRPC server's own).
+    offload: Offload = field(default_factory=Offload)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,17 +86,18 @@ async def select(plane: Plane, call: Call) -> Any:
             for counter in kept.counters:
                 counter.inc()
             return Encoded(kept.payload)
-    query = codecs.select_query(codecs.parse_json(call.raw))
-    answer, counters = plane.selector.decide(query)
-    payload = codecs.encode(codecs.answer_json(query, answer))
-    if cache is not None:
-        cache.put(call.raw, CachedAnswer(generation, payload, counters))
-    return Encoded(payload)
 
+    def decide(budget: Budget) -> Encoded:
+        # Off the loop: a spec up to the body limit parsed, the what-would-change search.
+        budget.check("the decision")
+        query = codecs.select_query(codecs.parse_json(call.raw))
+        answer, counters = plane.selector.decide(query)
+        payload = encode(codecs.answer_json(query, answer))
+        if cache is not None:
+            cache.put(call.raw, CachedAnswer(generation, payload, counters))
+        return Encoded(payload)
 
-#: Marks a matrix cell's key in the answer cache (no POST /v1/select body, which is kept by
-#: its bytes, starts like this and parses).
-_CELL_KEY = b"\0matrix-cell\0"
+    return await plane.offload.run(decide)
 
 
 async def select_matrix(plane: Plane, call: Call) -> Any:
@@ -103,54 +106,29 @@ async def select_matrix(plane: Plane, call: Call) -> Any:
     answer is kept in the answer cache as POST /v1/select's are (by its spec and ruleset,
     while no worker changed; its decision, or vLLM's failure, counted again when served
     again), so a matrix asked again, or one that shares rows with an earlier one, decides
-    only its new cells; invalid specs are checked again."""
-    request = codecs.matrix_request(codecs.parse_json(call.raw))
-    selector, cache, generation = plane.selector, plane.cache, plane.selector.generation
+    only its new cells; invalid specs are checked again (service.api.matrix, as gRPC's
+    SelectMatrix). Cells the time budget did not reach say so."""
 
-    rows: dict[int, bytes] = {}  # a model's canonical JSON, by its spec (alive till the end)
+    def decide(budget: Budget) -> Encoded:
+        # Off the loop, all of it: the body parsed, every cell, the answer encoded.
+        query = codecs.matrix_request(codecs.parse_json(call.raw))
+        table = decide_matrix(plane.selector, plane.cache, query, budget)
+        return Encoded(encode(matrix_json(table)))
 
-    def spec_for(spec: Mapping[str, Any], gpu: str) -> dict[str, Any]:
-        row = rows.get(id(spec))
-        if row is None:
-            row = rows[id(spec)] = codecs.canonical(spec)
-        return codecs.CellSpec(codecs.spec_for(spec, gpu), row + b"\0" + gpu.encode())
-
-    def decide(spec: Mapping[str, Any], ruleset: str) -> tuple[dict[str, Any], int]:
-        cell_key = spec.key if isinstance(spec, codecs.CellSpec) else codecs.canonical(spec)
-        key = _CELL_KEY + ruleset.encode() + b"\0" + cell_key
-        if cache is not None:
-            kept = cache.get(key, generation)
-            if kept is not None:
-                for counter in kept.counters:
-                    counter.inc()
-                code, result = codecs.parse_kept(kept.payload)
-                return result, code
-        try:
-            answer, counters = selector.decide(SelectQuery(spec=dict(spec), ruleset=ruleset))
-        except InvalidSpecError as exc:
-            return codecs.cell_answer(spec, exc)
-        except SelectionError as exc:  # vLLM would fail it: as much an answer as a backend
-            counters = selector.failure_counters(exc)
-            outcome: Any = exc
-        else:
-            outcome = answer
-        result, code = codecs.cell_answer(spec, outcome)
-        if cache is not None:
-            cache.put(key, CachedAnswer(generation, codecs.encode([code, result]), counters))
-        return result, code
-
-    table = build_matrix(
-        request.models, request.gpus, request.rulesets, spec_for=spec_for, answer=decide
-    )
-    return matrix_json(table)
+    return await plane.offload.run(decide)
 
 
 async def diff(plane: Plane, call: Call) -> Any:
     """POST /v1/diff: the deployment under every ruleset from "from" to "to", both answers
     and what differs, each difference with its cause, those of the "fail_on" fields apart
     from the others (`moe-control diff --json`; the data plane DiffRulesets calls)."""
-    query = codecs.diff_query(codecs.parse_json(call.raw))
-    return diff_rulesets(plane.selector, query).to_json(query.fail_on)
+
+    def decide(budget: Budget) -> Any:
+        budget.check("the diff")
+        query = codecs.diff_query(codecs.parse_json(call.raw))
+        return diff_rulesets(plane.selector, query).to_json(query.fail_on)
+
+    return await plane.offload.run(decide)
 
 
 async def platforms(plane: Plane, call: Call) -> Any:

@@ -25,6 +25,7 @@ _ERRORS = {
     413: "the body is over max_receive_message_bytes (the limit named)",
     429: "RESOURCE_EXHAUSTED: the method's concurrency limit is full",
     503: "UNAVAILABLE: no worker ready (retry)",
+    504: "DEADLINE_EXCEEDED: the work ran past the server's --cpu-budget-s",
 }
 
 

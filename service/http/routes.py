@@ -52,7 +52,7 @@ ROUTES: tuple[Route, ...] = (
         "SelectAnswer",
         request="DeploymentSpec",
         limit="SelectBackend",
-        errors=(400, 404, 503),
+        errors=(400, 404, 503, 504),
     ),
     Route(
         "POST",
@@ -62,7 +62,7 @@ ROUTES: tuple[Route, ...] = (
         "Matrix",
         request="MatrixRequest",
         limit="SelectBackend",
-        errors=(400,),
+        errors=(400, 504),
     ),
     Route(
         "POST",
@@ -73,7 +73,7 @@ ROUTES: tuple[Route, ...] = (
         "Diff",
         request="DiffRequest",
         limit="DiffRulesets",
-        errors=(400, 503),
+        errors=(400, 503, 504),
     ),
     Route("GET", "/v1/platforms", handlers.platforms, "The GPU presets", "Presets"),
     Route(

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import uvicorn
 from starlette.applications import Starlette
 
+from service import ports
 from service.api.codecs.answer_cache import AnswerCache
 from service.api.interceptors.limits import Limits
 from service.api.servicer import SelectionServicer
@@ -37,6 +38,8 @@ class HttpDoor:
     task: asyncio.Task[None]
     port: int
     tls: bool
+    #: The listening socket (the primary hands it to its replicas).
+    listener: socket.socket
 
     def url(self, host: str) -> str:
         return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
@@ -48,36 +51,29 @@ class HttpDoor:
         await self.server.shutdown()
 
 
-def _bind(host: str, port: int, *, reuseport: bool = False) -> socket.socket:
-    """The listening socket. Its protocol is named (IPPROTO_TCP, not 0): asyncio turns
-    Nagle's algorithm off (TCP_NODELAY) only on accepted sockets that say they are TCP, and
-    with it on, a write that follows another unacknowledged one waits for the client's
-    delayed ACK, about 40 ms per keep-alive request. With `reuseport` (several server
-    processes), every process listens on the same port and the kernel spreads connections
-    among them, as for gRPC."""
-    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuseport:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host.strip("[]"), port))
-    except OSError:
-        sock.close()
-        raise
-    sock.listen(2048)
+def inherited(fd: int) -> socket.socket:
+    """The primary's listening socket, inherited by a replica as descriptor `fd`."""
+    sock = socket.socket(fileno=fd)
     sock.setblocking(False)
     return sock
 
 
 async def start_http(
-    app: Starlette, settings: Settings, *, port: int | None = None, reuseport: bool = False
+    app: Starlette, settings: Settings, *, sock: socket.socket | None = None
 ) -> HttpDoor:
-    """Bind `settings.host`:`port` (default `settings.http_port`) and serve `app` on this
-    loop (OSError when the address cannot be bound)."""
+    """Serve `app` on this loop from `sock` (a replica's, inherited from the primary), or
+    else from a socket bound here on `settings.host`:`settings.http_port` that no other
+    process can share (service.ports: PortTakenError names --http-port when it is taken).
+    Its protocol is named TCP (ports.py), so asyncio turns Nagle's algorithm off on every
+    accepted connection: with it on, a write that follows another unacknowledged one waits
+    for the client's delayed ACK, about 40 ms per keep-alive request."""
     tls = settings.tls_cert is not None and settings.tls_key is not None
     config = uvicorn.Config(
         app,
+        # asyncio accepts up to `backlog` connections each time the socket is readable: one,
+        # so the server processes that share this socket take a burst of connections by
+        # turns, not one process all of it (the kernel's queue is set again below).
+        backlog=1,
         lifespan="off",
         log_config=None,
         access_log=False,
@@ -93,11 +89,13 @@ async def start_http(
     config.load()
     server = uvicorn.Server(config)
     server.lifespan = config.lifespan_class(config)  # what Server._serve sets up ("off")
-    sock = _bind(settings.host, settings.http_port if port is None else port, reuseport=reuseport)
+    if sock is None:
+        sock = ports.listen(settings.host, settings.http_port, "http_port")
     port = sock.getsockname()[1]
     await server.startup(sockets=[sock])
+    sock.listen(ports.LISTEN_BACKLOG)  # asyncio listened with `backlog`: the queue again
     task = asyncio.create_task(server.main_loop())
-    return HttpDoor(server, task, port, tls)
+    return HttpDoor(server, task, port, tls, sock)
 
 
 async def open_http(
@@ -108,13 +106,12 @@ async def open_http(
     state: PrimaryState,
     ready: Callable[[], bool],
     limits: Limits | None,
-    port: int | None = None,
-    reuseport: bool = False,
+    sock: socket.socket | None = None,
 ) -> HttpDoor:
     """The door of a server process: its SelectionServicer's selector and listings, the
     primary's state (its own in the primary, asked of it in a replica), its readiness and
-    its gRPC server's limits, served on `port` (default `settings.http_port`; with
-    `reuseport`, beside the other server processes)."""
+    its gRPC server's limits, served from `sock` (a replica's: the primary's listening
+    socket, inherited) or a socket of its own on `settings.http_port` (the primary's)."""
     plane = Plane(
         selector=selection.selector,
         presets=selection.presets,
@@ -122,6 +119,7 @@ async def open_http(
         state=state,
         ready=ready,
         cache=AnswerCache(settings.select_cache_mib * MIB) if settings.select_cache_mib else None,
+        offload=selection.offload,
     )
     app = build_app(plane, settings, metrics, limits)
-    return await start_http(app, settings, port=port, reuseport=reuseport)
+    return await start_http(app, settings, sock=sock)

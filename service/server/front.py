@@ -29,6 +29,7 @@ from service.api.interceptors.registrar import HandlerRegistrar
 from service.api.names import SERVICE_NAME
 from service.api.servicer import SelectionServicer
 from service.metrics import Metrics
+from service.ports import check_free
 from service.server.reflection import add_reflection
 from service.settings import Settings
 
@@ -71,11 +72,12 @@ async def start_front(
     reuseport: bool,
     limits: Limits | None = None,
 ) -> Front:
-    """Create, bind and start the public server on `settings.host`:`port` (OSError when
-    the address cannot be bound). `worker_methods(registrar)` registers the handlers of
-    the methods that need the workers: the servicer in the primary, a Forwarder in a
-    replica. `limits`: the per-method concurrency limits (default: this process's own,
-    from `settings`; the primary passes the ones its private endpoint shares)."""
+    """Create, bind and start the public server on `settings.host`:`port` (PortTakenError
+    when another process listens there, OSError when it cannot be bound otherwise).
+    `worker_methods(registrar)` registers the handlers of the methods that need the
+    workers: the servicer in the primary, a Forwarder in a replica. `limits`: the
+    per-method concurrency limits (default: this process's own, from `settings`; the
+    primary passes the ones its private endpoint shares)."""
     if limits is None:
         limits = Limits.from_settings(settings, metrics)
     server = grpc.aio.server(
@@ -92,11 +94,16 @@ async def start_front(
     registrar.install()
     address = f"{settings.host}:{port}"
     credentials = server_credentials(settings)
-    if credentials is None:
-        bound = server.add_insecure_port(address)
-    else:
-        bound = server.add_secure_port(address, credentials)
+    try:
+        if credentials is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, credentials)
+    except RuntimeError:  # how grpcio says it could not bind
+        bound = 0
     if bound == 0:
+        # Taken (PortTakenError names --port), else some other reason.
+        check_free(settings.host, port, "port")
         raise OSError(f"cannot listen on {address}")
     await server.start()
     return Front(server, bound, credentials is not None)

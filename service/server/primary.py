@@ -4,10 +4,10 @@ Processes: this one, the primary, owns the workers (one per device), /metrics an
 cycle; `--server-processes` N adds N-1 replicas (replica.py). Every process listens on the
 public port (front.py); the replicas forward what needs a worker to the primary's private
 server on a Unix socket (forward.py).
-Start: /metrics, workers, the public server, the HTTP/JSON door (`--http-port`; the CLI
-passes its openers in, doors.py, service.http being a floor of its own), the private one
-and the replicas (with more than one process; each serves gRPC and the HTTP door on the
-same ports), then one line on stdout saying where it
+Start: /metrics, workers, the public server, the HTTP/JSON door (`--http-port`,
+service.http, a floor below this one), the private one and the replicas (with more than
+one process; each serves gRPC and the HTTP door on the same ports), then one line on
+stdout saying where it
 listens, and one more once the server is ready (the first worker ready: readiness SERVING).
 Health: liveness ("") is SERVING while the process runs; readiness (the service's name) as
 readiness.py says, in every process.
@@ -19,12 +19,12 @@ in-flight calls `grace_s`, then the private server, the workers and /metrics sto
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import shutil
 import signal
 import sys
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,32 +36,24 @@ from service import __version__
 from service.api.interceptors.limits import Limits
 from service.api.names import SERVICE_NAME
 from service.api.servicer import MoeControlServicer
+from service.http.serve import HttpDoor, open_http
+from service.http.state import LocalState
 from service.kernels.registry import RUNNABLE
 from service.logs import configure_logging
 from service.metrics import Metrics, enable_multiprocess
 from service.pool.config import SupervisorConfig
 from service.pool.devices import discover_devices
 from service.pool.pool import WorkerPool
+from service.ports import PortTakenError, check_free
 from service.process import make_runtime_dir, settle_heap, tune_malloc
-from service.server.doors import OpenDoor
 from service.server.front import Front, start_front
 from service.server.readiness import Readiness
-from service.server.replica import (
-    REPLICA_MODULE,
-    ReplicaSet,
-    settings_to_json,
-    start_private_server,
-)
+from service.server.replica import ReplicaSet, settings_to_json, start_private_server
 from service.settings import Settings
 
 log = logging.getLogger("moe_control.server")
 
-__all__ = ["DoorFactory", "Endpoints", "MoeControlServer", "OpenDoor", "run", "serve"]
-
-
-#: Opens the primary's door on a started server (its servicer, pool, readiness and limits
-#: are set).
-DoorFactory = Callable[["MoeControlServer"], Awaitable[OpenDoor]]
+__all__ = ["Endpoints", "MoeControlServer", "run", "serve"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +78,8 @@ class MoeControlServer:
         metrics: Metrics | None = None,
         *,
         runtime_dir: str | None = None,
-        http: DoorFactory | None = None,
-        replica_module: str = REPLICA_MODULE,
     ) -> None:
         self.settings = settings
-        self._replica_module = replica_module
         self.metrics = metrics if metrics is not None else Metrics()
         # Conversions and forwards run here (a replica forwards them): their series too.
         self.metrics.prepare_kernels(RUNNABLE)
@@ -102,14 +91,15 @@ class MoeControlServer:
         self.internal: grpc.aio.Server | None = None
         self.replicas: ReplicaSet | None = None
         self.limits: Limits | None = None
-        self._http_factory = http
-        self.http: OpenDoor | None = None
+        self.http: HttpDoor | None = None
         self._own_dir = None if runtime_dir is not None else make_runtime_dir()
         self._runtime_dir: str = runtime_dir or self._own_dir or ""
         self._metrics_http: Any = None
 
     async def start(self) -> Endpoints:
         s = self.settings
+        # Every port another process holds fails the start now, before anything starts.
+        self._check_ports()
         metrics_url = self._start_metrics() if s.metrics_enabled else None
         devices = await discover_devices(s.devices, cpu_workers=s.cpu_workers)
         pool = self.pool = WorkerPool(
@@ -136,10 +126,17 @@ class MoeControlServer:
         )
         pool.start()
         http_url = None
-        if self._http_factory is not None and s.http_port:
-            # The same selector, pool, readiness and limits as the public gRPC server; before
-            # the replicas, which listen on the port it resolved.
-            self.http = await self._http_factory(self)
+        if s.http_port:
+            # The same selector, pool, store of observed decisions, readiness and limits as
+            # the public gRPC server; before the replicas, which inherit its socket.
+            self.http = await open_http(
+                s,
+                metrics=self.metrics,
+                selection=servicer.selection,
+                state=LocalState(pool, servicer.observations),
+                ready=lambda: self.readiness.ready,
+                limits=limits,
+            )
             http_url = self.http.url(_host_for_url(s.host))
         if processes > 1:
             await self._start_replicas(processes - 1, limits)
@@ -161,11 +158,24 @@ class MoeControlServer:
         )
         return Endpoints(grpc_address, metrics_url, http_url)
 
+    def _check_ports(self) -> None:
+        s = self.settings
+        check_free(s.host, s.port, "port")
+        if s.http_port:
+            check_free(s.host, s.http_port, "http_port")
+        if s.metrics_enabled:
+            check_free(s.metrics_host, s.metrics_port, "metrics_port")
+
     def _start_metrics(self) -> str:
         s = self.settings
-        self._metrics_http, _ = start_http_server(
-            s.metrics_port, addr=s.metrics_host, registry=self.metrics.registry
-        )
+        try:
+            self._metrics_http, _ = start_http_server(
+                s.metrics_port, addr=s.metrics_host, registry=self.metrics.registry
+            )
+        except OSError as exc:  # bound without SO_REUSEPORT: nobody shares it
+            if exc.errno == errno.EADDRINUSE:
+                raise PortTakenError(s.metrics_host, s.metrics_port, "metrics_port") from None
+            raise
         port = self._metrics_http.server_port
         return f"http://{_host_for_url(s.metrics_host)}:{port}/metrics"
 
@@ -178,15 +188,15 @@ class MoeControlServer:
             "settings": settings_to_json(s),
             "port": self.front.port,
             "internal": target,
-            # None: no HTTP door (off, or not opened by this server's caller).
-            "http_port": self.http.port if self.http is not None else None,
+            # The HTTP door's listening socket, inherited by every replica (None: off).
+            "http_fd": self.http.listener.fileno() if self.http is not None else None,
         }
         self.replicas = self.readiness.replicas = ReplicaSet(
             count,
             config,
             env=os.environ,
             restart_backoff_s=s.worker_restart_backoff_s,
-            module=self._replica_module,
+            pass_fds=() if self.http is None else (self.http.listener.fileno(),),
         )
         self.readiness.publish()
         await self.replicas.start()
@@ -218,6 +228,7 @@ class MoeControlServer:
             await self.pool.stop()
         if self.servicer is not None:
             self.servicer.convert.close()
+            self.servicer.selection.offload.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
@@ -243,9 +254,7 @@ def _host_for_url(host: str) -> str:
     return host
 
 
-async def serve(
-    settings: Settings, http: DoorFactory | None = None, replica_module: str = REPLICA_MODULE
-) -> None:
+async def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
     runtime_dir = make_runtime_dir()
     try:
@@ -256,9 +265,7 @@ async def serve(
             os.mkdir(metrics_dir)
             enable_multiprocess(metrics_dir)
             metrics = Metrics(multiprocess_dir=metrics_dir)
-        server = MoeControlServer(
-            settings, metrics, runtime_dir=runtime_dir, http=http, replica_module=replica_module
-        )
+        server = MoeControlServer(settings, metrics, runtime_dir=runtime_dir)
         await _serve(server)
     finally:
         shutil.rmtree(runtime_dir, ignore_errors=True)
@@ -293,19 +300,19 @@ async def _announce_ready(server: MoeControlServer) -> None:
     print(f"moe-control ready: {ready} of {len(workers)} workers ready", flush=True)
 
 
-def run(
-    settings: Settings, http: DoorFactory | None = None, replica_module: str = REPLICA_MODULE
-) -> int:
-    """Serve until stopped; `http` opens the primary's HTTP/JSON door (`--http-port`; 0:
-    off), `replica_module` is what each replica runs (`python -m`; the CLI's opens the
-    door in replicas too)."""
+def run(settings: Settings) -> int:
+    """Serve until stopped (the HTTP/JSON door too, unless `--http-port` is 0). A port
+    another process holds raises PortTakenError before anything starts."""
     # Before any thread starts: the big messages' buffers are kept for the next call
     # (process.py's "server" row; --no-malloc-tuning leaves glibc's defaults).
     if settings.malloc_tuning:
         tune_malloc("server")
     configure_logging(settings.log_level, settings.log_format)
     try:
-        asyncio.run(serve(settings, http, replica_module))
+        asyncio.run(serve(settings))
+    except PortTakenError as exc:  # a setting's fault, as a bad value is: the caller says
+        log.error("cannot serve: %s", exc, extra={"event": "startup_failed", "port": exc.port})
+        raise
     except OSError as exc:
         log.error("cannot serve: %s", exc, extra={"event": "startup_failed"})
         print(f"moe-control: cannot serve: {exc}", file=sys.stderr)

@@ -3,16 +3,17 @@
 One Python process serves SelectBackend on one core at most, bound by grpc's per-call work
 rather than the oracle (bench/RESULTS.md). So `moe-control serve --server-processes N`
 runs the primary (the process started by hand, which owns the workers, /metrics and the life
-cycle) and N-1 replicas. All N listen on the same port with SO_REUSEPORT, and the kernel
-spreads connections among them.
+cycle) and N-1 replicas. All N listen on the gRPC port with SO_REUSEPORT, and the kernel
+spreads connections among them; the HTTP door's port is bound by the primary alone and its
+socket inherited by every replica, which accept on it (service.ports says why).
 
 A replica runs the same public server as the primary (front.py): it answers
 SelectBackend, ListPlatformPresets, ListRulesets, health and reflection itself and forwards
 every other MoeControlService call, as bytes (forward.py), to the primary's private server
-on a Unix socket, which serves it without counting it again. With a door opener (doors.py:
-the CLI's replica entry, `python -m service.cli.replica`, passes service.http's), it serves
-the HTTP/JSON door too, on the port the primary's door resolved, from the same selection
-and limits; what only the primary knows, the door asks of that private server. Its view of
+on a Unix socket, which serves it without counting it again. It serves the HTTP/JSON door
+too (service.http), on the primary's door's socket (inherited), from the same selection
+and limits; what only the primary knows, the door asks of that private server
+(`ForwardedState`). Its view of
 the workers (readiness, profiles) is what the primary writes to its stdin, one JSON object
 a line, on every worker change; readiness is the primary's. Metrics use prometheus_client's
 multiprocess mode (metrics.py), so /metrics counts every process's calls.
@@ -33,6 +34,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -47,21 +49,23 @@ from service.api.interceptors.limits import Limits
 from service.api.names import SERVICE_NAME
 from service.api.servicer import MoeControlServicer, add_to_server
 from service.api.servicer import SelectionServicer as Selection
+from service.dataplane.offload import Offload
+from service.http.serve import HttpDoor, open_http
+from service.http.state import ForwardedState
 from service.logs import configure_logging
 from service.metrics import MULTIPROC_ENV, Metrics
 from service.oracle import PlatformProfile
 from service.pool.errors import WorkerNotFoundError, WorkerUnavailableError
 from service.pool.handle import WorkerHandle
 from service.process import settle_heap, tune_malloc
-from service.server.doors import OpenDoor, ReplicaDoorFactory, ReplicaDoorPlane
 from service.server.forward import ForwardedMeasure, Forwarder, service_methods
 from service.server.front import LOCAL_METHODS, start_front
 from service.settings import MIB, Settings
 
 log = logging.getLogger("moe_control.replica")
 
-#: What a replica runs (`python -m`) unless the primary is told otherwise.
-REPLICA_MODULE = "service.server.replica"
+#: What a replica runs (`python -m`): this module (its name as the primary imports it).
+_MODULE = __name__
 #: A replica must listen within this.
 START_TIMEOUT_S = 60.0
 MAX_BACKOFF_S = 30.0
@@ -124,10 +128,11 @@ class ReplicaSet:
         *,
         env: Mapping[str, str],
         restart_backoff_s: float = 1.0,
-        module: str = REPLICA_MODULE,
+        pass_fds: Sequence[int] = (),
     ) -> None:
         self.count = count
-        self._module = module
+        #: Descriptors every replica inherits (the HTTP door's listening socket).
+        self._pass_fds = tuple(pass_fds)
         self._config = json.dumps({"config": dict(config)}).encode() + b"\n"
         self._env = dict(env)
         self._backoff_s = restart_backoff_s
@@ -184,10 +189,11 @@ class ReplicaSet:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            self._module,
+            _MODULE,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=self._env,
+            pass_fds=self._pass_fds,
         )
         self._processes[index] = process
         _write(process, self._config)
@@ -290,11 +296,7 @@ class WorkerView:
         return self._profiles[0]
 
 
-async def _serve(
-    config: Mapping[str, Any],
-    reader: asyncio.StreamReader,
-    door: ReplicaDoorFactory | None = None,
-) -> int:
+async def _serve(config: Mapping[str, Any], reader: asyncio.StreamReader) -> int:
     settings = Settings.load(config["settings"], environ={})
     if settings.malloc_tuning:
         # A replica forwards the same big RunMoE messages as the primary (process.py's
@@ -313,12 +315,17 @@ async def _serve(
     ]
     channel = grpc.aio.insecure_channel(config["internal"], options=limits)
     forwarder = Forwarder(channel, service_methods(exclude=LOCAL_METHODS))
-    selection = Selection(view, metrics, cache_bytes=settings.select_cache_mib * MIB)
+    selection = Selection(
+        view,
+        metrics,
+        cache_bytes=settings.select_cache_mib * MIB,
+        offload=Offload.from_settings(settings),
+    )
     selection.measured = ForwardedMeasure(channel)  # the primary measures and caches
     # One set of per-method limits for this process's gRPC server and HTTP door.
     call_limits = Limits.from_settings(settings, metrics)
     stop = asyncio.Event()
-    http: OpenDoor | None = None
+    http: HttpDoor | None = None
     try:
         front = await start_front(
             settings,
@@ -330,18 +337,17 @@ async def _serve(
             reuseport=True,
             limits=call_limits,
         )
-        http_port = config.get("http_port")
-        if door is not None and http_port is not None:
-            plane = ReplicaDoorPlane(
-                settings=settings,
-                port=int(http_port),
+        http_fd = config.get("http_fd")
+        if http_fd is not None:
+            http = await open_http(
+                settings,
                 metrics=metrics,
                 selection=selection,
-                limits=call_limits,
+                state=ForwardedState(channel, settings.token()),
                 ready=lambda: view.ready and not stop.is_set(),
-                channel=channel,
+                limits=call_limits,
+                sock=socket.socket(fileno=int(http_fd)),
             )
-            http = await door(plane)
     except (OSError, RuntimeError) as exc:  # grpc answers a port it cannot bind with the latter
         print(json.dumps({"event": "failed", "reason": str(exc)}), flush=True)
         return 1
@@ -374,10 +380,11 @@ async def _serve(
     with contextlib.suppress(asyncio.CancelledError):
         await follower
     await channel.close()
+    selection.offload.close()
     return 0
 
 
-async def _main(door: ReplicaDoorFactory | None) -> int:
+async def _main() -> int:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 24)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -387,13 +394,12 @@ async def _main(door: ReplicaDoorFactory | None) -> int:
     config = json.loads(first)["config"]
     given = config["settings"]
     configure_logging(given.get("log_level", "INFO"), given.get("log_format", "json"))
-    return await _serve(config, reader, door)
+    return await _serve(config, reader)
 
 
-def main(door: ReplicaDoorFactory | None = None) -> int:
-    """`python -m service.server.replica`: started by the primary, configured on stdin;
-    `door` opens the HTTP door (the CLI's replica entry passes it)."""
-    return asyncio.run(_main(door))
+def main() -> int:
+    """`python -m service.server.replica`: started by the primary, configured on stdin."""
+    return asyncio.run(_main())
 
 
 if __name__ == "__main__":

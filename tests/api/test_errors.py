@@ -9,6 +9,7 @@ from google.rpc import code_pb2, error_details_pb2
 
 from service.api.errors import INTERNAL_MESSAGE, status_for
 from service.api.generated.moe_control.v1 import selection_pb2
+from service.dataplane.errors import BudgetExceededError
 from service.oracle import (
     Candidate,
     ErrorInfo,
@@ -77,6 +78,7 @@ def test_selection_error_is_failed_precondition_with_every_backend() -> None:
         (WorkerNotFoundError(3, 1), code_pb2.NOT_FOUND),
         (LayerNotFoundError("l-1"), code_pb2.NOT_FOUND),
         (NotImplementedError("RunMoE lands later"), code_pb2.UNIMPLEMENTED),
+        (BudgetExceededError("the diff", 2.0, "--cpu-budget-s"), code_pb2.DEADLINE_EXCEEDED),
     ],
 )
 def test_other_domain_errors(exc: Exception, code: int) -> None:

@@ -35,8 +35,8 @@ SPEC = {
     "layer": {"num_experts": 8, "top_k": 2, "hidden_size": 4096, "intermediate_size": 14336},
     "platform": "a100",
 }
-#: What a replica runs: the server's own module, or the CLI's (which adds the HTTP door).
-REPLICA_ENTRY = re.compile(rb"-m\x00service\.(server|cli)\.replica\x00")
+#: What a replica runs.
+REPLICA_ENTRY = re.compile(rb"-m\x00service\.server\.replica\x00")
 #: Connections opened per test: all landing on one of two processes has odds 2**-15.
 CONNECTIONS = 16
 

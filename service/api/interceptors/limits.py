@@ -37,6 +37,8 @@ METHOD_LIMITS: Mapping[str, str] = {
     f"/{SERVICE}/SelectBackend": "max_concurrent_select",
     # a diff is a few decisions: the same class as a selection
     f"/{SERVICE}/DiffRulesets": "max_concurrent_select",
+    # a matrix is many decisions, as POST /v1/select:matrix (the same class)
+    f"/{SERVICE}/SelectMatrix": "max_concurrent_select",
     f"/{SERVICE}/ConvertWeights": "max_concurrent_convert",
     f"/{SERVICE}/RunMoE": "max_concurrent_run",
 }

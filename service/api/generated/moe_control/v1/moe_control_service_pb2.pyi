@@ -8,12 +8,28 @@ from service.api.generated.moe_control.v1 import platform_pb2 as _platform_pb2
 from service.api.generated.moe_control.v1 import selection_pb2 as _selection_pb2
 from service.api.generated.moe_control.v1 import tensor_pb2 as _tensor_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class MatrixOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MATRIX_OUTCOME_UNSPECIFIED: _ClassVar[MatrixOutcome]
+    MATRIX_OUTCOME_CHOSEN: _ClassVar[MatrixOutcome]
+    MATRIX_OUTCOME_UNQUANTIZED: _ClassVar[MatrixOutcome]
+    MATRIX_OUTCOME_FAILS: _ClassVar[MatrixOutcome]
+    MATRIX_OUTCOME_INVALID: _ClassVar[MatrixOutcome]
+    MATRIX_OUTCOME_ERROR: _ClassVar[MatrixOutcome]
+MATRIX_OUTCOME_UNSPECIFIED: MatrixOutcome
+MATRIX_OUTCOME_CHOSEN: MatrixOutcome
+MATRIX_OUTCOME_UNQUANTIZED: MatrixOutcome
+MATRIX_OUTCOME_FAILS: MatrixOutcome
+MATRIX_OUTCOME_INVALID: MatrixOutcome
+MATRIX_OUTCOME_ERROR: MatrixOutcome
 
 class SelectBackendRequest(_message.Message):
     __slots__ = ("spec", "spec_json", "model_config", "platform", "ruleset", "policy", "token_counts", "measure_worker_index", "refresh", "what_would_change")
@@ -74,6 +90,56 @@ class SelectBackendResponse(_message.Message):
     explanation: str
     what_would_change: _selection_pb2.WhatWouldChange
     def __init__(self, ruleset: _Optional[str] = ..., quantization: _Optional[str] = ..., moe_method: _Optional[str] = ..., backend: _Optional[str] = ..., experts_class: _Optional[str] = ..., weight_key: _Optional[_Union[_selection_pb2.WeightKey, _Mapping]] = ..., may_have_zp: _Optional[bool] = ..., may_have_bias: _Optional[bool] = ..., allow_tile_padding: _Optional[bool] = ..., candidates: _Optional[_Iterable[_Union[_selection_pb2.BackendCandidate, _Mapping]]] = ..., hazards: _Optional[_Iterable[_Union[_selection_pb2.Hazard, _Mapping]]] = ..., platform: _Optional[_Union[_platform_pb2.PlatformProfile, _Mapping]] = ..., server_platform: _Optional[_Union[_platform_pb2.PlatformProfile, _Mapping]] = ..., measured: _Optional[_Union[_measured_pb2.MeasuredSelection, _Mapping]] = ..., explanation: _Optional[str] = ..., what_would_change: _Optional[_Union[_selection_pb2.WhatWouldChange, _Mapping]] = ...) -> None: ...
+
+class SelectMatrixRequest(_message.Message):
+    __slots__ = ("models", "gpus", "rulesets", "platform_json")
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    RULESETS_FIELD_NUMBER: _ClassVar[int]
+    PLATFORM_JSON_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[MatrixModel]
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    rulesets: _containers.RepeatedScalarFieldContainer[str]
+    platform_json: str
+    def __init__(self, models: _Optional[_Iterable[_Union[MatrixModel, _Mapping]]] = ..., gpus: _Optional[_Iterable[str]] = ..., rulesets: _Optional[_Iterable[str]] = ..., platform_json: _Optional[str] = ...) -> None: ...
+
+class MatrixModel(_message.Message):
+    __slots__ = ("label", "origin", "spec_json")
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    label: str
+    origin: str
+    spec_json: str
+    def __init__(self, label: _Optional[str] = ..., origin: _Optional[str] = ..., spec_json: _Optional[str] = ...) -> None: ...
+
+class MatrixCell(_message.Message):
+    __slots__ = ("model", "ruleset", "gpu", "outcome", "backend", "hazards", "problem", "platform_json")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    RULESET_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    HAZARDS_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    PLATFORM_JSON_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    ruleset: str
+    gpu: str
+    outcome: MatrixOutcome
+    backend: str
+    hazards: _containers.RepeatedCompositeFieldContainer[_selection_pb2.Hazard]
+    problem: str
+    platform_json: str
+    def __init__(self, model: _Optional[str] = ..., ruleset: _Optional[str] = ..., gpu: _Optional[str] = ..., outcome: _Optional[_Union[MatrixOutcome, str]] = ..., backend: _Optional[str] = ..., hazards: _Optional[_Iterable[_Union[_selection_pb2.Hazard, _Mapping]]] = ..., problem: _Optional[str] = ..., platform_json: _Optional[str] = ...) -> None: ...
+
+class SelectMatrixResponse(_message.Message):
+    __slots__ = ("cells", "rulesets")
+    CELLS_FIELD_NUMBER: _ClassVar[int]
+    RULESETS_FIELD_NUMBER: _ClassVar[int]
+    cells: _containers.RepeatedCompositeFieldContainer[MatrixCell]
+    rulesets: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cells: _Optional[_Iterable[_Union[MatrixCell, _Mapping]]] = ..., rulesets: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DiffRulesetsRequest(_message.Message):
     __slots__ = ("spec", "spec_json", "model_config", "platform", "rulesets", "fail_on")

@@ -71,6 +71,11 @@ class MoeControlServiceStub:
                 request_serializer=moe__control_dot_v1_dot_moe__control__service__pb2.DiffRulesetsRequest.SerializeToString,
                 response_deserializer=moe__control_dot_v1_dot_moe__control__service__pb2.DiffRulesetsResponse.FromString,
                 _registered_method=True)
+        self.SelectMatrix = channel.unary_unary(
+                '/moe_control.v1.MoeControlService/SelectMatrix',
+                request_serializer=moe__control_dot_v1_dot_moe__control__service__pb2.SelectMatrixRequest.SerializeToString,
+                response_deserializer=moe__control_dot_v1_dot_moe__control__service__pb2.SelectMatrixResponse.FromString,
+                _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/moe_control.v1.MoeControlService/ListWorkers',
                 request_serializer=moe__control_dot_v1_dot_moe__control__service__pb2.ListWorkersRequest.SerializeToString,
@@ -157,6 +162,16 @@ class MoeControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SelectMatrix(self, request, context):
+        """The fleet matrix in one call: models x GPU presets x rule sets, each cell decided as
+        SelectBackend decides it (as POST /v1/select:matrix does, with its limits: at most
+        20,000 cells). Cells the server's time budget did not reach say so; nothing decided is
+        dropped.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListWorkers(self, request, context):
         """Every worker process, its device, state and platform.
         """
@@ -230,6 +245,11 @@ def add_MoeControlServiceServicer_to_server(servicer, server):
                     servicer.DiffRulesets,
                     request_deserializer=moe__control_dot_v1_dot_moe__control__service__pb2.DiffRulesetsRequest.FromString,
                     response_serializer=moe__control_dot_v1_dot_moe__control__service__pb2.DiffRulesetsResponse.SerializeToString,
+            ),
+            'SelectMatrix': grpc.unary_unary_rpc_method_handler(
+                    servicer.SelectMatrix,
+                    request_deserializer=moe__control_dot_v1_dot_moe__control__service__pb2.SelectMatrixRequest.FromString,
+                    response_serializer=moe__control_dot_v1_dot_moe__control__service__pb2.SelectMatrixResponse.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkers,
@@ -447,6 +467,33 @@ class MoeControlService:
             '/moe_control.v1.MoeControlService/DiffRulesets',
             moe__control_dot_v1_dot_moe__control__service__pb2.DiffRulesetsRequest.SerializeToString,
             moe__control_dot_v1_dot_moe__control__service__pb2.DiffRulesetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SelectMatrix(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/moe_control.v1.MoeControlService/SelectMatrix',
+            moe__control_dot_v1_dot_moe__control__service__pb2.SelectMatrixRequest.SerializeToString,
+            moe__control_dot_v1_dot_moe__control__service__pb2.SelectMatrixResponse.FromString,
             options,
             channel_credentials,
             insecure,
