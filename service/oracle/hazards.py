@@ -50,9 +50,9 @@ def _moe_wna16_group_hazard(config: MoeWNA16Config, moe: MoEConfig) -> Hazard | 
 
 
 def _quark_group_hazard(config: QuarkConfig, moe: MoEConfig) -> Hazard | None:
-    """QuarkW4A16Int4MoEMethod.create_weights halves the group size while it does not
-    divide both dimensions, asserting after each halving that it stays >= 32 (a group size
-    that divides both is kept as it is, even below 32)."""
+    """QuarkW4A16Int4MoEMethod.create_weights (read from the source) halves the group size
+    while it does not divide both dimensions, asserting after each halving that it stays
+    >= 32 (a group size that divides both is kept as it is, even below 32)."""
     group = config.weight_group_size
     hidden, inter = moe.hidden_dim, moe.intermediate_size_per_partition
     while inter % group or hidden % group:
@@ -68,8 +68,9 @@ def _quark_group_hazard(config: QuarkConfig, moe: MoEConfig) -> Hazard | None:
 
 
 #: Quark's int4 weight-only layer after selection, by backend. HUMMING's and CPU's refusals
-#: were run (vLLM's own conversion functions on CPU, tests/formats/vllm_cases/quark.py); the
-#: FlashInfer and EMULATION misreads are read from the source only.
+#: and EMULATION's misread were run (vLLM's own loader and conversion on CPU: the Quark
+#: cases of tests/formats/exactness_cases.py); FlashInfer's misread is read from the source
+#: only (its preparation needs a Blackwell GPU).
 QUARK_BACKEND_HAZARDS: dict[str, Hazard] = {
     "HUMMING": Hazard(
         "QUARK_HUMMING_SCHEMA_TYPE_ERROR",
@@ -94,10 +95,11 @@ QUARK_BACKEND_HAZARDS: dict[str, Hazard] = {
     ),
     "EMULATION": Hazard(
         "QUARK_EMULATION_MISREAD",
-        "EMULATION unpacks the weights it is handed as GPTQ int32 words (eight nibbles "
-        "each), but Quark's loader hands it uint8 bytes (two nibbles each): the "
-        "dequantized weights get four times the hidden size with six nibbles of zeros "
-        "each, and the layer fails at its first forward or computes garbage.",
+        "EMULATION unpacks the weights it is handed as GPTQ int32 words (eight codes each), "
+        "but Quark's loader hands it uint8 bytes (two codes each): a symmetric layer's "
+        "dequantized w13 comes out with four times the hidden size and fails at its first "
+        "forward, and an asymmetric layer's zero points fail to reshape, so loading fails "
+        "(RuntimeError).",
     ),
 }
 

@@ -649,9 +649,7 @@ QUARK_VARIANTS: list[tuple[str, dict[str, Any], str | None]] = [
         _quark(
             pack_method="order",
             global_quant_config={"weight": None, "input_tensors": None, "output_tensors": None},
-            layer_quant_config={
-                "*mlp.experts*": {"weight": _QUARK_G32_SYM, "input_tensors": None}
-            },
+            layer_quant_config={"*mlp.experts*": {"weight": _QUARK_G32_SYM, "input_tensors": None}},
         ),
         None,
     ),

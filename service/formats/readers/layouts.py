@@ -280,6 +280,8 @@ class SourceLayout:
         ):
             out["g_idx"] = experts.group_index().to(torch.int32).contiguous()
         if experts.bias is not None:
+            if "bias" not in self.names:
+                raise FormatError("bias", f"{self.name} has no expert bias tensor")
             out["bias"] = experts.bias.contiguous()
         if "shape" in self.names:
             shape = torch.tensor(
