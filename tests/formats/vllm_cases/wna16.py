@@ -54,8 +54,13 @@ OUTPUT_NAMES_WITH_G_IDX = (
     "w2_g_idx_sort_indices",
     *OUTPUT_NAMES[4:],
 )
+#: The conversion's outputs from vLLM 0.34, which returns no input global scales.
+OUTPUT_NAMES_WITHOUT_INPUT_SCALES = tuple(n for n in OUTPUT_NAMES if "input_global" not in n)
 #: The conversion's output names by the length of the tuple a release returns.
-OUTPUTS_BY_LENGTH = {len(names): names for names in (OUTPUT_NAMES, OUTPUT_NAMES_WITH_G_IDX)}
+OUTPUTS_BY_LENGTH = {
+    len(names): names
+    for names in (OUTPUT_NAMES, OUTPUT_NAMES_WITH_G_IDX, OUTPUT_NAMES_WITHOUT_INPUT_SCALES)
+}
 #: The SM count of the GPU the cases pretend to run on (an H100 SXM, compute capability 9.0).
 FAKE_SM_COUNT = 132
 PROJECTIONS = {"gate_proj": ("w13", "w1"), "up_proj": ("w13", "w3"), "down_proj": ("w2", "w2")}
@@ -182,6 +187,7 @@ def _layer(spec: Mapping[str, Any]) -> Any:
     layer = RoutedExperts.__new__(RoutedExperts)
     torch.nn.Module.__init__(layer)
     layer.moe_config = SimpleNamespace(
+        num_experts=spec["num_experts"],  # vLLM 0.34's weight loader reads it
         is_act_and_mul=True,
         tp_shard_with_padding=False,
         moe_parallel_config=SimpleNamespace(tp_size=1),
