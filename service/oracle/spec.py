@@ -63,6 +63,7 @@ USER_QUANTIZATIONS = (
     "auto_awq",
     "moe_wna16",
     "compressed-tensors",
+    "quark",
 )
 DEFAULT_LAYER_NAME = "model.layers.0.mlp.experts"
 

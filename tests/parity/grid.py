@@ -378,6 +378,7 @@ def generate() -> list[dict[str, Any]]:
     specs.extend(_ct_asymmetric_widths(platform_map))
     specs.extend(_act_order_and_legacy_specs(platform_map))
     specs.extend(_kernel_list_and_width_specs(platform_map))
+    specs.extend(_quark_specs(platform_map, variants))
     unique: dict[str, dict[str, Any]] = {}
     for spec in specs:
         unique.setdefault(spec["id"], spec)
@@ -582,6 +583,208 @@ def _kernel_list_and_width_specs(platforms: dict[str, dict[str, Any]]) -> list[d
                 moe_backend=backend,
             )
         )
+    return specs
+
+
+def _quark(
+    dtype: str = "int4",
+    group: int | None = 128,
+    *,
+    symmetric: bool | None = True,
+    pack_method: str | None = "reorder",
+    **top: Any,
+) -> dict[str, Any]:
+    """An AMD Quark export's `quantization_config`, as Quark writes it (its export block,
+    the global weight scheme with Quark's own fields); `top` replaces top-level keys."""
+    weight: dict[str, Any] = {
+        "dtype": dtype,
+        "qscheme": "per_group" if group else "per_channel",
+        "ch_axis": 1 if group else 0,
+        "group_size": group,
+        "symmetric": symmetric,
+        "is_dynamic": False,
+        "round_method": "half_even",
+        "scale_type": "float",
+    }
+    export: dict[str, Any] = {
+        "kv_cache_group": [],
+        "min_kv_scale": 0.0,
+        "weight_format": "real_quantized",
+        "weight_merge_groups": None,
+    }
+    if pack_method is not None:
+        export["pack_method"] = pack_method
+    config: dict[str, Any] = {
+        "quant_method": "quark",
+        "quant_mode": "eager_mode",
+        "export": export,
+        "global_quant_config": {
+            "weight": weight,
+            "input_tensors": None,
+            "output_tensors": None,
+            "bias": None,
+        },
+        "layer_quant_config": {},
+        "layer_type_quant_config": {},
+        "kv_cache_quant_config": {},
+        "exclude": ["lm_head", "re:.*self_attn.*", "re:.*mlp.gate$"],
+    }
+    return {**config, **top}
+
+
+def _without(config: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k != key}
+
+
+_QUARK_G32_SYM = {"dtype": "int4", "qscheme": "per_group", "group_size": 32, "symmetric": True}
+_FP8_OUTPUT = {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False}
+
+#: Quark checkpoints whose routed experts are int4 weight-only (QuarkW4A16Int4MoEMethod
+#: from 0.31, "Unsupported FusedMoe scheme" before), asked on every platform.
+QUARK_VARIANTS: list[tuple[str, dict[str, Any], str | None]] = [
+    ("quark-int4-g128", _quark(), None),
+    ("quark-uint4-asym-g32", _quark("uint4", 32, symmetric=False), None),
+    (
+        "quark-int4-g32-order-experts-only",
+        _quark(
+            pack_method="order",
+            global_quant_config={"weight": None, "input_tensors": None, "output_tensors": None},
+            layer_quant_config={"*mlp.experts*": {"weight": _QUARK_G32_SYM, "input_tensors": None}},
+        ),
+        None,
+    ),
+]
+#: Quark configs on the edges of what vLLM's Quark accepts: refused while parsing, refused
+#: by the MoE method, left unquantized, or looked up through its quirks.
+QUARK_EDGE_VARIANTS: list[tuple[str, dict[str, Any], str | None]] = [
+    ("quark-int4-g128-flag", _quark(), "quark"),
+    ("quark-with-gptq-flag", _quark(), "gptq"),
+    ("quark-uint4-sym-g64", _quark("uint4", 64), None),
+    ("quark-int4-asym-g128", _quark(symmetric=False), None),
+    ("quark-int4-g16", _quark(group=16), None),
+    ("quark-int4-channel", _quark(group=None), None),
+    ("quark-int4-symmetric-null", _quark(symmetric=None), None),
+    ("quark-int4-no-pack-method", _quark(pack_method=None), None),
+    ("quark-int4-pack-bogus", _quark(pack_method="interleave"), None),
+    (
+        "quark-int4-fp8-input",
+        _quark(
+            global_quant_config={
+                "weight": {**_QUARK_G32_SYM, "group_size": 128},
+                "input_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": True},
+            }
+        ),
+        None,
+    ),
+    (
+        "quark-int4-weight-list",
+        _quark(global_quant_config={"weight": [_QUARK_G32_SYM], "input_tensors": []}),
+        None,
+    ),
+    ("quark-global-weight-null", _quark(global_quant_config={"weight": None}), None),
+    ("quark-exclude-experts", _quark(exclude=["lm_head", "re:.*experts.*"]), None),
+    (
+        "quark-exclude-expert-child",
+        _quark(exclude=["lm_head", "model.layers.0.mlp.experts.0.down_proj"]),
+        None,
+    ),
+    (
+        "quark-layer-name-in-pattern",
+        _quark(
+            layer_quant_config={
+                "model.layers.0.mlp.experts.0.down_proj": {"weight": _QUARK_G32_SYM}
+            }
+        ),
+        None,
+    ),
+    (
+        "quark-output-tensors",
+        _quark(global_quant_config={"weight": _QUARK_G32_SYM, "output_tensors": _FP8_OUTPUT}),
+        None,
+    ),
+    ("quark-no-export", _without(_quark(), "export"), None),
+    (
+        "quark-no-kv-cache-group",
+        _quark(export={"pack_method": "reorder"}),
+        None,
+    ),
+    ("quark-no-exclude", _without(_quark(), "exclude"), None),
+    ("quark-no-layer-type-config", _without(_quark(), "layer_type_quant_config"), None),
+    ("quark-no-layer-config", _without(_quark(), "layer_quant_config"), None),
+    (
+        "quark-kv-cache-fp8",
+        _quark(
+            export={"kv_cache_group": ["*k_proj", "*v_proj"], "pack_method": "reorder"},
+            layer_quant_config={
+                "*k_proj": {"weight": None, "output_tensors": _FP8_OUTPUT},
+                "*v_proj": {"weight": None, "output_tensors": _FP8_OUTPUT},
+            },
+        ),
+        None,
+    ),
+    (
+        "quark-kv-cache-group-unmatched",
+        _quark(export={"kv_cache_group": ["*k_proj"], "pack_method": "reorder"}),
+        None,
+    ),
+    (
+        "quark-kv-cache-empty",
+        _quark(
+            export={"kv_cache_group": ["*k_proj"], "pack_method": "reorder"},
+            layer_quant_config={"*k_proj": {"weight": None, "output_tensors": None}},
+        ),
+        None,
+    ),
+]
+#: A shape whose intermediate size per partition (80) no group >= 32 divides: Quark's
+#: create_weights asserts at load (a hazard; the decision is vLLM's).
+QUARK_HALVING_SHAPE = (8, 2048, 80, 2)
+
+
+def _quark_specs(
+    platforms: dict[str, dict[str, Any]], layer_variants: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """AMD Quark: its int4 weight-only configs on every platform and two shapes, every
+    forced backend, the layer and parallel variants (EPLB, LoRA, batched all2all, non-gated,
+    bias), and the configs vLLM's Quark refuses or reads through its quirks."""
+    specs: list[dict[str, Any]] = []
+    shapes = {
+        "qwen1.5-moe-a2.7b": MODEL_SHAPES["qwen1.5-moe-a2.7b"],
+        "marlin-bad-intermediate": EDGE_SHAPES["marlin-bad-intermediate"],
+        "quark-halving": QUARK_HALVING_SHAPE,
+    }
+    for (pname, platform), (qname, quant, flag), (sname, shape) in itertools.product(
+        platforms.items(), QUARK_VARIANTS, shapes.items()
+    ):
+        specs.append(_spec(f"{pname}|{qname}|{sname}", quant, flag, platform, _layer(shape)))
+    mixtral = _layer(MODEL_SHAPES["mixtral-8x7b"])
+    for pname, (qname, quant, flag) in itertools.product(
+        ("a100", "h200", "mi300x", "cpu", "xpu", "v100"), QUARK_EDGE_VARIANTS
+    ):
+        specs.append(_spec(f"{pname}|{qname}|quark-edges", quant, flag, platforms[pname], mixtral))
+    for backend, pname, (qname, quant, flag) in itertools.product(
+        FORCED_BACKENDS,
+        ("a100", "h200", "b200-flashinfer-int4", "mi300x", "gfx1100", "cpu"),
+        QUARK_VARIANTS,
+    ):
+        specs.append(
+            _spec(
+                f"{pname}|{qname}|forced-{backend}",
+                quant,
+                flag,
+                platforms[pname],
+                mixtral,
+                moe_backend=backend,
+            )
+        )
+    for pname, (qname, quant, flag), (vname, extra) in itertools.product(
+        ("a100", "h200", "b200-flashinfer-int4", "mi300x", "cpu"),
+        QUARK_VARIANTS[:2],
+        layer_variants.items(),
+    ):
+        if "eplb" in vname and platforms[pname]["device"] == "cpu":
+            continue  # as above: vLLM refuses EPLB on CPU while validating its config
+        specs.append(_spec(f"{pname}|{qname}|{vname}", quant, flag, platforms[pname], **extra))
     return specs
 
 

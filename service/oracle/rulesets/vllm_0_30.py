@@ -13,6 +13,10 @@ Read from the installed 0.30.0 wheel beside 0.31.0's. The rows that differ:
 - `ParallelConfig` (`vllm/config/parallel.py:527`) refuses expert-parallel load balancing
   on anything but CUDA and ROCm (0.31 added XPU): pydantic's `ValidationError` while the
   engine config is built.
+- AMD Quark has no int4 weight-only MoE method (`quantization/quark/quark_moe.py`:
+  `QuarkW4A16Int4MoEMethod` and `QuarkConfig._is_w4a16_int4` arrived in 0.31), so an int4
+  weight-only routed-experts layer gets `get_moe_method_target`'s
+  RuntimeError("Unsupported FusedMoe scheme") and never reaches the oracle.
 
 One conversion differs (`ConversionRules`, read by the writers, not the oracle):
 `_process_weights_xpu` (`fused_moe/oracle/int_wna16.py`) transposes dimensions 1 and 2 of
@@ -65,9 +69,12 @@ PRIORITY: Priority = dataclasses.replace(
     base.PRIORITY, cpu=tuple(b for b in base.PRIORITY.cpu if b not in ABSENT_BACKENDS)
 )
 #: compressed-tensors' zero-point types exist for 4 and 8 bits only; ParallelConfig balances
-#: experts on CUDA and ROCm only.
+#: experts on CUDA and ROCm only; Quark has no int4 weight-only MoE method.
 INTEGRATIONS: IntegrationRules = dataclasses.replace(
-    base.RULESET.integrations, ct_zero_point_bits=frozenset({4, 8}), eplb_devices=("cuda", "rocm")
+    base.RULESET.integrations,
+    ct_zero_point_bits=frozenset({4, 8}),
+    eplb_devices=("cuda", "rocm"),
+    quark_w4a16_moe=False,
 )
 #: `_process_weights_xpu` transposes whatever it is handed (`fused_moe/oracle/int_wna16.py`).
 CONVERSIONS = ConversionRules(xpu_transposes=True)
