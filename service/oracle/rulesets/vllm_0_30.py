@@ -13,6 +13,8 @@ Read from the installed 0.30.0 wheel beside 0.31.0's. The rows that differ:
 - `ParallelConfig` (`vllm/config/parallel.py:527`) refuses expert-parallel load balancing
   on anything but CUDA and ROCm (0.31 added XPU): pydantic's `ValidationError` while the
   engine config is built.
+- `ParallelConfig`'s `All2AllBackend` literal lacks `moonep` (0.31 added it), as 0.27's to
+  0.29's do; a spec naming it is refused under this ruleset and the older ones.
 
 One conversion differs (`ConversionRules`, read by the writers, not the oracle):
 `_process_weights_xpu` (`fused_moe/oracle/int_wna16.py`) transposes dimensions 1 and 2 of
@@ -69,6 +71,10 @@ PRIORITY: Priority = dataclasses.replace(
 INTEGRATIONS: IntegrationRules = dataclasses.replace(
     base.RULESET.integrations, ct_zero_point_bits=frozenset({4, 8}), eplb_devices=("cuda", "rocm")
 )
+#: `All2AllBackend` without `moonep`, which 0.31 added (0.27 to 0.30 have the same literal).
+ALL2ALL_BACKENDS: tuple[str, ...] = tuple(
+    name for name in base.RULESET.all2all_backends if name != "moonep"
+)
 #: `_process_weights_xpu` transposes whatever it is handed (`fused_moe/oracle/int_wna16.py`).
 CONVERSIONS = ConversionRules(xpu_transposes=True)
 #: The experts classes that differ from 0.33's, by backend (as 0.31's; ZEN_CPU is absent).
@@ -85,4 +91,5 @@ RULESET: Ruleset = dataclasses.replace(
     env_flags=base.RULESET.env_flags - UNREAD_ENV_FLAGS,
     integrations=INTEGRATIONS,
     conversions=CONVERSIONS,
+    all2all_backends=ALL2ALL_BACKENDS,
 )
