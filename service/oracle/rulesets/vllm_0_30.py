@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from service.oracle.conversions import ConversionRules
 from service.oracle.quant_method import IntegrationRules
 from service.oracle.releases import RELEASES
 from service.oracle.rulesets import vllm_0_31 as base
@@ -76,7 +75,7 @@ ALL2ALL_BACKENDS: tuple[str, ...] = tuple(
     name for name in base.RULESET.all2all_backends if name != "moonep"
 )
 #: `_process_weights_xpu` transposes whatever it is handed (`fused_moe/oracle/int_wna16.py`).
-CONVERSIONS = ConversionRules(xpu_transposes=True)
+CONVERSIONS = dataclasses.replace(base.RULESET.conversions, xpu_transposes=True)
 #: The experts classes that differ from 0.33's, by backend (as 0.31's; ZEN_CPU is absent).
 EXPERTS_DELTA = base.EXPERTS_DELTA
 

@@ -8,6 +8,7 @@ Reason texts are vLLM's, character for character; codes are ours and stable.
 
 from __future__ import annotations
 
+from service.oracle.conversions import ConversionRules
 from service.oracle.moe_config import (
     BATCHED_FORMAT,
     STANDARD_FORMAT,
@@ -521,6 +522,8 @@ RULESET = Ruleset(
     priority=PRIORITY,
     activation_format=activation_format,
     all2all_backends=ALL2ALL_BACKENDS,
+    # Marlin still converts for int8 and fp8 activations (VLLM_MARLIN_INPUT_DTYPE).
+    conversions=ConversionRules(marlin_8bit_activations=True),
     # The start-up flags too: 0.33 and older start whatever they say (0.34 refuses some).
     env_flags=frozenset({*DECISION_ENV_FLAGS, *STARTUP_ENV_FLAGS}),
     # ParallelConfig: EPLB needs `is_cuda_alike() or is_xpu()`.

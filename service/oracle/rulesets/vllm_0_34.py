@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from service.oracle.conversions import ConversionRules
 from service.oracle.moe_config import (
     BATCHED_FORMAT,
     PADDED_STANDARD_FORMAT,
@@ -228,4 +229,6 @@ RULESET: Ruleset = dataclasses.replace(
     all2all_backends=ALL2ALL_BACKENDS,
     parallel_config_extra=(("mori_ep_v2", False),),
     startup=STARTUP,
+    # Marlin's int8 and fp8 activation branches went with VLLM_MARLIN_INPUT_DTYPE.
+    conversions=ConversionRules(marlin_8bit_activations=False),
 )

@@ -53,8 +53,14 @@ OUTPUT_NAMES_WITH_G_IDX = (
     "w2_g_idx_sort_indices",
     *OUTPUT_NAMES[4:],
 )
+#: The conversion's outputs from vLLM 0.34, which dropped the two input global scales (the
+#: 8-bit Marlin activations they served are gone).
+OUTPUT_NAMES_WITHOUT_INPUT_SCALES = tuple(n for n in OUTPUT_NAMES if "input_global" not in n)
 #: The conversion's output names by the length of the tuple a release returns.
-OUTPUTS_BY_LENGTH = {len(names): names for names in (OUTPUT_NAMES, OUTPUT_NAMES_WITH_G_IDX)}
+OUTPUTS_BY_LENGTH = {
+    len(names): names
+    for names in (OUTPUT_NAMES, OUTPUT_NAMES_WITH_G_IDX, OUTPUT_NAMES_WITHOUT_INPUT_SCALES)
+}
 #: The SM count of the GPU the cases pretend to run on (an H100 SXM, compute capability 9.0).
 FAKE_SM_COUNT = 132
 PROJECTIONS = {"gate_proj": ("w13", "w1"), "up_proj": ("w13", "w3"), "down_proj": ("w2", "w2")}
@@ -154,7 +160,11 @@ def _layer(spec: Mapping[str, Any]) -> Any:
         moe_parallel_config=SimpleNamespace(tp_size=1),
         tp_rank=0,
         tp_size=1,
+        num_experts=spec["num_experts"],  # 0.34's weight loader bounds the expert id by it
     )
+    # 0.34's weight loader adds the fused shared experts to that bound.
+    layer.expert_map_manager = SimpleNamespace(num_fused_shared_experts=0)
+    layer.shared_expert_online_loader = None  # 0.34: no shared experts loaded online
     layer._fused_shared_expert_quantizer = None
     layer._loaded_expert_biases = set()
     layer.intermediate_size_per_partition = spec["intermediate"]
