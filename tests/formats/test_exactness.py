@@ -1,4 +1,4 @@
-"""Exactness: our TRITON, EMULATION, XPU and MARLIN writers against the live vLLM release's own conversion.
+"""Exactness: our TRITON, EMULATION, XPU and MARLIN writers against the live release's conversion.
 
 For every (vLLM integration, backend, bits, group size, symmetry, act-order, bias, scale
 dtype) in `exactness_cases.grid()`, the same synthetic checkpoint (our quantizer, our GPTQ /

@@ -36,8 +36,8 @@ from service.formats.errors import ConversionUnsupported
 from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint
 from service.formats.registry import read_layer
 from service.formats.synthetic.quantize import random_layer
-from service.formats.writers import marlin_layout as layout
 from service.formats.writers import ConversionOptions
+from service.formats.writers import marlin_layout as layout
 from service.formats.writers.marlin import (
     marlin_tensors,
     padded_intermediate,

@@ -56,7 +56,9 @@ def test_oracle_matches_vllm_on_the_whole_grid(live: tuple[list[dict], list[dict
         if diffs:
             failures.append(f"{spec['id']}: " + "; ".join(diffs))
     passed = len(specs) - len(failures)
-    sys.stderr.write(f"\nparity: {passed} of {len(specs)} scenarios identical to {DEFAULT_RULESET}\n")
+    sys.stderr.write(
+        f"\nparity: {passed} of {len(specs)} scenarios identical to {DEFAULT_RULESET}\n"
+    )
     assert not failures, f"{len(failures)} of {len(specs)} differ:\n" + "\n".join(failures[:30])
 
 

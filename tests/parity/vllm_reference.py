@@ -26,16 +26,18 @@ the distributed world (TP/DP/EP ranks). None of these can be real on a CPU-only 
 2. The platform classes are vLLM's real ones (``CudaPlatformBase``, ``RocmPlatform``,
    ``XPUPlatform``, ``CpuPlatform``/``ZenCpuPlatform``), subclassed only to answer the
    questions a driver would answer (capability, device name, device count, CPU
-   architecture: x86, or Arm where the spec says it is not x86). Importing them needs stand-ins for compiled extensions that cannot load
-   here (``vllm._C_stable_libtorch``, ``vllm_xpu_kernels``) and, for ROCm, a GCN arch at
-   import time. Per spec an instance is bound to ``vllm.platforms._current_platform`` and
-   to every ``vllm.*`` module global that held the previous platform object. For ROCm the
-   module's ``_GCN_ARCH`` is set and its ``_ON_*`` flags are recomputed by executing
-   ``vllm/platforms/rocm.py``'s own assignment statements.
+   architecture: x86, or Arm where the spec says it is not x86). Importing them needs
+   stand-ins for compiled extensions that cannot load here (``vllm._C_stable_libtorch``,
+   ``vllm_xpu_kernels``) and, for ROCm, a GCN arch at import time. Per spec an instance is
+   bound to ``vllm.platforms._current_platform`` and to every ``vllm.*`` module global that
+   held the previous platform object. For ROCm the module's ``_GCN_ARCH`` is set and its
+   ``_ON_*`` flags are recomputed by executing ``vllm/platforms/rocm.py``'s own assignment
+   statements.
 3. Installed-package probes (``has_humming``, every ``has_flashinfer*``, ``has_zentorch_op``,
-   ``IS_AITER_FOUND``, and on a CPU ``vllm.triton_utils.HAS_TRITON``, triton-cpu), the x86 AMX probe ``torch.cpu._is_amx_tile_supported`` and the
-   checkpoint-metadata reader ``get_safetensors_params_metadata`` (there is no checkpoint on
-   disk) are replaced wherever they were imported by name, by functions that read the spec.
+   ``IS_AITER_FOUND``, and on a CPU ``vllm.triton_utils.HAS_TRITON``, triton-cpu), the x86
+   AMX probe ``torch.cpu._is_amx_tile_supported`` and the checkpoint-metadata reader
+   ``get_safetensors_params_metadata`` (there is no checkpoint on disk) are replaced
+   wherever they were imported by name, by functions that read the spec.
    ROCm's ``torch.ops._rocm_C.moe_gptq_gemm_rdna3`` is assumed built (as in a ROCm build).
 4. ``VLLM_*`` variables are set per spec (all others unset) and the ``functools`` caches of
    ``vllm.envs``, the platforms, the utils, the fused-MoE and the quantization modules are
@@ -393,7 +395,7 @@ def _fake_has_zentorch_op(op_names: list[str]) -> bool:
 def _apply_triton_probe(device: str) -> None:
     """``HAS_TRITON`` as the CPU platform reads it (lazily, from ``vllm.triton_utils``): on a
     CPU whether the spec installs triton-cpu; elsewhere the real value, untouched."""
-    import vllm.triton_utils as triton_utils
+    from vllm import triton_utils
 
     if device == "cpu":
         triton_utils.HAS_TRITON = "triton" in _MACHINE.packages
@@ -429,7 +431,7 @@ def _install_package_probes() -> None:
     _replace_everywhere(zentorch_utils.has_zentorch_op, _fake_has_zentorch_op)
     _replace_everywhere(hf_utils.get_safetensors_params_metadata, _no_checkpoint_metadata)
     torch.cpu._is_amx_tile_supported = _fake_amx_tile_supported
-    import vllm.triton_utils as triton_utils
+    from vllm import triton_utils
 
     _REAL_HAS_TRITON.append(bool(triton_utils.HAS_TRITON))
     # A ROCm build of vLLM registers this op in _rocm_C; the check is ROCm-only.

@@ -162,9 +162,8 @@ def _structural_rules() -> tuple[StructuralRule, ...]:
         zen = rule.backends == {"ZEN_CPU"}
         if zen and rule.code == "GROUP_QUANT_REQUIRED":
             rules.extend(ZEN_WIDTH_RULES)
-        if zen and rule.code in ZEN_REWORDED:
-            rule = dataclasses.replace(rule, reason=ZEN_REWORDED[rule.code])
-        rules.append(rule)
+        reworded = ZEN_REWORDED.get(rule.code) if zen else None
+        rules.append(rule if reworded is None else dataclasses.replace(rule, reason=reworded))
     return tuple(rules)
 
 
@@ -175,7 +174,7 @@ STRUCTURAL_RULES: tuple[StructuralRule, ...] = _structural_rules()
 #: `envs.removed_environment_variables["VLLM_MARLIN_INPUT_DTYPE"]`, the hint vLLM appends.
 MARLIN_INPUT_DTYPE_HINT = (
     "Marlin no longer supports 8-bit activations. Use `--quantization humming` and set the "
-    "activation dtype with VLLM_HUMMING_INPUT_QUANT_CONFIG, e.g. '{\"dtype\":\"int8\"}'."
+    'activation dtype with VLLM_HUMMING_INPUT_QUANT_CONFIG, e.g. \'{"dtype":"int8"}\'.'
 )
 
 
