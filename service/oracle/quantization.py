@@ -41,6 +41,7 @@ from service.oracle.quant_method import (
 )
 from service.oracle.quark import parse_quark, quark_moe_method
 from service.oracle.spec import DeploymentSpec
+from service.oracle.startup import StartupRules, platform_refusal
 
 # --- method resolution (ModelConfig._verify_quantization) -----------------------------------
 
@@ -347,10 +348,14 @@ def _awq_method(
 
 
 def build_moe_method(
-    spec: DeploymentSpec, moe: MoEConfig, rules: IntegrationRules
+    spec: DeploymentSpec,
+    moe: MoEConfig,
+    rules: IntegrationRules,
+    startup: StartupRules | None = None,
 ) -> MoEMethodPlan:
     """Resolve, parse, gate and build: the MoE quant method vLLM constructs for the layer,
-    as the release whose integration behaviour `rules` holds builds it."""
+    as the release whose integration behaviour `rules` holds builds it, its engine config
+    checked on the way (`startup`: the platform's refusals; none when not given)."""
     name = resolve_method(spec, rules)
     config = spec.hf_quantization_config
     platform = spec.platform
@@ -382,6 +387,10 @@ def build_moe_method(
     refusal = eplb_refusal(spec.parallel, platform.device, rules.eplb_devices, name)
     if refusal is not None:
         raise refusal
+    # The VllmConfig's construction: the platform's check_and_update_config.
+    refused = platform_refusal(startup or StartupRules(), platform, name)
+    if refused is not None:
+        raise refused
     if not moe.is_act_and_mul and platform.device not in ("cuda", "rocm", "xpu"):
         raise vllm_error(
             "moe_method",

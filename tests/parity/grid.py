@@ -170,7 +170,7 @@ def _platforms() -> Iterator[tuple[str, dict[str, Any]]]:
         {**PLATFORM_PRESETS["l40s"].to_json(), "env": {"VLLM_MARLIN_INPUT_DTYPE": "fp8"}},
     )
     yield "a100-marlin-fp8", {**a100, "env": {"VLLM_MARLIN_INPUT_DTYPE": "fp8"}}
-    yield "cpu-zentorch", {**PLATFORM_PRESETS["cpu"].to_json(), "packages": ["zentorch"]}
+    yield "cpu-zentorch", {**PLATFORM_PRESETS["cpu"].to_json(), "packages": ["triton", "zentorch"]}
 
 
 def _layer(shape: tuple[int, int, int, int], **extra: Any) -> dict[str, Any]:
@@ -363,6 +363,16 @@ def generate() -> list[dict[str, Any]]:
                 "all2all_backend": "flashinfer_nvlink_one_sided",
             },
         },
+        # DeepEP v2 hands the experts padded rows from 0.34 on (standard before).
+        "dp2-ep-deepep-v2": {"layer": _layer(MODEL_SHAPES["qwen3-30b-a3b"]), "parallel": DEEPEP_V2},
+        # MiniMax2 routing (sigmoid scoring with a correction bias, no groups): 0.34's
+        # Zentorch experts take it.
+        "minimax2-routing": {
+            "layer": _layer(
+                MODEL_SHAPES["qwen3-30b-a3b"],
+                routing={"scoring_func": "sigmoid", "e_score_correction_bias": True},
+            )
+        },
     }
     for pname, (qname, quant, flag), (vname, extra) in itertools.product(
         ("a100", "h200", "b200-flashinfer-int4", "mi300x", "cpu", "cpu-zentorch", "xpu"),
@@ -379,6 +389,7 @@ def generate() -> list[dict[str, Any]]:
     specs.extend(_act_order_and_legacy_specs(platform_map))
     specs.extend(_kernel_list_and_width_specs(platform_map))
     specs.extend(_quark_specs(platform_map, variants))
+    specs.extend(_startup_and_padded_specs(platform_map))
     unique: dict[str, dict[str, Any]] = {}
     for spec in specs:
         unique.setdefault(spec["id"], spec)
@@ -558,7 +569,7 @@ def _kernel_list_and_width_specs(platforms: dict[str, dict[str, Any]]) -> list[d
             )
         )
     for pname, (qname, quant, flag), sname in itertools.product(
-        ("a100", "h200", "mi300x", "gfx1100", "cpu", "xpu", "v100"),
+        ("a100", "h200", "mi300x", "gfx1100", "cpu", "cpu-zentorch", "xpu", "v100"),
         WIDTH_VARIANTS,
         ("qwen1.5-moe-a2.7b", "marlin-bad-intermediate"),
     ):
@@ -785,6 +796,73 @@ def _quark_specs(
         if "eplb" in vname and platforms[pname]["device"] == "cpu":
             continue  # as above: vLLM refuses EPLB on CPU while validating its config
         specs.append(_spec(f"{pname}|{qname}|{vname}", quant, flag, platforms[pname], **extra))
+    return specs
+
+
+#: Data parallel with expert parallelism over DeepEP v2 (`--all2all-backend deepep_v2`).
+DEEPEP_V2 = {
+    "data_parallel_size": 2,
+    "enable_expert_parallel": True,
+    "all2all_backend": "deepep_v2",
+}
+
+
+def _startup_platforms(platforms: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Machines some releases refuse while they build the engine config: removed or retired
+    VLLM_* variables (0.34's `validate_environ`), and x86 CPUs without triton-cpu (0.34's CPU
+    platform check; an Arm CPU without it is fine)."""
+    a100, h200, cpu = platforms["a100"], platforms["h200"], platforms["cpu"]
+    return {
+        "a100-marlin-int8": {**a100, "env": {"VLLM_MARLIN_INPUT_DTYPE": "int8"}},
+        "h200-model-runner-v1": {**h200, "env": {"VLLM_USE_V2_MODEL_RUNNER": "0"}},
+        "h200-model-runner-v2": {**h200, "env": {"VLLM_USE_V2_MODEL_RUNNER": "1"}},
+        "h200-runner-v2-marlin-fp8": {
+            **h200,
+            "env": {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_MARLIN_INPUT_DTYPE": "fp8"},
+        },
+        "cpu-no-triton": {**cpu, "packages": []},
+        "cpu-zentorch-no-triton": {**cpu, "packages": ["zentorch"]},
+        "cpu-arm-no-triton": {**cpu, "x86": False, "amx": False, "packages": []},
+    }
+
+
+def _startup_and_padded_specs(platforms: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Scenarios for what 0.34 changed: start-up refusals ahead of (and instead of) the
+    quantization path's, and DeepEP v2's padded rows under every forced backend that has an
+    experts class declaring them or not."""
+    specs: list[dict[str, Any]] = []
+    quants = {q[0]: q for q in QUANT_VARIANTS}
+    for (pname, platform), qname in itertools.product(
+        _startup_platforms(platforms).items(),
+        ("gptq-int4-g128", "ct-int4-g32", "awq-int4-g128", "gptq-int4-descact"),
+    ):
+        _, quant, flag = quants[qname]
+        specs.append(
+            _spec(
+                f"{pname}|{qname}|qwen1.5-moe-a2.7b|startup",
+                quant,
+                flag,
+                platform,
+                _layer(MODEL_SHAPES["qwen1.5-moe-a2.7b"]),
+            )
+        )
+    for backend, pname, qname in itertools.product(
+        ("triton", "marlin", "humming", "emulation"),
+        ("a100", "h200"),
+        ("gptq-int4-g128", "ct-int4-g32"),
+    ):
+        _, quant, flag = quants[qname]
+        specs.append(
+            _spec(
+                f"{pname}|{qname}|dp2-ep-deepep-v2|forced-{backend}",
+                quant,
+                flag,
+                platforms[pname],
+                _layer(MODEL_SHAPES["qwen3-30b-a3b"]),
+                moe_backend=backend,
+                parallel=DEEPEP_V2,
+            )
+        )
     return specs
 
 

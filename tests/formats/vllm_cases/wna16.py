@@ -54,7 +54,8 @@ OUTPUT_NAMES_WITH_G_IDX = (
     "w2_g_idx_sort_indices",
     *OUTPUT_NAMES[4:],
 )
-#: The conversion's outputs from vLLM 0.34, which returns no input global scales.
+#: The conversion's outputs from vLLM 0.34, which dropped the two input global scales (the
+#: 8-bit Marlin activations they served are gone).
 OUTPUT_NAMES_WITHOUT_INPUT_SCALES = tuple(n for n in OUTPUT_NAMES if "input_global" not in n)
 #: The conversion's output names by the length of the tuple a release returns.
 OUTPUTS_BY_LENGTH = {
@@ -193,7 +194,11 @@ def _layer(spec: Mapping[str, Any]) -> Any:
         moe_parallel_config=SimpleNamespace(tp_size=1),
         tp_rank=0,
         tp_size=1,
+        num_experts=spec["num_experts"],  # 0.34's weight loader bounds the expert id by it
     )
+    # 0.34's weight loader adds the fused shared experts to that bound.
+    layer.expert_map_manager = SimpleNamespace(num_fused_shared_experts=0)
+    layer.shared_expert_online_loader = None  # 0.34: no shared experts loaded online
     layer._fused_shared_expert_quantizer = None
     layer._loaded_expert_biases = set()
     layer.intermediate_size_per_partition = spec["intermediate"]
