@@ -188,7 +188,6 @@ def _layer(spec: Mapping[str, Any]) -> Any:
     layer = RoutedExperts.__new__(RoutedExperts)
     torch.nn.Module.__init__(layer)
     layer.moe_config = SimpleNamespace(
-        num_experts=spec["num_experts"],  # vLLM 0.34's weight loader reads it
         is_act_and_mul=True,
         tp_shard_with_padding=False,
         moe_parallel_config=SimpleNamespace(tp_size=1),
