@@ -103,6 +103,11 @@ class IntegrationRules:
     #: `layer_type_quant_config` only when no pattern matched (0.28 and older); later
     #: releases read the type table first and take a missing `layer_quant_config` as empty.
     quark_legacy_config_lookup: bool = False
+    #: Whether Quark's MoE method unwraps a one-entry `weight` / `input_tensors` list before
+    #: asking its scheme predicates (0.30 and later); 0.29 and older hand them the list, and a
+    #: list weight of any length but two reaches a predicate that calls `.get` on it:
+    #: AttributeError("'list' object has no attribute 'get'").
+    quark_unwraps_single_configs: bool = True
 
 
 # --- parsed quantization configs (what vLLM's config classes hold) -------------------------

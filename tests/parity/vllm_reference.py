@@ -394,13 +394,19 @@ def _fake_has_zentorch_op(op_names: list[str]) -> bool:
 
 def _apply_triton_probe(device: str) -> None:
     """``HAS_TRITON`` as the CPU platform reads it (lazily, from ``vllm.triton_utils``): on a
-    CPU whether the spec installs triton-cpu; elsewhere the real value, untouched."""
+    CPU whether the spec installs triton-cpu; elsewhere the real value, untouched. The engine
+    config's own copy (``vllm.config.vllm``, imported by name: 0.27 to 0.32 refuse
+    ``VLLM_USE_V2_MODEL_RUNNER=1`` without Triton while building it) is what the machine has:
+    a GPU install of vLLM always brings Triton, which this CPU host cannot load for a GPU."""
     from vllm import triton_utils
+    from vllm.config import vllm as engine_config
 
     if device == "cpu":
         triton_utils.HAS_TRITON = "triton" in _MACHINE.packages
+        engine_config.HAS_TRITON = triton_utils.HAS_TRITON
     else:
         triton_utils.HAS_TRITON = _REAL_HAS_TRITON[0]
+        engine_config.HAS_TRITON = True
 
 
 _REAL_HAS_TRITON: list[bool] = []
