@@ -23,7 +23,13 @@ from service.formats.errors import ConvertInputError
 from service.formats.io.naming import EXPERT_INDEX, match_expert_tensor
 from service.formats.io.paths import DataRoot
 from service.formats.routes.spec import SourceSpec, Target, resolve_target, source_spec
-from service.oracle import PlatformProfile, deployment_from_model_config, parse_deployment
+from service.oracle import (
+    InvalidSpecError,
+    PlatformProfile,
+    deployment_from_model_config,
+    parse_deployment,
+)
+from service.oracle.json_text import parse_json
 
 __all__ = [
     "CONFIG_NAME",
@@ -53,10 +59,14 @@ FORMAT_VERSION = 1
 
 def read_json(path: Path, field: str) -> Any:
     try:
-        return json.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise ConvertInputError(field, f"{path.name} not found in {path.parent}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConvertInputError(field, f"cannot read {path.name}: {exc}") from None
+    try:
+        return parse_json(text, path.name)
+    except InvalidSpecError as exc:
         raise ConvertInputError(field, f"cannot read {path.name}: {exc}") from None
 
 
