@@ -162,6 +162,16 @@ def find_moe_layers(
     return ordered, rest
 
 
+def check_output_dir(input_dir: Path, output_dir: Path) -> None:
+    """The output (resolved) is neither the input directory nor inside it: its files would
+    be read back as the input's, and a shard of the input could be overwritten."""
+    if output_dir == input_dir or output_dir.is_relative_to(input_dir):
+        raise ConvertInputError(
+            "checkpoint.output_dir",
+            f"{output_dir} is inside the input directory {input_dir}; choose one outside it",
+        )
+
+
 def plan_job(
     input_dir: str | os.PathLike[str],
     output_dir: str | os.PathLike[str],
@@ -180,6 +190,7 @@ def plan_job(
     runs this before handing the job to a worker."""
     source_dir = root.resolve(input_dir, "checkpoint.input_dir")
     target_dir = root.resolve(output_dir, "checkpoint.output_dir")
+    check_output_dir(source_dir, target_dir)
     if deployment is None:
         deployment = deployment_from_model_config(read_model_config(source_dir, root))
     spec = parse_deployment({**deployment, "platform": None}, default_platform=platform)
