@@ -5,6 +5,12 @@ Every field has a flag (`--max-concurrent-rpcs`) and an environment variable
 (`MOE_CONTROL_MAX_CONCURRENT_RPCS`) derived from its name. The help text in each field's
 metadata is the one reference: `moe-control serve --help` prints it, and
 `service.settings_doc` (`make docs`) writes docs/configuration.md from it.
+
+Every `MOE_CONTROL_*` variable the server or its workers read is a field here. The few a
+worker reads (`WORKER_FIELDS`) reach it through its environment: the server sets them from
+its own settings (`worker_environ`), so a flag given to `serve` reaches every worker, and
+a worker (or `moe-control run`, which runs the worker's code) reads them with
+`worker_setting`, converted and defaulted as here.
 """
 
 from __future__ import annotations
@@ -251,6 +257,21 @@ class Settings:
             "defaults (MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ win either way)"
         ),
     )
+    triton_decode: bool = field(
+        default=True,
+        metadata=_doc(
+            "TRITON may take its decode kernels for few routes per expert (off: its prefill "
+            "kernels for every batch); read by each worker"
+        ),
+    )
+    marlin_library: Path | None = field(
+        default=None,
+        metadata=_doc(
+            "path of vLLM's Marlin MoE library (_moe_C_stable_libtorch.abi3.so) for MARLIN "
+            "and BATCHED_MARLIN where vLLM is not installed; unset: the one inside an "
+            "installed vllm package; read by each worker"
+        ),
+    )
     log_level: str = field(default="INFO", metadata=_doc("DEBUG, INFO, WARNING or ERROR"))
     log_format: str = field(default="json", metadata=_doc("'json' (one object a line) or 'text'"))
 
@@ -359,6 +380,17 @@ class Settings:
             ("grpc.so_reuseport", 1 if reuseport else 0),
         ]
 
+    def worker_environ(self) -> dict[str, str]:
+        """The environment entries that hand a worker the settings it reads (those set)."""
+        out: dict[str, str] = {}
+        for name in WORKER_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                out[self.env_name(name)] = (
+                    str(value).lower() if isinstance(value, bool) else str(value)
+                )
+        return out
+
     # -----------------------------------------------------------------------------------
     # Sources
 
@@ -416,6 +448,22 @@ class Settings:
                 continue
             values[f.name] = _convert(f, raw, source)
         return cls(**values)
+
+
+#: The settings a worker process reads (from its environment; see the module doc).
+WORKER_FIELDS = ("triton_decode", "marlin_library")
+
+
+def worker_setting(name: str, environ: Mapping[str, str]) -> Any:
+    """A worker's setting from its environment (its default when unset); a bad value is a
+    `SettingsError` naming the variable."""
+    if name not in WORKER_FIELDS:
+        raise KeyError(f"{name} is not a worker setting; one of {WORKER_FIELDS}")
+    f = next(f for f in dataclasses.fields(Settings) if f.name == name)
+    env_name = Settings.env_name(name)
+    if env_name not in environ:
+        return f.default
+    return _convert(f, environ[env_name], env_name)
 
 
 def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:

@@ -32,7 +32,7 @@ stops the server with one message naming every problem.
 
 In Kubernetes the settings come from the ConfigMap, in compose from `environment:`
 ([deploying.md](deploying.md)); variables read outside these settings (by the CLI clients,
-gRPC core and the kernels) are listed in [server.md](server.md#environment-variables).
+gRPC core and Triton) are listed in [server.md](server.md#environment-variables).
 """
 
 

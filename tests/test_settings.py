@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from service.settings import Settings, SettingsError
+from service.settings import Settings, SettingsError, worker_setting
 
 
 def parse(argv: list[str], env: dict[str, str] | None = None) -> Settings:
@@ -91,3 +91,50 @@ def test_server_processes_default_to_the_usable_cores(tmp_path: Path) -> None:
     options = dict(Settings().grpc_options(reuseport=True))
     assert options["grpc.so_reuseport"] == 1
     assert dict(Settings().grpc_options())["grpc.so_reuseport"] == 0
+
+
+# ---------------------------------------------------------------------------------------
+# Every MOE_CONTROL_* variable is a setting; the workers' reach them through their env
+
+
+def test_every_moe_control_variable_the_service_names_is_a_setting() -> None:
+    import dataclasses
+    import re
+
+    package = Path(__file__).resolve().parents[1] / "service"
+    declared = {Settings.env_name(f.name) for f in dataclasses.fields(Settings)}
+    named = {
+        f"{path.relative_to(package)}: {match}"
+        for path in package.rglob("*.py")
+        if "generated" not in path.parts
+        for match in re.findall(r"MOE_CONTROL_[A-Z][A-Z0-9_]*", path.read_text())
+        if match not in declared
+    }
+    assert named == set()
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "decode", "library"),
+    [
+        ([], {}, True, None),
+        (["--no-triton-decode"], {}, False, None),
+        ([], {"MOE_CONTROL_TRITON_DECODE": "0"}, False, None),
+        (["--marlin-library", "/opt/lib/m.so"], {}, True, Path("/opt/lib/m.so")),
+        ([], {"MOE_CONTROL_MARLIN_LIBRARY": "/x/m.so"}, True, Path("/x/m.so")),
+    ],
+)
+def test_a_workers_settings_reach_it_through_its_environment(
+    argv: list[str], env: dict[str, str], decode: bool, library: Path | None
+) -> None:
+    handed = parse(argv, env).worker_environ()
+    assert worker_setting("triton_decode", handed) is decode
+    assert worker_setting("marlin_library", handed) == library
+
+
+def test_a_worker_setting_unset_is_its_default_and_a_bad_one_is_named() -> None:
+    assert worker_setting("triton_decode", {}) is True
+    assert worker_setting("marlin_library", {}) is None
+    with pytest.raises(SettingsError, match="MOE_CONTROL_TRITON_DECODE"):
+        worker_setting("triton_decode", {"MOE_CONTROL_TRITON_DECODE": "maybe"})
+    with pytest.raises(KeyError):
+        worker_setting("port", {})

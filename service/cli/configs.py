@@ -9,7 +9,6 @@ the library's own reason. A local path always wins over a repo id of the same sp
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from service.oracle import InvalidSpecError
+from service.oracle.json_text import parse_json
 
 CONFIG_FILE = "config.json"
 
@@ -85,13 +85,14 @@ def _from_directory(directory: Path, field_name: str) -> list[ModelConfig]:
 
 def _from_file(path: Path, label: str, field_name: str) -> ModelConfig:
     try:
-        config = json.loads(path.read_text())
+        text = path.read_text()
     except OSError as exc:
         raise InvalidSpecError.single(
             f"{field_name} {path}", f"cannot read: {exc.strerror}"
         ) from None
-    except json.JSONDecodeError as exc:
-        raise InvalidSpecError.single(f"{field_name} {path}", f"not JSON: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidSpecError.single(f"{field_name} {path}", f"not UTF-8: {exc.reason}") from None
+    config = parse_json(text, f"{field_name} {path}", numbers_at="config")
     return ModelConfig(label=label, config=config, origin=str(path))
 
 

@@ -308,12 +308,19 @@ def _deployment(args: argparse.Namespace, input_file: Path) -> dict[str, Any]:
 
 
 def _read_json(path: Path, field: str) -> Any:
+    from service.oracle import InvalidSpecError
+    from service.oracle.json_text import parse_json
+
     try:
-        return json.loads(path.read_text())
+        text = path.read_text()
     except OSError as exc:
         raise _BadArgumentError(field, f"cannot read {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise _BadArgumentError(field, f"{path} is not JSON: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise _BadArgumentError(field, f"{path} is not UTF-8: {exc.reason}") from None
+    try:
+        return parse_json(text, str(path), numbers_at="config" if field == "--config" else "")
+    except InvalidSpecError as exc:
+        raise _BadArgumentError(field, str(exc)) from None
 
 
 def _layer_tensor_names(names: list[str], layer: int | None) -> list[str]:

@@ -23,7 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from service.cli.client_flags import add_connection_arguments, connection_from_args
+from service.cli.client_flags import BadFlagError, add_connection_arguments, connection_from_args
+from service.cli.shape import check_shape
 from service.client.exits import EXIT_BAD_INPUT, EXIT_NOT_FOUND, EXIT_NOT_READY, EXIT_SERVER_ERROR
 
 #: The demo's layer: small enough for Triton's CPU interpreter in a few seconds.
@@ -96,13 +97,13 @@ def _fill_shape(args: argparse.Namespace, held: dict[str, int] | None = None) ->
     """Give every shape flag left unset its value: the held layer's, else the demo's. A flag
     given that contradicts the held layer is an error (the server would refuse it)."""
     if held is not None and args.top_k is not None:
-        raise ValueError("--top-k: a held layer routes with its own top-k (its deployment's)")
+        raise BadFlagError("--top-k: a held layer routes with its own top-k (its deployment's)")
     for name, value in DEMO_SHAPE.items():
         given = getattr(args, name)
         if held is not None and name in held:
             if given is not None and given != held[name]:
                 flag = "--" + name.replace("_", "-")
-                raise ValueError(f"{flag} {given}: the held layer has {held[name]}")
+                raise BadFlagError(f"{flag} {given}: the held layer has {held[name]}")
             setattr(args, name, held[name])
         elif given is None:
             setattr(args, name, value)
@@ -297,9 +298,12 @@ def run(args: argparse.Namespace) -> int:
             return _run_remote(args)
         _fill_shape(args)
         backend = (args.backend or "EMULATION").strip().upper()
+        check_shape(args, runs=(backend,))
         example = make_example(args)
         row = run_local(example, args, backend, args.device)
         row.tolerance = args.tolerance
+    except BadFlagError:
+        raise  # exit 2, the flag named (`cli.main`)
     except Exception as exc:  # a CLI reports, it does not trace back
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -323,6 +327,7 @@ def _run_remote(args: argparse.Namespace) -> int:
                 _fill_shape(args, held_layer_shape(session, args.layer_id))
             else:
                 _fill_shape(args)
+            check_shape(args, makes_layer=not args.layer_id)
             response = run_remote(session, _remote_request(args))
     except ServerNotReadyError as exc:
         print(f"moe-control run: {exc}", file=sys.stderr)
@@ -399,8 +404,13 @@ def _report_remote(args: argparse.Namespace, response: Any) -> int:
     return 0 if relative < args.tolerance else 1
 
 
+#: The backends the demo runs: they run everywhere.
+DEMO_BACKENDS = ("EMULATION", "TRITON")
+
+
 def run_demo(args: argparse.Namespace) -> int:
-    _interpret_triton_on_cpu()
+    _interpret_triton_on_cpu()  # before the shape check imports the Triton kernels
+    check_shape(args, runs=DEMO_BACKENDS)
     import torch
 
     from service.oracle import SelectionError, select
@@ -438,7 +448,7 @@ def run_demo(args: argparse.Namespace) -> int:
         + (" (Triton under TRITON_INTERPRET=1)" if device == "cpu" else "")
         + ":"
     )
-    rows = [run_local(example, args, backend, device) for backend in ("EMULATION", "TRITON")]
+    rows = [run_local(example, args, backend, device) for backend in DEMO_BACKENDS]
     print(
         "4. Compare with the fp32 dequantized reference (relative Frobenius error, "
         f"tolerance {TOLERANCE:g} for bf16 activations):\n"

@@ -44,6 +44,7 @@ from service.oracle import (
     deployment_from_model_config,
     select,
 )
+from service.oracle.json_text import NotJSONError, parse_json
 from service.oracle.platform import KNOWN_PACKAGES, preset
 
 if TYPE_CHECKING:
@@ -169,18 +170,23 @@ def read_deployments(path: Path) -> Iterator[Any]:
         text = path.read_text()
     except OSError as exc:
         raise InvalidSpecError.single(str(path), f"cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidSpecError.single(str(path), f"not UTF-8: {exc.reason}") from None
     try:
-        yield json.loads(text)
+        yield parse_json(text, str(path), numbers_at="")
         return
-    except json.JSONDecodeError:
+    except NotJSONError:
         pass
+    except InvalidSpecError as exc:
+        yield exc
+        return
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            yield json.loads(line)
-        except json.JSONDecodeError as exc:
-            yield InvalidSpecError.single(f"{path}:{number}", f"not JSON: {exc}")
+            yield parse_json(line, f"{path}:{number}", numbers_at="")
+        except InvalidSpecError as exc:
+            yield exc
 
 
 def platform_flags(args: argparse.Namespace) -> dict[str, Any]:

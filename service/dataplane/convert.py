@@ -583,15 +583,21 @@ def _shown(path: str, root: DataRoot) -> str:
 async def _until_done(
     call: asyncio.Task[Any], events: asyncio.Queue[dict[str, Any]]
 ) -> AsyncIterator[dict[str, Any]]:
-    """Events of a running worker call, until it ends (then whatever is still queued)."""
+    """Events of a running worker call, until it ends (then whatever is still queued).
+
+    The wait for the next event is a task of its own; however the wait ends (an event, the
+    call done, the caller cancelled) that task is finished before this goes on, so a
+    cancelled stream leaves no task pending for the garbage collector to report."""
     while not call.done():
         getter = asyncio.ensure_future(events.get())
-        done, _ = await asyncio.wait({call, getter}, return_when=asyncio.FIRST_COMPLETED)
-        if getter in done:
+        try:
+            await asyncio.wait({call, getter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getter.done():
+                getter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await getter
+        if not getter.cancelled():
             yield getter.result()
-        else:
-            getter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await getter
     while not events.empty():
         yield events.get_nowait()

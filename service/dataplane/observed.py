@@ -40,6 +40,7 @@ from service.oracle import (
     select,
 )
 from service.oracle.decision import WeightKey
+from service.oracle.json_text import parse_json
 from service.oracle.observed import (
     CandidateOutcome,
     Difference,
@@ -158,7 +159,7 @@ def compare(vllm_version: str, decision: ObservedDecision, ruleset: str | None) 
     if name is None:
         return Comparison("", note, None, None, match.modelled)
     try:
-        spec = parse_deployment(json.loads(decision.deployment_json))
+        spec = parse_deployment(parse_json(decision.deployment_json, "deployment_json"))
     except (ValueError, InvalidSpecError) as exc:
         why = f"the server cannot decide this deployment: {exc}"
         return Comparison(name, f"{note}; {why}" if note else why, None, None, match.modelled)

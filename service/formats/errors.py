@@ -95,6 +95,7 @@ class FormatError(MoeControlError, ValueError):
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
+        self.description = message
         super().__init__(f"{field}: {message}")
 
 

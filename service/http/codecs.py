@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.api.codecs.selection import parse_json_object
 from service.api.matrix import with_id
 from service.dataplane.matrix import MatrixQuery, model_from_config, size_problem
 from service.dataplane.selection import SelectAnswer, SelectQuery
@@ -29,12 +28,13 @@ from service.oracle import (
     resolve_ruleset,
 )
 from service.oracle.gate import GATE_FIELDS, parse_fail_on
+from service.oracle.json_text import parse_json_object
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
     """The body as a JSON object, parsed as gRPC parses `spec_json`
-    (`parse_json_object`: bad JSON, hostile nesting and a non-object name the field
-    `body`); bytes that are not UTF-8 name it too."""
+    (`parse_json_object`: bad JSON, hostile nesting, out-of-range numbers and a non-object
+    name the field `body`); bytes that are not UTF-8 name it too."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -51,9 +51,10 @@ from service.kernels.interface import (
     LayerTensors,
     cuda_unavailable_reason,
 )
+from service.settings import Settings, worker_setting
 
 BACKEND = "MARLIN"
-LIBRARY_ENV = "MOE_CONTROL_MARLIN_LIBRARY"
+LIBRARY_ENV = Settings.env_name("marlin_library")
 LIBRARY_NAME = "_moe_C_stable_libtorch.abi3.so"
 OP_NAMESPACE = "_moe_C"
 OP_NAME = "moe_wna16_marlin_gemm"
@@ -119,9 +120,9 @@ def _registered_op() -> Callable[..., torch.Tensor] | None:
 def find_library(environ: Mapping[str, str] | None = None) -> Path | None:
     """Where vLLM's MoE ops library is: the configured path, else an installed vLLM's."""
     env = os.environ if environ is None else environ
-    configured = env.get(LIBRARY_ENV)
-    if configured:
-        return Path(configured)
+    configured: Path | None = worker_setting("marlin_library", env)
+    if configured is not None:
+        return configured
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
         return None

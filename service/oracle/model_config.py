@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from service.oracle.errors import FieldViolation, InvalidSpecError
+from service.oracle.spec import MAX_SIZE
 
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 _TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts")
@@ -26,6 +27,36 @@ def _first(config: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
         if config.get(key) is not None:
             return config[key]
     return None
+
+
+def _number(
+    config: Mapping[str, Any], key: str, default: float, violations: list[FieldViolation]
+) -> Any:
+    """An optional numeric field the spec derives from (not one it copies through to its own
+    validation); anything but a finite number of a size a spec holds is a violation naming
+    `config.<key>` (NaN compares false, so it fails the bound too)."""
+    value = config.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not abs(value) <= MAX_SIZE:
+        violations.append(
+            FieldViolation(f"config.{key}", f"must be a number of magnitude <= {MAX_SIZE}")
+        )
+        return default
+    return value
+
+
+def _count(config: Mapping[str, Any], key: str, violations: list[FieldViolation]) -> int | None:
+    """An optional count the spec derives from: a non-negative integer or absent."""
+    value = config.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        violations.append(
+            FieldViolation(f"config.{key}", f"must be an integer >= 0, got {value!r}")
+        )
+        return None
+    return value
 
 
 def deployment_from_model_config(config_json: Mapping[str, Any]) -> dict[str, Any]:
@@ -56,13 +87,15 @@ def deployment_from_model_config(config_json: Mapping[str, Any]) -> dict[str, An
             violations.append(
                 FieldViolation(f"config.{keys[0]}", f"not a MoE config: none of {list(keys)}")
             )
+    first_moe_layer = _count(config, "first_k_dense_replace", violations) or 0
+    n_group = _count(config, "n_group", violations)
+    scaling = _number(config, "routed_scaling_factor", 1.0, violations)
     if violations:
         raise InvalidSpecError(violations)
     model_type = str(config.get("model_type", ""))
-    first_moe_layer = int(config.get("first_k_dense_replace") or 0)
     block = _MOE_BLOCK_NAMES.get(model_type, "mlp")
     scoring = config.get("scoring_func") or "softmax"
-    grouped = bool(config.get("n_group")) and int(config.get("n_group") or 1) > 1
+    grouped = n_group is not None and n_group > 1
     renormalize = config.get("norm_topk_prob")
     if renormalize is None:
         renormalize = model_type not in ("qwen2_moe",)
@@ -80,10 +113,10 @@ def deployment_from_model_config(config_json: Mapping[str, Any]) -> dict[str, An
                 "scoring_func": scoring,
                 "renormalize": bool(renormalize),
                 "use_grouped_topk": grouped,
-                "num_expert_group": config.get("n_group") if grouped else None,
+                "num_expert_group": n_group if grouped else None,
                 "topk_group": config.get("topk_group") if grouped else None,
                 "e_score_correction_bias": config.get("topk_method") == "noaux_tc",
-                "routed_scaling_factor": float(config.get("routed_scaling_factor") or 1.0),
+                "routed_scaling_factor": float(scaling or 1.0),
             },
         },
     }

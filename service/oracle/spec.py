@@ -68,6 +68,9 @@ USER_QUANTIZATIONS = (
     "quark",
 )
 DEFAULT_LAYER_NAME = "model.layers.0.mlp.experts"
+#: The largest count or size a spec field may hold: vLLM's MoE kernels take expert ids as
+#: int32 and their sizes as 32-bit integers, so no layer vLLM can build is larger.
+MAX_SIZE = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +194,9 @@ class _Reader:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             self.fail(key, f"must be an integer >= {minimum}, got {value!r}")
             return minimum
+        if value > MAX_SIZE:
+            self.fail(key, f"must be at most {MAX_SIZE} (a 32-bit size), got {value}")
+            return minimum
         return value
 
     def optional_int(self, key: str) -> int | None:
@@ -213,6 +219,9 @@ class _Reader:
             return default
         if isinstance(value, bool) or not isinstance(value, int | float):
             self.fail(key, f"must be a number, got {value!r}")
+            return default
+        if not abs(value) <= MAX_SIZE:  # NaN compares false: refused with the infinities
+            self.fail(key, f"must be a finite number of magnitude <= {MAX_SIZE}, got {value!r}")
             return default
         return float(value)
 
@@ -303,9 +312,11 @@ def _parse_routing(obj: Mapping[str, Any], violations: list[FieldViolation]) -> 
 
 def _parse_layer(obj: Mapping[str, Any], violations: list[FieldViolation]) -> LayerSpec:
     reader = _Reader(obj, "layer", _LAYER_FIELDS)
+    checked = len(reader.violations)
     num_experts = reader.int_("num_experts")
     top_k = reader.int_("top_k")
-    if top_k > num_experts and "top_k" in obj and "num_experts" in obj:
+    both_valid = len(reader.violations) == checked
+    if top_k > num_experts and both_valid and "top_k" in obj and "num_experts" in obj:
         reader.fail("top_k", f"must not exceed num_experts ({num_experts}), got {top_k}")
     layer = LayerSpec(
         num_experts=num_experts,

@@ -5,7 +5,8 @@ One frozen value the server builds from its settings and hands to every worker h
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,3 +17,6 @@ class SupervisorConfig:
     restart_backoff_s: float = 1.0
     log_level: str = "INFO"
     log_format: str = "json"
+    #: Environment entries every worker starts with: the settings it reads
+    #: (`Settings.worker_environ`).
+    worker_env: Mapping[str, str] = field(default_factory=dict)

@@ -44,6 +44,7 @@ async def spawn(
             config.log_level,
             stdin=asyncio.subprocess.PIPE,
             stdout=write_fd,
+            env={**os.environ, **config.worker_env},
         )
     except BaseException:
         os.close(read_fd)

@@ -245,6 +245,7 @@ def _supervisor_config(s: Settings) -> SupervisorConfig:
         restart_backoff_s=s.worker_restart_backoff_s,
         log_level=s.log_level,
         log_format=s.log_format,
+        worker_env=s.worker_environ(),
     )
 
 

@@ -36,6 +36,7 @@ from service.kernels.activation import resolve
 from service.kernels.errors import KernelInputError, KernelUnavailableError
 from service.kernels.interface import ExpertsBackend, KernelOptions, LayerSpec, load_backend_class
 from service.kernels.routing import as_route, check_given_route, topk_route
+from service.settings import worker_setting
 from service.worker.context import WorkerContext
 from service.worker.errors import LayerMissingError
 from service.worker.jobs import JobContext
@@ -48,9 +49,9 @@ warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarnin
 
 #: Most timed or warm-up iterations one call may ask for (each is a whole forward).
 MAX_ITERATIONS = 1000
-#: The options every backend this worker makes is given, read from the environment once:
-#: MOE_CONTROL_TRITON_DECODE=0 keeps TRITON off its decode kernels.
-KERNEL_OPTIONS = KernelOptions(triton_decode=os.environ.get("MOE_CONTROL_TRITON_DECODE") != "0")
+#: The options every backend this worker makes is given, read from the worker's settings
+#: once (`service.settings.worker_setting`: triton_decode).
+KERNEL_OPTIONS = KernelOptions(triton_decode=worker_setting("triton_decode", os.environ))
 
 
 @functools.cache

@@ -133,6 +133,7 @@ def test_act_order_checkpoint_on_marlin_follows_the_ruleset(
     refused = main(["convert", str(source), str(tmp_path / "marlin-0.33"), "--backend", "MARLIN"])
     assert refused == 1
     assert "act-order" in capsys.readouterr().err
+    assert not (tmp_path / "marlin-0.33").exists(), "a refused conversion left its directory"
 
 
 FAILURES = {
@@ -150,6 +151,19 @@ def test_failures_exit_with_a_reason(
     argv, code, message = FAILURES[case]
     assert main(["convert", str(source), str(tmp_path / "o"), *argv]) == code
     assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("inside", [".", "converted", "a/b"])
+def test_an_output_inside_the_input_is_refused(
+    model: tuple[Path, Any], capsys: pytest.CaptureFixture[str], inside: str
+) -> None:
+    source, _ = model
+    before = sorted(p.name for p in source.iterdir())
+    assert main(["convert", str(source), str(source / inside), "--backend", "TRITON"]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint.output_dir" in err and "inside the input directory" in err
+    assert sorted(p.name for p in source.iterdir()) == before
 
 
 def test_input_given_twice_or_not_at_all(capsys: pytest.CaptureFixture[str]) -> None:

@@ -440,6 +440,34 @@ def test_symlink_out_of_the_root_is_denied(paths: dict[str, Any], connection: Co
     assert "symbolic link" in caught.value.details()
 
 
+@pytest.mark.parametrize("output_dir", ["mixtral", "mixtral/converted"])
+def test_an_output_inside_the_input_is_invalid(
+    paths: dict[str, Any], connection: Connection, output_dir: str
+) -> None:
+    before = sorted(p.name for p in (paths["root"] / "mixtral").iterdir())
+    header = header_for(backend="TRITON", checkpoint=("mixtral", output_dir))
+    with pytest.raises(grpc.RpcError) as caught:
+        convert_checkpoint_remote(connection, header)
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert field_of(caught.value) == "checkpoint.output_dir"
+    assert sorted(p.name for p in (paths["root"] / "mixtral").iterdir()) == before
+
+
+def test_a_refused_conversion_creates_nothing(
+    paths: dict[str, Any], connection: Connection
+) -> None:
+    """An act-order checkpoint for Marlin under a release whose kernel takes no g_idx."""
+    spec = replace(SPEC, desc_act=True)
+    write_synthetic_checkpoint(paths["root"] / "act-order", spec)
+    header = header_for(backend="MARLIN", checkpoint=("act-order", "refused/out"))
+    header.ruleset = "vllm-0.33"
+    with pytest.raises(grpc.RpcError) as caught:
+        convert_checkpoint_remote(connection, header)
+    assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED, caught.value.details()
+    assert "act-order" in caught.value.details()
+    assert not (paths["root"] / "refused").exists()
+
+
 def test_missing_checkpoint_is_invalid(connection: Connection) -> None:
     header = header_for(backend="TRITON", checkpoint=("nothing-here", "out/y"))
     with pytest.raises(grpc.RpcError) as caught:

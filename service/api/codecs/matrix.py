@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from service.api.codecs.selection import parse_json_object
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import selection_pb2
 from service.dataplane.matrix import (
@@ -23,6 +22,7 @@ from service.oracle import (
     preset,
     resolve_ruleset,
 )
+from service.oracle.json_text import parse_json_object
 
 #: A cell's outcome (service.dataplane.matrix.OUTCOMES) and its enum value, both ways.
 OUTCOME_TO_PB = {

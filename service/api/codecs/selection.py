@@ -10,7 +10,6 @@ conversions are shared by the other methods that name a deployment (ConvertWeigh
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from google.protobuf import json_format, struct_pb2
@@ -39,6 +38,7 @@ from service.oracle import (
     deployment_from_model_config,
     resolve_ruleset,
 )
+from service.oracle.json_text import parse_json_object
 
 _DEVICE_TO_PB = {
     "cuda": platform_pb2.DEVICE_KIND_CUDA,
@@ -68,9 +68,14 @@ _ACT_ORDER = {
 # JSON helpers
 
 
+#: The largest integer a double holds exactly; a Struct number beyond it stays a float (so
+#: 1e300 is refused where an integer belongs, not turned into a 301-digit integer).
+_EXACT_IN_DOUBLE = 2**53
+
+
 def _integral(value: Any) -> Any:
     """Struct numbers are doubles; JSON integers come back as ints (1.0 -> 1)."""
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, float) and value.is_integer() and abs(value) <= _EXACT_IN_DOUBLE:
         return int(value)
     if isinstance(value, dict):
         return {k: _integral(v) for k, v in value.items()}
@@ -83,21 +88,6 @@ def struct_to_json(struct: struct_pb2.Struct) -> dict[str, Any]:
     """A `google.protobuf.Struct` as a JSON object, integral numbers as ints."""
     result: dict[str, Any] = _integral(json_format.MessageToDict(struct))
     return result
-
-
-def parse_json_object(text: str, field: str) -> dict[str, Any]:
-    """Parse JSON text that must hold an object; failures name the request field."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidSpecError.single(field, f"not valid JSON: {exc}") from None
-    except RecursionError:
-        # Hostile nesting ("[[[[..." a few thousand deep) overflows the decoder's recursion;
-        # without this it surfaced as INTERNAL (tests/reliability).
-        raise InvalidSpecError.single(field, "nested too deeply") from None
-    if not isinstance(value, dict):
-        raise InvalidSpecError.single(field, "must be a JSON object")
-    return value
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Bearer-token auth: a call must carry `authorization: Bearer <token>` with the server's
-token, compared in constant time; otherwise it ends UNAUTHENTICATED before anything else
-of the server runs for it.
+token (`service.api.bearer`, the check the HTTP door runs too); otherwise it ends
+UNAUTHENTICATED before anything else of the server runs for it.
 
 Installed only when a token is configured. Health is exempt, so Kubernetes probes and load
 balancers need no credentials. The refusal is the status the error table
@@ -9,13 +9,12 @@ balancers need no credentials. The refusal is the status the error table
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from collections.abc import AsyncIterator
 from typing import Any
 
 from grpc_status import rpc_status
 
+from service.api.bearer import BearerToken
 from service.api.errors import UnauthenticatedError, status_for
 from service.api.interceptors.handlers import Context, Method, Stream, Unary
 
@@ -26,24 +25,19 @@ AUTH_EXEMPT_SERVICES = frozenset({HEALTH_SERVICE})
 DENY = "missing or wrong bearer token (metadata 'authorization: Bearer <token>')"
 
 
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
-
-
 class BearerAuth:
     """Refuses calls that lack the token (every service but the exempt ones)."""
 
     def __init__(self, token: str) -> None:
-        self._digest = _digest(token)
+        self._token = BearerToken(token)
         self._denied = rpc_status.to_status(status_for(UnauthenticatedError(DENY)))
 
     def authorized(self, context: Context) -> bool:
-        for key, value in context.invocation_metadata() or ():
-            if key == "authorization" and isinstance(value, str):
-                scheme, _, token = value.partition(" ")
-                if scheme.lower() == "bearer" and token:
-                    return hmac.compare_digest(_digest(token.strip()), self._digest)
-        return False
+        return self._token.accepts(
+            value
+            for key, value in context.invocation_metadata() or ()
+            if key == "authorization" and isinstance(value, str)
+        )
 
     def unary(self, method: Method, inner: Unary) -> Unary:
         if method.service in AUTH_EXEMPT_SERVICES:

@@ -30,11 +30,17 @@ from typing import Any
 
 from service.formats.checkpoint import manifest
 from service.formats.checkpoint.converter import Converter
-from service.formats.checkpoint.journal import Journal, prepare_output, sweep_temps
+from service.formats.checkpoint.journal import (
+    Journal,
+    prepare_output,
+    remove_if_bare,
+    sweep_temps,
+)
 from service.formats.checkpoint.layers import LayerConversion
 from service.formats.checkpoint.plan import (
     CheckpointJob,
     MoELayerPlan,
+    check_output_dir,
     find_moe_layers,
     meta_files,
     shard_names,
@@ -43,7 +49,12 @@ from service.formats.checkpoint.progress import CheckFn, Progress, ProgressFn, R
 from service.formats.checkpoint.records import UnitRecords
 from service.formats.checkpoint.rest import RestCopy
 from service.formats.checkpoint.shards import Shards
-from service.formats.errors import ConvertInputError
+from service.formats.errors import (
+    ConversionUnsupported,
+    ConvertInputError,
+    FormatError,
+)
+from service.formats.registry import writer_for
 
 __all__ = ["CheckpointResult", "convert_checkpoint"]
 
@@ -78,11 +89,46 @@ def convert_checkpoint(
     check: CheckFn = _no_check,
     converter: Converter | None = None,
 ) -> CheckpointResult:
-    """Run (or resume) one whole-checkpoint conversion; see the module doc."""
+    """Run (or resume) one whole-checkpoint conversion; see the module doc. Refused before
+    anything is created when the output is inside the input or there is no writer for the
+    target; refused later (a layer its writer cannot take) it removes the directories it
+    made, so a refusal never leaves an output holding only its journal."""
     started = time.perf_counter()
+    output_dir = job.output_dir
+    check_output_dir(job.input_dir, output_dir)
+    writer_for(job.target.backend)  # no writer here: refused before anything is created
+    created = _first_missing(output_dir)
+    try:
+        return _run(job, started, progress=progress, check=check, converter=converter)
+    except (ConversionUnsupported, ConvertInputError, FormatError):
+        # Refused (a layer the writer cannot take, input that is not what it claims): what
+        # this run created goes, unless a unit landed there.
+        if created is not None:
+            remove_if_bare(output_dir, created)
+        raise
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost of `path` and its parents that does not exist (what creating `path`
+    creates), or None when `path` exists."""
+    if path.exists():
+        return None
+    missing = path
+    while not missing.parent.exists() and missing.parent != missing:
+        missing = missing.parent
+    return missing
+
+
+def _run(
+    job: CheckpointJob,
+    started: float,
+    *,
+    progress: ProgressFn | None,
+    check: CheckFn,
+    converter: Converter | None,
+) -> CheckpointResult:
+    """The run itself: plan the units, prepare the output, convert and copy, finalize."""
     root, input_dir, output_dir = job.root, job.input_dir, job.output_dir
-    if output_dir == input_dir:
-        raise ConvertInputError("checkpoint.output_dir", "must differ from the input directory")
     shards = Shards(input_dir, root)
     try:
         names = shard_names(input_dir, root)

@@ -23,7 +23,14 @@ from service.formats.errors import ConvertInputError
 from service.formats.io.safetensors import atomic_write_bytes
 from service.process import pid_alive
 
-__all__ = ["Journal", "file_identity", "prepare_output", "source_unit", "sweep_temps"]
+__all__ = [
+    "Journal",
+    "file_identity",
+    "prepare_output",
+    "remove_if_bare",
+    "source_unit",
+    "sweep_temps",
+]
 
 
 class Journal:
@@ -54,14 +61,38 @@ class Journal:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+def remove_if_bare(output_dir: Path, created: Path) -> bool:
+    """Remove `created` (the output directory, or the first of its parents this run made)
+    when the output holds nothing but the journal's bookkeeping: the job record, source
+    hashes and temp files, no unit. A refused conversion then leaves no directory behind;
+    one that holds a unit (this run's or a concurrent range's) is kept."""
+    journal = output_dir / JOURNAL_DIR
+    try:
+        outside = [e.name for e in os.scandir(output_dir) if e.name != JOURNAL_DIR]
+        inside = [e.name for e in os.scandir(journal)] if journal.is_dir() else []
+    except FileNotFoundError:
+        return False
+    bookkeeping = ("job.json", SOURCE_PREFIX)
+    if any(not _TEMP.match(name) for name in outside) or any(
+        not (name.startswith(bookkeeping) or _TEMP.match(name)) for name in inside
+    ):
+        return False
+    shutil.rmtree(created, ignore_errors=True)
+    return True
+
+
 def file_identity(path: Path) -> dict[str, int]:
     stat = path.stat()
     return {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
+#: How the journal records of source files' hashes begin (`source_unit`).
+SOURCE_PREFIX = "source-"
+
+
 def source_unit(name: str) -> str:
     """The journal record of one source file's SHA-256."""
-    return "source-" + name.replace("/", "%")
+    return SOURCE_PREFIX + name.replace("/", "%")
 
 
 def prepare_output(job: CheckpointJob, output_dir: Path) -> dict[str, Any]:

@@ -23,7 +23,13 @@ from service.formats.errors import ConvertInputError
 from service.formats.io.naming import EXPERT_INDEX, match_expert_tensor
 from service.formats.io.paths import DataRoot
 from service.formats.routes.spec import SourceSpec, Target, resolve_target, source_spec
-from service.oracle import PlatformProfile, deployment_from_model_config, parse_deployment
+from service.oracle import (
+    InvalidSpecError,
+    PlatformProfile,
+    deployment_from_model_config,
+    parse_deployment,
+)
+from service.oracle.json_text import parse_json
 
 __all__ = [
     "CONFIG_NAME",
@@ -53,10 +59,14 @@ FORMAT_VERSION = 1
 
 def read_json(path: Path, field: str) -> Any:
     try:
-        return json.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise ConvertInputError(field, f"{path.name} not found in {path.parent}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConvertInputError(field, f"cannot read {path.name}: {exc}") from None
+    try:
+        return parse_json(text, path.name)
+    except InvalidSpecError as exc:
         raise ConvertInputError(field, f"cannot read {path.name}: {exc}") from None
 
 
@@ -152,6 +162,16 @@ def find_moe_layers(
     return ordered, rest
 
 
+def check_output_dir(input_dir: Path, output_dir: Path) -> None:
+    """The output (resolved) is neither the input directory nor inside it: its files would
+    be read back as the input's, and a shard of the input could be overwritten."""
+    if output_dir == input_dir or output_dir.is_relative_to(input_dir):
+        raise ConvertInputError(
+            "checkpoint.output_dir",
+            f"{output_dir} is inside the input directory {input_dir}; choose one outside it",
+        )
+
+
 def plan_job(
     input_dir: str | os.PathLike[str],
     output_dir: str | os.PathLike[str],
@@ -170,6 +190,7 @@ def plan_job(
     runs this before handing the job to a worker."""
     source_dir = root.resolve(input_dir, "checkpoint.input_dir")
     target_dir = root.resolve(output_dir, "checkpoint.output_dir")
+    check_output_dir(source_dir, target_dir)
     if deployment is None:
         deployment = deployment_from_model_config(read_model_config(source_dir, root))
     spec = parse_deployment({**deployment, "platform": None}, default_platform=platform)

@@ -113,6 +113,28 @@ class SourceLayout:
 
     # -- shapes ---------------------------------------------------------------------------
 
+    def check_shape(self, quant: SourceQuantization, n: int, k: int) -> None:
+        """The rules a projection of `n` outputs and `k` inputs meets to be stored in this
+        layout, checked before any tensor exists: its bits, a group that divides K, and
+        every packed axis whole words. `FormatError.field` names the rule's axis: "bits",
+        "group_size", "N", "K" or "G"."""
+        if quant.bits not in self.supported_bits:
+            raise FormatError("bits", f"{self.name} stores {self.supported_bits}-bit weights only")
+        if quant.group_size != -1 and k % quant.group_size:
+            raise FormatError(
+                "group_size", f"{quant.group_size} does not divide K={k} (use -1 for channelwise)"
+            )
+        groups = 1 if quant.group_size == -1 else k // quant.group_size
+        dims = {"N": n, "K": k, "G": groups}
+        for spec in (self.weight, self.zeros):
+            per_word = spec.per_word(quant.bits)
+            if dims[spec.packed] % per_word:
+                raise FormatError(
+                    spec.packed,
+                    f"{spec.packed}={dims[spec.packed]} is not a multiple of {per_word}, "
+                    f"the {quant.bits}-bit codes per {self.name} word",
+                )
+
     def dims_from_weight(
         self, shape: tuple[int, ...], bits: int, field_name: str
     ) -> tuple[int, int]:

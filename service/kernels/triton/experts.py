@@ -161,14 +161,20 @@ def _tuned_uses_rs(device: torch.device, spec: LayerSpec) -> bool:
     return tuned_uses_kernel(torch.cuda.get_device_name(device), spec, PREFILL_RS)
 
 
+def check_triton_shape(hidden: int, intermediate: int) -> None:
+    """The sizes these kernels take: both K (hidden, intermediate) whole smallest K tiles."""
+    if hidden % MIN_BLOCK_K or intermediate % MIN_BLOCK_K:
+        raise KernelUnavailableError(
+            "TRITON",
+            f"hidden {hidden} and intermediate {intermediate} must be multiples of {MIN_BLOCK_K}",
+        )
+
+
 def check_triton_tensors(tensors: LayerTensors, spec: LayerSpec) -> dict[str, torch.Tensor]:
     """The TRITON-layout tensors, checked against the descriptor (dtype, shape, device)."""
     assert not isinstance(tensors, QuantizedMoELayer)
     e, h, i, bits = spec.num_experts, spec.hidden_size, spec.intermediate_size, spec.bits
-    if h % MIN_BLOCK_K or i % MIN_BLOCK_K:
-        raise KernelUnavailableError(
-            "TRITON", f"hidden {h} and intermediate {i} must be multiples of {MIN_BLOCK_K}"
-        )
+    check_triton_shape(h, i)
     per_byte = 8 // bits
     dims = {"w13": (spec.w13_rows, h), "w2": (h, i)}
     out: dict[str, torch.Tensor] = {}

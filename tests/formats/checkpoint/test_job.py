@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from safetensors.torch import load_file
 
 from service.formats import registry
 from service.formats.checkpoint.job import convert_checkpoint
+from service.formats.checkpoint.journal import remove_if_bare
 from service.formats.checkpoint.plan import (
     INDEX_NAME,
     JOURNAL_DIR,
@@ -248,7 +250,57 @@ def test_unsupported_backend_fails_before_writing(checkpoint: tuple[Path, Any]) 
     root, _ = checkpoint
     with pytest.raises(ConversionUnsupported):
         convert(job_for(root, "out-cpu", backend="CPU"))
-    assert not list((root / "out-cpu").glob("*.safetensors"))
+    assert not (root / "out-cpu").exists()
+
+
+def test_a_refused_layer_leaves_no_directory(tmp_path: Path) -> None:
+    """An act-order layer for Marlin under a release whose kernel takes no g_idx: refused
+    by the writer, and the directories the run made (journal and all) are gone."""
+    spec = SyntheticSpec(
+        num_layers=2, num_experts=4, hidden_size=128, intermediate_size=128, desc_act=True
+    )
+    write_synthetic_checkpoint(tmp_path / "act-order", spec)
+    job = plan_job(
+        "act-order",
+        "refused/deep/out",
+        root=DataRoot.at(tmp_path),
+        platform=preset("a100"),
+        backend="MARLIN",
+        ruleset="vllm-0.33",
+    )
+    with pytest.raises(ConversionUnsupported, match="act-order"):
+        convert(job)
+    assert not (tmp_path / "refused").exists()
+    # under a release that converts act-order the same job writes the sorted form
+    kept = replace(job, target=replace(job.target, ruleset="vllm-0.29"))
+    summary, _ = convert(kept)
+    assert summary.layers_converted == 2
+
+
+def test_a_refusal_keeps_a_directory_that_holds_a_unit(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / JOURNAL_DIR).mkdir(parents=True)
+    for name in ("job.json", "source-model.safetensors.json", ".job.json.tmp-1-ab"):
+        (out / JOURNAL_DIR / name).write_text("{}")
+    (out / "moe-layer-00000.safetensors").write_bytes(b"x")
+    assert not remove_if_bare(out, out)
+    assert (out / "moe-layer-00000.safetensors").exists()
+    (out / "moe-layer-00000.safetensors").unlink()
+    (out / JOURNAL_DIR / "moe-layer-00000.json").write_text("{}")
+    assert not remove_if_bare(out, out)
+    (out / JOURNAL_DIR / "moe-layer-00000.json").unlink()
+    assert remove_if_bare(out, out)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("out", ["mixtral-gptq", "mixtral-gptq/converted", "mixtral-gptq/a/b"])
+def test_an_output_inside_the_input_is_refused(checkpoint: tuple[Path, Any], out: str) -> None:
+    root, _ = checkpoint
+    before = sorted(p.name for p in (root / "mixtral-gptq").iterdir())
+    with pytest.raises(ConvertInputError, match="inside the input directory") as info:
+        job_for(root, out)
+    assert info.value.field == "checkpoint.output_dir"
+    assert sorted(p.name for p in (root / "mixtral-gptq").iterdir()) == before
 
 
 def test_symlinked_shard_outside_the_root_is_refused(
