@@ -300,11 +300,7 @@ def quark_moe_method(
             "Currently, Quark models with output_tensors and bias quantized are not supported",
         )
     weight, inputs = layer_config.get("weight"), layer_config.get("input_tensors")
-    if (
-        not rules.quark_unwraps_single_configs
-        and isinstance(weight, list)
-        and len(weight) != 2
-    ):
+    if not rules.quark_unwraps_single_configs and isinstance(weight, list) and len(weight) != 2:
         raise _none_error("moe_method", "AttributeError", "'list' object has no attribute 'get'")
     other = _other_method(weight, inputs)
     if other is not None:
