@@ -17,8 +17,8 @@ root, keeps two converted layers loaded, then runs asyncio clients for `--second
   unloaded) and path mode (the whole checkpoint under the data root, sometimes resumed);
 - RunMoE on the kept layers (router logits or given top-k) and with inline weights;
 - GetPlatform, ListPlatformPresets, ListRulesets, DiffRulesets (an upgrade from the oldest
-  ruleset to the newest, checked against the library), ListWorkers, ListLayers, and health
-  checks;
+  ruleset to the newest, checked against the library), SelectMatrix (a small matrix, each
+  cell checked against the library), ListWorkers, ListLayers, and health checks;
 - a prober that provokes every configured limit on purpose, in turn: a request over
   `--max-receive-message-bytes` (unary, and one chunk of a stream), an answer over
   `--max-send-message-bytes`, more tokens than `--run-max-tokens`, inline weights over
@@ -167,6 +167,7 @@ METHODS = (
     "ListPlatformPresets",
     "ListRulesets",
     "DiffRulesets",
+    "SelectMatrix",
     "ListWorkers",
     "ListLayers",
     "UnloadLayer",
@@ -964,6 +965,23 @@ class Soak:
             if upgrade_codec.upgrade_response_to_json(response) != expected_diff:
                 raise WrongAnswerError("DiffRulesets: not the library's diff")
 
+        gpus, matrix_rulesets = ["a100", "h200"], [names[0], names[-1]]
+        matrix_request = pb.SelectMatrixRequest(
+            models=[pb.MatrixModel(label="diff-spec", spec_json=json.dumps(DIFF_SPEC))],
+            gpus=gpus,
+            rulesets=matrix_rulesets,
+        )
+        expected_cells = [
+            (ruleset, gpu, select({**DIFF_SPEC, "platform": gpu, "ruleset": ruleset}).backend)
+            for ruleset in matrix_rulesets
+            for gpu in gpus
+        ]
+
+        def matrix(raw: bytes) -> None:
+            cells = pb.SelectMatrixResponse.FromString(raw).cells
+            if [(c.ruleset, c.gpu, c.backend or None) for c in cells] != expected_cells:
+                raise WrongAnswerError("SelectMatrix: not the library's cells")
+
         def reported(raw: bytes) -> None:
             if observed_pb2.ReportDecisionsResponse.FromString(raw).accepted != 1:
                 raise WrongAnswerError("ReportDecisions: the decision was not accepted")
@@ -979,6 +997,7 @@ class Soak:
             ("ListPlatformPresets", empty, presets),
             ("ListRulesets", empty, rulesets),
             ("DiffRulesets", diff_request.SerializeToString(), diff),
+            ("SelectMatrix", matrix_request.SerializeToString(), matrix),
             ("ListWorkers", empty, workers),
             ("ListLayers", empty, layers),
         ]

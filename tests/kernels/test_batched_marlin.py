@@ -124,9 +124,10 @@ def test_cpu_is_unavailable() -> None:
 
 def test_worker_profile_reports_each_backend() -> None:
     """The worker's profile says which backends run here and why the others do not."""
+    from service.ipc.messages import Profile
     from service.worker.main import Worker
 
-    kernels = Worker("cpu").profile({})["kernels"]
+    kernels = Worker("cpu").profile(Profile()).kernels
     assert set(kernels) == {"EMULATION", "TRITON", "HUMMING", "MARLIN", "BATCHED_MARLIN"}
     assert kernels["EMULATION"] == {"available": True, "reason": ""}
     for name in ("MARLIN", "BATCHED_MARLIN"):

@@ -8,7 +8,7 @@ the live release's ruleset every distinct decision arrives once and agrees; agai
 compare with vLLM 0.32 the deployments 0.32 decides differently are counted and listed; and
 against a server that is absent, refusing every report, or asking for another token, vLLM
 decides exactly as without the plugin and the plugin costs one warning line; against a stopped
-one (it accepts connections and never answers, under a report deadline longer than the test)
+one (it accepts connections and never answers; a report to it cannot end for minutes)
 every layer is built while no report has been answered: nothing on vLLM's path waits for it.
 """
 
@@ -39,10 +39,12 @@ METHOD = "/moe_control.v1.MoeControlService/ListObservedDecisions"
 TOKEN = "the-right-token"
 #: The report deadline of the runs against servers that answer (or refuse at once).
 DEADLINE_S = 1.0
-#: The report deadline against the stopped server: far beyond the test's own timeout, so a
-#: report to it ends only when the server answers, which it cannot while stopped. What the
-#: plugin costs vLLM is a measurement (bench/RESULTS.md), not a verdict here.
-HELD_DEADLINE_S = 3600.0
+#: The report deadline against the stopped server: the plugin's longest (60 s). A report to
+#: it can end only when the server answers, which it cannot while stopped, or after three
+#: attempts of this long (about three minutes), far beyond what building the layers takes
+#: on any machine. What the plugin costs vLLM is a measurement (bench/RESULTS.md), not a
+#: verdict here.
+HELD_DEADLINE_S = 60.0
 FAILURES = ("absent", "refusing", "wrong_token")
 LATE = {"refusing": "late"}
 
@@ -199,8 +201,8 @@ def test_a_failing_server_costs_one_warning(world: dict[str, Any], failure: str)
 
 def test_a_stopped_server_never_holds_vllm_up(world: dict[str, Any]) -> None:
     """Every layer of every deployment was built while the stopped server had answered no
-    report, under a deadline longer than the test itself: an observed call that waited for
-    the server would never have returned."""
+    report (none can end for minutes): an observed call that waited for the server would
+    not have returned before one did."""
     run: DriverRun = world["runs"]["slow"]
     result = run.result
     assert result["reporting"] and result["distinct"] == len(world["specs"])
