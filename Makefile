@@ -6,7 +6,7 @@ VLLM_VENV := .venv-vllm
 BIN := $(VENV)/bin
 BUF_VERSION := 1.75.0
 BUF := node_modules/.bin/buf
-VLLM_VERSION := 0.33.0
+VLLM_VERSION := 0.34.0
 TORCH_CPU_VERSION := 2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 50151
@@ -33,10 +33,36 @@ $(VENV)/.stamp: pyproject.toml
 
 # vLLM lives in its own environment: the parity suite runs it as the reference in a
 # subprocess, so the product's environment never imports vLLM (or torch) by accident.
+#
+# How a release is installed, the same for the live one and every recorded one: not
+# `pip install vllm==X.Y.Z`, which fails when the wheel pins a version the package index lacks
+# (0.34.0 pins flashinfer-python==0.7.3; the index has 0.7.2.post1 and 0.7.4). Instead the wheel
+# is downloaded and installed alone (--no-deps), and scripts/vllm_requirements.py reads its
+# METADATA and writes its own Requires-Dist lines, each pin of VLLM_REPLACE_X.Y.Z put in place
+# of the wheel's (the decision path only asks whether FlashInfer is present, never its version)
+# and the CUDA builds of torchvision, torchaudio and torchcodec left out (they do not load
+# against the CPU torch and nothing on the decision path needs them; the uninstall catches any
+# that a dependency pulls back in). vLLM, torch and the kernel packages are pinned by the wheel.
+VLLM_REPLACE_0.34.0 := flashinfer-python==0.7.4
+VLLM_DROP := torchvision torchaudio torchcodec
+
+# $(1): the environment's directory, $(2): the vLLM release.
+define install_vllm
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/pip install --quiet --upgrade pip
+	rm -rf $(1)/wheel
+	$(1)/bin/pip download --quiet --no-deps vllm==$(2) -d $(1)/wheel
+	$(PYTHON) scripts/vllm_requirements.py --wheel-dir $(1)/wheel \
+		$(addprefix --replace ,$(VLLM_REPLACE_$(2))) $(addprefix --drop ,$(VLLM_DROP)) \
+		--out $(1)/wheel/requirements.txt
+	$(1)/bin/pip install --quiet --no-deps $(1)/wheel/vllm-$(2)-*.whl
+	$(1)/bin/pip install --quiet -r $(1)/wheel/requirements.txt
+	$(1)/bin/pip uninstall --quiet -y $(VLLM_DROP)
+	rm -rf $(1)/wheel
+endef
+
 $(VLLM_VENV)/.stamp:
-	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/pip install --quiet vllm==$(VLLM_VERSION)
+	$(call install_vllm,$(VLLM_VENV),$(VLLM_VERSION))
 	touch $@
 
 # moe-control's vLLM plugin (plugin/, its own distribution) in vLLM's environment, editable
@@ -74,17 +100,12 @@ parity: $(VENV)/.stamp $(VLLM_VENV)/.stamp $(VLLM_VENV)/.plugin-stamp
 # once from that release's own code and checked in, so `make test` compares every ruleset
 # without building an environment per release. VLLM=$(VLLM_VERSION) records from .venv-vllm, the
 # environment the live test runs (the live test asserts it still gives the record); any other
-# release gets its own .venv-vllm-X.Y.Z (about 8 GB), less the CUDA builds of torchvision,
-# torchaudio and torchcodec that pip pulls in and that do not load against the CPU torch
-# (nothing on the decision path needs them).
+# release gets its own .venv-vllm-X.Y.Z (about 8 GB), installed as the live one is (above).
 VLLM ?= $(VLLM_VERSION)
 RECORD_VENV := $(if $(filter $(VLLM_VERSION),$(VLLM)),$(VLLM_VENV),$(VLLM_VENV)-$(VLLM))
 
 $(VLLM_VENV)-%/.stamp:
-	$(PYTHON) -m venv $(VLLM_VENV)-$*
-	$(VLLM_VENV)-$*/bin/pip install --quiet --upgrade pip
-	$(VLLM_VENV)-$*/bin/pip install --quiet vllm==$*
-	$(VLLM_VENV)-$*/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(call install_vllm,$(VLLM_VENV)-$*,$*)
 	touch $@
 
 parity-record: $(VENV)/.stamp $(RECORD_VENV)/.stamp

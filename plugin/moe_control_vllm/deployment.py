@@ -164,6 +164,8 @@ def _packages(platform: Any) -> list[str]:
         found.append("flashinfer")
     if getattr(platform, "is_zen_cpu", lambda: False)():
         found.append("zentorch")  # vLLM picks its Zen CPU platform where zentorch is
+    if platform.is_cpu() and importlib.import_module("vllm.triton_utils").HAS_TRITON:
+        found.append("triton")  # on a CPU: triton-cpu, as the CPU platform's check reads it
     return sorted(found)
 
 

@@ -35,6 +35,19 @@ class Judged(NamedTuple):
     mode: str
 
 
+def _activation_format(mk: Any, config: Any) -> Any:
+    """The activation format vLLM's selection hands each experts class: the MoE config's
+    own `activation_format` where the release has one (0.34 and later, which adds
+    `PaddedStandard` for DeepEP v2), else what older releases' selection derives from the
+    parallel config (batched for DeepEP low-latency and NIXL EP, standard otherwise)."""
+    own = getattr(type(config), "activation_format", None)
+    if isinstance(own, property):
+        return config.activation_format
+    if config.moe_parallel_config.use_batched_activation_format:
+        return mk.FusedMoEActivationFormat.BatchedExperts
+    return mk.FusedMoEActivationFormat.Standard
+
+
 def judge(iw: Any, backend: Any, arguments: dict[str, Any]) -> tuple[Any, str]:
     """The experts class vLLM's selection takes for `backend` in this call, or None and
     the reason it is refused."""
@@ -51,11 +64,7 @@ def judge(iw: Any, backend: Any, arguments: dict[str, Any]) -> tuple[Any, str]:
     )
     if reason is not None:
         return None, reason
-    activation_format = (
-        mk.FusedMoEActivationFormat.BatchedExperts
-        if config.moe_parallel_config.use_batched_activation_format
-        else mk.FusedMoEActivationFormat.Standard
-    )
+    activation_format = _activation_format(mk, config)
     last = None
     for cls in iw.backend_to_kernel_cls(backend):
         ok, last = cls.is_supported_config(

@@ -54,7 +54,7 @@ def _packages(spec: DeploymentSpec, packages: frozenset[str]) -> DeploymentSpec:
 
 
 #: Where each optional package matters (elsewhere installing it changes nothing).
-_PACKAGE_DEVICES = {"humming": "cuda", "flashinfer": "cuda", "zentorch": "cpu"}
+_PACKAGE_DEVICES = {"humming": "cuda", "flashinfer": "cuda", "zentorch": "cpu", "triton": "cpu"}
 
 
 def _install(package: str) -> Apply:

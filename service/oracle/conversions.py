@@ -23,3 +23,7 @@ class ConversionRules:
     #: the integrations), so their bytes are the same in every release; AutoAWQ's K-first
     #: words and MoeWNA16's N-first bytes come out transposed.
     xpu_transposes: bool = False
+    #: Whether Marlin converts for 8-bit activations (`VLLM_MARLIN_INPUT_DTYPE` int8 or fp8:
+    #: int16 relative scales with a global scale, or fp8-remapped codes with scales x512).
+    #: 0.34 removed both paths with the variable; 0.33 and older have them.
+    marlin_8bit_activations: bool = False

@@ -17,13 +17,14 @@ from service.oracle.errors import ErrorInfo, InvalidSpecError, SelectionError
 from service.oracle.explain import explain_rejection, not_reached
 from service.oracle.hazards import hazards_for
 from service.oracle.kernel_config import parse_moe_backend
-from service.oracle.moe_config import ROUTING_METHODS, MoEConfig, moe_config
+from service.oracle.moe_config import ROUTING_METHODS, MoEConfig, format_accepts, moe_config
 from service.oracle.quant_method import OracleCall, OtherMethod
 from service.oracle.quantization import build_moe_method
 from service.oracle.release_inputs import refuse_unaccepted
 from service.oracle.rulesets import DEFAULT_RULESET, get_ruleset
 from service.oracle.rulesets.base import ExpertsClass, RuleContext, Ruleset
 from service.oracle.spec import DeploymentSpec
+from service.oracle.startup import environment_refusal
 
 _KERNEL = "kernel does not support "
 _TORCH_DTYPES = {
@@ -34,10 +35,11 @@ _TORCH_DTYPES = {
 
 
 def _class_rejection(
-    cls: ExpertsClass, ctx: RuleContext, activation_format: str
+    ruleset: Ruleset, cls: ExpertsClass, ctx: RuleContext
 ) -> tuple[str, str] | None:
     """`FusedMoEExperts.is_supported_config` in vLLM's order, then the class's own checks."""
     moe, platform = ctx.moe, ctx.platform
+    activation_format = ruleset.activation_format(moe)
     if not cls.supports_device(platform):
         return "DEVICE", f"{_KERNEL}current device {platform.device}"
     if not (moe.is_act_and_mul or cls.supports_no_act_and_mul):
@@ -47,7 +49,8 @@ def _class_rejection(
     if not cls.supports_quant_scheme(ctx.weight_key):
         return "QUANT_SCHEME", f"{_KERNEL}quantization scheme {ctx.weight_key.render()}xNone"
     if not cls.supports_parallel(moe.parallel):
-        return "PARALLEL_CONFIG", f"{_KERNEL}parallel config {moe.parallel.render()}"
+        parallel = moe.parallel.render(ruleset.parallel_config_extra)
+        return "PARALLEL_CONFIG", f"{_KERNEL}parallel config {parallel}"
     if cls.routing_methods is not None and moe.routing_method not in cls.routing_methods:
         number = ROUTING_METHODS[moe.routing_method]
         return "ROUTING_METHOD", f"{_KERNEL}routing method {number}"
@@ -56,7 +59,7 @@ def _class_rejection(
     ):
         dtype = _TORCH_DTYPES[moe.router_logits_dtype]
         return "ROUTER_LOGITS_DTYPE", f"{_KERNEL}router logits dtype {dtype}"
-    if activation_format != cls.activation_format:
+    if not format_accepts(cls.activation_format, activation_format):
         return "ACTIVATION_FORMAT", f"{_KERNEL}('{activation_format}',) activation format"
     if ctx.env_bool("VLLM_BATCH_INVARIANT") and not cls.batch_invariant:
         return "BATCH_INVARIANCE", f"{_KERNEL}batch invariance"
@@ -70,7 +73,7 @@ def _class_rejection(
 
 
 def evaluate_backend(
-    ruleset: Ruleset, backend: str, ctx: RuleContext, activation_format: str
+    ruleset: Ruleset, backend: str, ctx: RuleContext
 ) -> tuple[str | None, str, str]:
     """(experts class that would run, reason code, reason): a class name and no reason
     when the backend fits; otherwise the structural reason, or the last class's reason."""
@@ -79,7 +82,7 @@ def evaluate_backend(
             return None, rule.code, rule.text(ctx)
     code, reason = "", ""
     for cls in ruleset.experts_classes[backend]:
-        rejection = _class_rejection(cls, ctx, activation_format)
+        rejection = _class_rejection(ruleset, cls, ctx)
         if rejection is None:
             return cls.name, "", ""
         code, reason = rejection
@@ -95,10 +98,6 @@ def _rejected(backend: str, code: str, reason: str, ctx: RuleContext) -> Candida
     return Candidate(backend, Verdict.REJECTED, code, reason, explain_rejection(backend, code, ctx))
 
 
-def _activation_format(ctx: RuleContext) -> str:
-    return "batched_experts" if ctx.moe.parallel.use_batched_activation_format else "standard"
-
-
 def _select_backend(
     ruleset: Ruleset, ctx: RuleContext, moe_backend: str
 ) -> tuple[str, str, tuple[Candidate, ...]]:
@@ -106,7 +105,6 @@ def _select_backend(
 
     vLLM evaluates backends only until one fits (or only the forced one), so the backends
     after it are `not_reached` and carry no reason, as vLLM gives none."""
-    fmt = _activation_format(ctx)
     order = ruleset.priority(ctx.platform)
 
     def unreached(
@@ -127,7 +125,7 @@ def _select_backend(
                 ),
                 candidates=tuple(unreached(order, None, None)),
             )
-        experts, code, reason = evaluate_backend(ruleset, forced, ctx, fmt)
+        experts, code, reason = evaluate_backend(ruleset, forced, ctx)
         rest = unreached((b for b in order if b != forced), None, forced)
         if experts is None:
             raise SelectionError(
@@ -138,7 +136,7 @@ def _select_backend(
 
     candidates: list[Candidate] = []
     for index, backend in enumerate(order):
-        experts, code, reason = evaluate_backend(ruleset, backend, ctx, fmt)
+        experts, code, reason = evaluate_backend(ruleset, backend, ctx)
         if experts is not None:
             candidates.append(Candidate(backend, Verdict.SELECTED))
             candidates.extend(unreached(order[index + 1 :], backend, None))
@@ -183,13 +181,17 @@ def _plan(
 ) -> tuple[DeploymentSpec, MoEConfig, OracleCall | OtherMethod]:
     """The start-up path up to the oracle call: the release's refusal of inputs it does not
     know, `vllm serve`'s --moe-backend parse (before anything else looks at the
-    deployment), the layer's MoE config and the quant method vLLM builds for it; raises
+    deployment), its check of the environment, the layer's MoE config and the quant method
+    vLLM builds for it (the platform's check of the engine config on the way); raises
     vLLM's errors on the way."""
     refuse_unaccepted(spec, ruleset)
     backend_name = parse_moe_backend(spec.moe_backend, ruleset.kernel_config_moe_backends)
     spec = dataclasses.replace(spec, moe_backend=backend_name)
+    refusal = environment_refusal(ruleset.startup, spec.platform)
+    if refusal is not None:
+        raise refusal
     moe = moe_config(spec)
-    return spec, moe, build_moe_method(spec, moe, ruleset.integrations)
+    return spec, moe, build_moe_method(spec, moe, ruleset.integrations, ruleset.startup)
 
 
 def _decide(spec: DeploymentSpec, ruleset: Ruleset) -> Decision:
@@ -255,24 +257,24 @@ def outcome(
     except (SelectionError, InvalidSpecError):
         winner = None
     try:
+        refusal = environment_refusal(ruleset.startup, spec.platform)
+        if refusal is not None:
+            raise refusal
         moe = moe_config(spec)
-        plan = build_moe_method(spec, moe, ruleset.integrations)
+        plan = build_moe_method(spec, moe, ruleset.integrations, ruleset.startup)
     except (SelectionError, InvalidSpecError):
         return winner, frozenset()
     if not isinstance(plan, OracleCall):
         return winner, frozenset()
     ctx = _context(plan, spec, moe)
-    fmt = _activation_format(ctx)
-    return winner, frozenset(
-        b for b in ruleset.priority(ctx.platform) if _fits(ruleset, b, ctx, fmt)
-    )
+    return winner, frozenset(b for b in ruleset.priority(ctx.platform) if _fits(ruleset, b, ctx))
 
 
-def _fits(ruleset: Ruleset, backend: str, ctx: RuleContext, activation_format: str) -> bool:
+def _fits(ruleset: Ruleset, backend: str, ctx: RuleContext) -> bool:
     """Whether `backend` passes every check; a check that makes vLLM itself raise (a
     release's rule comparing a missing group size) does not pass."""
     try:
-        return evaluate_backend(ruleset, backend, ctx, activation_format)[0] is not None
+        return evaluate_backend(ruleset, backend, ctx)[0] is not None
     except SelectionError:
         return False
 
@@ -324,8 +326,7 @@ def trace_backend(spec: DeploymentSpec, ruleset_name: str, backend: str) -> Back
         )
     except SelectionError as raised:  # a release's rule that makes vLLM itself raise
         rule = (raised.error.type, raised.error.message)
-    fmt = _activation_format(ctx)
     classes = tuple(
-        (cls.name, _class_rejection(cls, ctx, fmt)) for cls in ruleset.experts_classes[backend]
+        (cls.name, _class_rejection(ruleset, cls, ctx)) for cls in ruleset.experts_classes[backend]
     )
     return BackendTrace(backend, rule, classes)

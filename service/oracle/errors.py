@@ -5,7 +5,7 @@ interceptor, the CLI maps them to exit codes and JSON. Two families matter to us
 
 * `InvalidSpecError`: the request itself is wrong (a missing field, an unknown method, bits
   vLLM does not know). It names each offending field and what would be allowed.
-* `SelectionError`: the request is well formed, but vLLM 0.33 itself would refuse this
+* `SelectionError`: the request is well formed, but the release itself would refuse this
   deployment (a forced backend that does not fit, no eligible backend, a quantization config
   vLLM rejects). It carries vLLM's exception class name and exact message, and the
   per-backend verdicts that led there.
@@ -38,7 +38,15 @@ if TYPE_CHECKING:
 
 
 #: Where in vLLM's start-up path a `SelectionError` arises (`ErrorInfo.stage`).
-STAGES = ("kernel_config", "quantization", "capability", "moe_method", "backend")
+STAGES = (
+    "kernel_config",
+    "environment",
+    "quantization",
+    "capability",
+    "platform",
+    "moe_method",
+    "backend",
+)
 #: The exception classes vLLM raises there (`ErrorInfo.type`).
 VLLM_EXCEPTIONS = (
     "ValueError",
@@ -48,6 +56,7 @@ VLLM_EXCEPTIONS = (
     "TypeError",
     "ValidationError",
     "KeyError",
+    "RuntimeError",
 )
 
 
@@ -55,10 +64,12 @@ VLLM_EXCEPTIONS = (
 class ErrorInfo:
     """What vLLM would raise: where in its start-up path, which exception class, which text.
 
-    `stage` is one of `STAGES`: "kernel_config" (`vllm serve` refusing a `--moe-backend`
-    name), "quantization" (resolving or parsing the quantization config),
-    "capability" (the quant method's minimum compute capability), "moe_method" (building the
-    MoE quant method) and "backend" (the WNA16 backend selection itself).
+    `stage` is one of `STAGES`, in start-up order: "kernel_config" (`vllm serve` refusing a
+    `--moe-backend` name), "environment" (`Platform.validate_environ` refusing a removed or
+    retired `VLLM_*` variable), "quantization" (resolving or parsing the quantization config),
+    "capability" (the quant method's minimum compute capability), "platform" (the platform's
+    `check_and_update_config` refusing the machine), "moe_method" (building the MoE quant
+    method) and "backend" (the WNA16 backend selection itself).
     """
 
     stage: str
@@ -70,7 +81,7 @@ class ErrorInfo:
 
 
 class SelectionError(OracleError):
-    """vLLM 0.33 itself fails this deployment; the error says where and why, exactly.
+    """The release itself fails this deployment; the error says where and why, exactly.
 
     The engine sets `ruleset` and `platform` (what the failed answer was decided by and
     for) and, when asked, `what_would_change`.

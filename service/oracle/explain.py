@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from service.oracle.platform import PACKAGE_DISTRIBUTIONS, PlatformProfile
-from service.oracle.quant_method import AwqConfig, GptqConfig
+from service.oracle.quant_method import AwqConfig, GptqConfig, QuarkConfig
 from service.oracle.rulesets.base import RuleContext
 
 _INTEGRATIONS = {GptqConfig: "AutoGPTQ", AwqConfig: "AutoAWQ"}
@@ -85,6 +85,11 @@ def _zero_points_or_bias(ctx: RuleContext) -> str:
 
 def _marlin_layer(ctx: RuleContext) -> str:
     p, moe = ctx.platform, ctx.moe
+    if isinstance(ctx.quant_config, QuarkConfig):
+        return (
+            "vLLM's Marlin MoE path takes AutoGPTQ, AutoAWQ and compressed-tensors "
+            "checkpoints only, so it turns every Quark checkpoint down, whatever the shape"
+        )
     if p.device == "rocm":
         return "Marlin kernels do not run on ROCm"
     group = ctx.quant_config.group_size
@@ -109,6 +114,20 @@ def _moe_wna16_layout(ctx: RuleContext) -> str:
         f"layer to MoeWNA16Method because Marlin cannot take it ({marlin}), and it is "
         "MoeWNA16's layout this backend turns down"
     )
+
+
+def _quark_group_size(ctx: RuleContext) -> str:
+    assert isinstance(ctx.quant_config, QuarkConfig)
+    return (
+        "vLLM reads the group size from the QuarkConfig object, which has none (Quark keeps "
+        "it per layer; this layer's is "
+        f"{ctx.quant_config.weight_group_size}), so ZEN_CPU turns every symmetric Quark "
+        "checkpoint down"
+    )
+
+
+def _is_quark(ctx: RuleContext) -> bool:
+    return isinstance(ctx.quant_config, QuarkConfig)
 
 
 def _device(text: str) -> Callable[[RuleContext], str]:
@@ -160,6 +179,7 @@ EXPLANATIONS: tuple[Explanation, ...] = (
     _row("FLASHINFER_TRTLLM", "ZERO_POINTS_OR_BIAS", _zero_points_or_bias),
     _row("MARLIN BATCHED_MARLIN", "MARLIN_LAYER_UNSUPPORTED", _marlin_layer),
     _row("MARLIN BATCHED_MARLIN EMULATION", "MOE_WNA16_LAYOUT", _moe_wna16_layout),
+    _row("ZEN_CPU", "GROUP_QUANT_REQUIRED", _quark_group_size, _is_quark),
 )
 
 _BY_KEY: dict[tuple[str, str], tuple[Explanation, ...]] = {}

@@ -20,6 +20,7 @@ from service.oracle.quant_method import (
     GptqConfig,
     MoeWNA16Config,
     OracleCall,
+    QuarkConfig,
     WeightArgs,
 )
 from service.oracle.rulesets import RULESETS
@@ -46,6 +47,93 @@ def _moe_wna16_group_hazard(config: MoeWNA16Config, moe: MoEConfig) -> Hazard | 
             f"{config.group_size}.",
         )
     return None
+
+
+def _quark_group_hazard(config: QuarkConfig, moe: MoEConfig) -> Hazard | None:
+    """QuarkW4A16Int4MoEMethod.create_weights (read from the source) halves the group size
+    while it does not divide both dimensions, asserting after each halving that it stays
+    >= 32 (a group size that divides both is kept as it is, even below 32)."""
+    group = config.weight_group_size
+    hidden, inter = moe.hidden_dim, moe.intermediate_size_per_partition
+    while inter % group or hidden % group:
+        group //= 2
+        if group < 32:
+            return Hazard(
+                "QUARK_GROUP_SIZE_ASSERT",
+                "QuarkW4A16Int4MoEMethod.create_weights asserts at load: halving the group "
+                f"size {config.weight_group_size} reaches none >= 32 dividing both hidden "
+                f"({hidden}) and intermediate per partition ({inter}).",
+            )
+    return None
+
+
+#: Quark's int4 weight-only layer after selection, by backend. HUMMING's and CPU's refusals
+#: and EMULATION's misread were run (vLLM's own loader and conversion on CPU: the Quark
+#: cases of tests/formats/exactness_cases.py); FlashInfer's misread is read from the source
+#: only (its preparation needs a Blackwell GPU).
+QUARK_BACKEND_HAZARDS: dict[str, Hazard] = {
+    "HUMMING": Hazard(
+        "QUARK_HUMMING_SCHEMA_TYPE_ERROR",
+        "vLLM's Humming weight conversion knows AutoAWQ, AutoGPTQ and compressed-tensors "
+        "checkpoints only: converting this Quark layer raises TypeError('Humming WNA16 "
+        "checkpoint schema requires AutoAWQConfig, AutoGPTQConfig or QuantizationArgs, got "
+        "QuarkConfig.') and the model fails to load (--moe-backend triton avoids it).",
+    ),
+    "CPU": Hazard(
+        "QUARK_CPU_TYPE_ERROR",
+        "vLLM's CPU weight conversion knows AutoAWQ, AutoGPTQ and compressed-tensors "
+        "checkpoints only: converting this Quark layer raises TypeError('CPU WNA16 MoE "
+        "backend requires AutoAWQConfig, AutoGPTQConfig or QuantizationArgs, got "
+        "QuarkConfig.') and the model fails to load.",
+    ),
+    "FLASHINFER_TRTLLM": Hazard(
+        "QUARK_FLASHINFER_LAYOUT",
+        "FlashInfer's MxInt4 preparation converts offset-8 (uint4b8) nibbles to signed int4 "
+        "only for int32 weights, but Quark's loader hands it uint8 bytes already offset by "
+        "8: every weight is off by 8 and outputs are wrong; it also asserts bfloat16 "
+        "scales, so a float16 model fails at load.",
+    ),
+    "EMULATION": Hazard(
+        "QUARK_EMULATION_MISREAD",
+        "EMULATION unpacks the weights it is handed as GPTQ int32 words (eight codes each), "
+        "but Quark's loader hands it uint8 bytes (two codes each): a symmetric layer's "
+        "dequantized w13 comes out with four times the hidden size and fails at its first "
+        "forward, and an asymmetric layer's zero points fail to reshape, so loading fails "
+        "(RuntimeError).",
+    ),
+}
+
+
+def _quark_hazards(
+    spec: DeploymentSpec, config: QuarkConfig, backend: str, moe: MoEConfig
+) -> list[Hazard]:
+    """What goes wrong for Quark's int4 weight-only layer after selection: the backend's
+    conversion, the group-size halving, and what its weights never hold (read from the
+    source: create_weights sizes w13 for a gated layer and creates no expert biases)."""
+    found = [QUARK_BACKEND_HAZARDS[backend]] if backend in QUARK_BACKEND_HAZARDS else []
+    group_hazard = _quark_group_hazard(config, moe)
+    if group_hazard is not None:
+        found.append(group_hazard)
+    if not spec.layer.is_gated:
+        found.append(
+            Hazard(
+                "QUARK_NON_GATED_W13_DOUBLED",
+                "QuarkW4A16Int4MoEMethod allocates w13 with twice the intermediate size "
+                "whatever the activation: a non-gated layer loads one projection there, the "
+                "other half stays uninitialised and the kernels run with a doubled "
+                "intermediate size.",
+            )
+        )
+    if spec.layer.has_bias:
+        found.append(
+            Hazard(
+                "QUARK_EXPERT_BIAS_NOT_LOADED",
+                "QuarkW4A16Int4MoEMethod creates no expert biases (it tells the oracle "
+                "may_have_bias=False whatever the layer has): the checkpoint's biases have "
+                "no parameter to load into and the kernels run without them.",
+            )
+        )
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +306,8 @@ def hazards_for(
         group_hazard = _moe_wna16_group_hazard(config, moe)
         if group_hazard is not None:
             found.append(group_hazard)
+    if isinstance(config, QuarkConfig):
+        found.extend(_quark_hazards(spec, config, backend, moe))
     if isinstance(config, AwqConfig) and backend == "XPU":
         found.append(
             Hazard(

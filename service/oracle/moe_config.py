@@ -68,13 +68,15 @@ class MoEParallelConfig:
         """DeepEP low-latency and NIXL EP dispatch tokens in the batched format."""
         return self._all2all("deepep_low_latency", "nixl_ep")
 
-    def render(self) -> str:
-        """vLLM's dataclass repr, which its parallel-config reason prints."""
+    def render(self, extra: tuple[tuple[str, object], ...] = ()) -> str:
+        """vLLM's dataclass repr, which its parallel-config reason prints; `extra` are the
+        trailing fields a release adds that no deployment spec sets, with their values."""
+        tail = "".join(f", {name}={value!r}" for name, value in extra)
         return (
             f"FusedMoEParallelConfig(tp_size={self.tp_size}, pcp_size={self.pcp_size}, "
             f"dp_size={self.dp_size}, ep_size={self.ep_size}, tp_rank=0, pcp_rank=0, "
             f"dp_rank=0, ep_rank=0, sp_size={self.sp_size}, use_ep={self.use_ep}, "
-            f"all2all_backend={self.all2all_backend!r}, enable_eplb={self.enable_eplb})"
+            f"all2all_backend={self.all2all_backend!r}, enable_eplb={self.enable_eplb}{tail})"
         )
 
 
@@ -94,6 +96,24 @@ class MoEConfig:
     parallel: MoEParallelConfig
     is_lora_enabled: bool
     moe_backend: str
+
+
+#: vLLM's `FusedMoEActivationFormat` values, as its reasons print them.
+STANDARD_FORMAT = "standard"
+BATCHED_FORMAT = "batched_experts"
+#: 0.34's `PaddedStandard`: standard rows with inactive padding (DeepEP v2's dispatch).
+PADDED_STANDARD_FORMAT = "padded_standard"
+
+
+def format_accepts(experts_format: str, prepared_format: str) -> bool:
+    """vLLM's `FusedMoEActivationFormat.is_superset`: whether experts declaring
+    `experts_format` consume what the all2all prepare step hands them. A padding-aware
+    (PaddedStandard) kernel also takes standard rows; otherwise only the same format.
+    Releases before 0.34 compare for equality, the same relation while nothing declares
+    or produces PaddedStandard, which is so up to 0.33."""
+    return experts_format == prepared_format or (
+        experts_format == PADDED_STANDARD_FORMAT and prepared_format == STANDARD_FORMAT
+    )
 
 
 def routing_method(routing: RoutingSpec) -> str:

@@ -16,12 +16,15 @@ from service.oracle.invalid import FieldViolation, InvalidSpecError
 
 DEVICE_KINDS = ("cuda", "rocm", "xpu", "cpu")
 
-#: Optional kernel packages that change vLLM's decision (import names as vLLM probes them).
-KNOWN_PACKAGES = ("humming", "flashinfer", "zentorch")
+#: Optional kernel packages that change vLLM's decision (import names as vLLM probes them;
+#: "triton" is vLLM's `HAS_TRITON` on a CPU, i.e. triton-cpu, which vLLM 0.34 requires on x86).
+KNOWN_PACKAGES = ("humming", "flashinfer", "zentorch", "triton")
 
-#: What a stock `pip install vllm==0.33.0` brings: humming-kernels and flashinfer-python are
-#: among its dependencies; they only matter on CUDA.
+#: What a stock `pip install vllm` brings: humming-kernels and flashinfer-python are among
+#: its dependencies; they only matter on CUDA.
 DEFAULT_CUDA_PACKAGES = frozenset({"humming", "flashinfer"})
+#: What vLLM's CPU build brings on x86: triton-cpu (0.34 refuses to start on x86 without it).
+DEFAULT_CPU_PACKAGES = frozenset({"triton"})
 
 #: Environment flags that reach the WNA16 MoE decision in vLLM 0.33, with their meaning.
 DECISION_ENV_FLAGS: Mapping[str, str] = MappingProxyType(
@@ -29,8 +32,18 @@ DECISION_ENV_FLAGS: Mapping[str, str] = MappingProxyType(
         "VLLM_USE_FLASHINFER_MOE_INT4": "enables FlashInfer TRT-LLM MxInt4 MoE on SM100",
         "VLLM_BATCH_INVARIANT": "requires batch-invariant kernels (rejects Marlin, FlashInfer)",
         "VLLM_HUMMING_MOE_GEMM_TYPE": "which humming MoE GEMM class is preferred",
-        "VLLM_MARLIN_INPUT_DTYPE": "Marlin activation quantization (int8 / fp8)",
+        "VLLM_MARLIN_INPUT_DTYPE": "Marlin activation quantization (int8 / fp8; 0.34 removed it: "
+        "setting it fails at start-up)",
         "VLLM_CPU_INT4_W4A8": "enables the zentorch DA8W4 MoE path on AMD Zen CPUs (default 1)",
+    }
+)
+#: Environment flags no decision reads but a release refuses at start-up
+#: (`Platform.validate_environ`, vLLM 0.34): a spec may set them, and a release that does not
+#: look at them refuses them as it refuses any flag it does not read.
+STARTUP_ENV_FLAGS: Mapping[str, str] = MappingProxyType(
+    {
+        "VLLM_USE_V2_MODEL_RUNNER": "0.34: any value but 1 fails at start-up (Model Runner V1 "
+        "was removed)",
     }
 )
 #: The flags vLLM parses with `bool(int(...))`: any other value makes vLLM fail at start-up.
@@ -39,7 +52,12 @@ INTEGER_ENV_FLAGS = frozenset(
 )
 #: pip distribution of each optional kernel package (import name -> what to install).
 PACKAGE_DISTRIBUTIONS: Mapping[str, str] = MappingProxyType(
-    {"humming": "humming-kernels", "flashinfer": "flashinfer-python", "zentorch": "zentorch"}
+    {
+        "humming": "humming-kernels",
+        "flashinfer": "flashinfer-python",
+        "zentorch": "zentorch",
+        "triton": "triton-cpu",
+    }
 )
 
 
@@ -155,7 +173,9 @@ class PlatformProfile:
             )
         packages_raw = obj.get("packages")
         if packages_raw is None:
-            packages = DEFAULT_CUDA_PACKAGES if device == "cuda" else frozenset()
+            packages = {"cuda": DEFAULT_CUDA_PACKAGES, "cpu": DEFAULT_CPU_PACKAGES}.get(
+                str(device), frozenset()
+            )
         elif isinstance(packages_raw, list | tuple | set | frozenset) and all(
             isinstance(p, str) for p in packages_raw
         ):
@@ -219,13 +239,14 @@ def _env_violations(env: Mapping[str, str], prefix: str) -> list[FieldViolation]
     """A flag vLLM does not read for this decision, or an integer flag that is no integer,
     is refused (silently accepting it would answer as if it mattered)."""
     found = []
+    known = {*DECISION_ENV_FLAGS, *STARTUP_ENV_FLAGS}
     for name, value in env.items():
-        if name not in DECISION_ENV_FLAGS:
+        if name not in known:
             found.append(
                 FieldViolation(
                     f"{prefix}.{name}",
-                    "not an environment flag vLLM reads for the WNA16 MoE decision; "
-                    f"the flags it reads: {sorted(DECISION_ENV_FLAGS)}",
+                    "not an environment flag vLLM reads for the WNA16 MoE decision or at "
+                    f"start-up; the flags it reads: {sorted(known)}",
                 )
             )
         elif name in INTEGER_ENV_FLAGS and not value.strip().lstrip("-").isdigit():
@@ -263,8 +284,10 @@ def _rocm(name: str, arch: str, major: int, minor: int) -> PlatformProfile:
 #:
 #: The packages convention: a CUDA preset is a machine with a stock `pip install vllm`, so it
 #: has vLLM's CUDA kernel dependencies (`DEFAULT_CUDA_PACKAGES`: humming and flashinfer); a
-#: ROCm, XPU or CPU preset has none of the optional packages (vLLM's ROCm, XPU and CPU builds
-#: do not bring them). `--packages` (or a spec's "packages") overrides either.
+#: CPU preset is an x86 machine with vLLM's CPU build, so it has triton-cpu
+#: (`DEFAULT_CPU_PACKAGES`); a ROCm or XPU preset has none of the optional packages (vLLM's
+#: ROCm and XPU builds do not bring them). `--packages` (or a spec's "packages") overrides
+#: either.
 #:
 #: Capabilities of the added presets, from NVIDIA's CUDA GPU list
 #: (https://developer.nvidia.com/cuda-gpus): GeForce RTX 4090 8.9, GeForce RTX 3090 8.6,
@@ -300,8 +323,16 @@ PLATFORM_PRESETS: Mapping[str, PlatformProfile] = MappingProxyType(
         "gfx1100": _rocm("gfx1100", "gfx1100", 11, 0),
         "gfx1201": _rocm("gfx1201", "gfx1201", 12, 0),
         "xpu": PlatformProfile(device="xpu", name="xpu", preset="xpu"),
-        "cpu": PlatformProfile(device="cpu", amx=True, name="cpu", preset="cpu"),
-        "cpu-noamx": PlatformProfile(device="cpu", amx=False, name="cpu-noamx", preset="cpu-noamx"),
+        "cpu": PlatformProfile(
+            device="cpu", amx=True, packages=DEFAULT_CPU_PACKAGES, name="cpu", preset="cpu"
+        ),
+        "cpu-noamx": PlatformProfile(
+            device="cpu",
+            amx=False,
+            packages=DEFAULT_CPU_PACKAGES,
+            name="cpu-noamx",
+            preset="cpu-noamx",
+        ),
     }
 )
 

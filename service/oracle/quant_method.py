@@ -30,7 +30,16 @@ CT_RDNA3_METHOD = "CompressedTensorsWNA16RDNA3MoEMethod"
 PLATFORM_QUANTIZATIONS: Mapping[str, frozenset[str]] = MappingProxyType(
     {
         "rocm": frozenset(
-            {"awq", "auto_awq", "awq_marlin", "gptq", "auto_gptq", "compressed-tensors", "inc"}
+            {
+                "awq",
+                "auto_awq",
+                "awq_marlin",
+                "gptq",
+                "auto_gptq",
+                "compressed-tensors",
+                "inc",
+                "quark",
+            }
         ),
         "xpu": frozenset(
             {"awq", "gptq", "moe_wna16", "auto_awq", "auto_gptq", "compressed-tensors"}
@@ -86,6 +95,19 @@ class IntegrationRules:
     #: Whether compressed-tensors' MoE format/bits refusal hands `ValueError` its message in
     #: pieces (0.28 and older), so the error reads as the tuple of those pieces.
     ct_format_error_in_pieces: bool = False
+    #: Whether Quark has its int4 weight-only MoE method, `QuarkW4A16Int4MoEMethod` (0.31
+    #: and later); without it (0.30 and older) Quark's MoE method refuses such a layer with
+    #: RuntimeError("Unsupported FusedMoe scheme") before any oracle runs.
+    quark_w4a16_moe: bool = True
+    #: Whether Quark's `_find_matched_config` walks `layer_quant_config` unguarded and asks
+    #: `layer_type_quant_config` only when no pattern matched (0.28 and older); later
+    #: releases read the type table first and take a missing `layer_quant_config` as empty.
+    quark_legacy_config_lookup: bool = False
+    #: Whether Quark's MoE method unwraps a one-entry `weight` / `input_tensors` list before
+    #: asking its scheme predicates (0.30 and later); 0.29 and older hand them the list, and a
+    #: list weight of any length but two reaches a predicate that calls `.get` on it:
+    #: AttributeError("'list' object has no attribute 'get'").
+    quark_unwraps_single_configs: bool = True
 
 
 # --- parsed quantization configs (what vLLM's config classes hold) -------------------------
@@ -138,7 +160,26 @@ class WeightArgs:
     dynamic: bool
 
 
-QuantConfig = GptqConfig | AwqConfig | MoeWNA16Config | WeightArgs
+@dataclass(frozen=True, slots=True)
+class QuarkConfig:
+    """vLLM's `QuarkConfig` as `QuarkW4A16Int4MoEMethod` hands it to the oracle, with the
+    routed-experts layer's int4 weight scheme beside it (what the method itself reads).
+
+    vLLM's class has no `group_size` attribute: the oracle's rules that read one
+    (`getattr(quant_config, "group_size", None)`) see None, whatever the scheme's group
+    size (`weight_group_size`) is."""
+
+    pack_method: str
+    weight_dtype: str
+    weight_group_size: int
+    symmetric: bool
+
+    @property
+    def group_size(self) -> None:
+        return None
+
+
+QuantConfig = GptqConfig | AwqConfig | MoeWNA16Config | WeightArgs | QuarkConfig
 
 
 def vllm_error(stage: str, type_: str, message: str, **kwargs: Any) -> SelectionError:

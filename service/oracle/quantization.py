@@ -5,7 +5,8 @@ vLLM first resolves which quantization method serves the model (the HF `quant_me
 device's compute capability, and then asks the config for the MoE layer's method. That
 method computes the weight `QuantKey`, `may_have_zp`, `may_have_bias` and
 `allow_tile_padding` and calls the backend oracle. This module reproduces that path for the
-integrations that reach the WNA16 oracle: AutoGPTQ, AutoAWQ, MoeWNA16 and compressed-tensors.
+integrations that reach the WNA16 oracle: AutoGPTQ, AutoAWQ, MoeWNA16, compressed-tensors
+and AMD Quark.
 """
 
 from __future__ import annotations
@@ -38,15 +39,23 @@ from service.oracle.quant_method import (
     marlin_supports,
     vllm_error,
 )
+from service.oracle.quark import parse_quark, quark_moe_method
 from service.oracle.spec import DeploymentSpec
+from service.oracle.startup import StartupRules, platform_refusal
 
 # --- method resolution (ModelConfig._verify_quantization) -----------------------------------
 
-SUPPORTED_HF_METHODS = ("gptq", "awq", "compressed-tensors")
+SUPPORTED_HF_METHODS = ("gptq", "awq", "compressed-tensors", "quark")
 _GPTQ_USER_FLAGS = (None, "gptq", "gptq_marlin", "auto_gptq", "marlin")
 _AWQ_USER_FLAGS = (None, "awq", "awq_marlin", "auto_awq", "marlin")
 #: Minimum compute capability of each config class (`get_min_capability`).
-_MIN_CAPABILITY = {"auto_gptq": 60, "auto_awq": 75, "moe_wna16": 70, "compressed-tensors": 70}
+_MIN_CAPABILITY = {
+    "auto_gptq": 60,
+    "auto_awq": 75,
+    "moe_wna16": 70,
+    "compressed-tensors": 70,
+    "quark": 70,
+}
 #: Which config class a resolved method name builds.
 _CONFIG_CLASS = {
     "auto_gptq": "auto_gptq",
@@ -57,6 +66,7 @@ _CONFIG_CLASS = {
     "awq_marlin": "auto_awq",
     "moe_wna16": "moe_wna16",
     "compressed-tensors": "compressed-tensors",
+    "quark": "quark",
 }
 #: Every resolved method name (a decision's `quantization`: the vLLM integration).
 INTEGRATIONS = tuple(_CONFIG_CLASS)
@@ -338,22 +348,29 @@ def _awq_method(
 
 
 def build_moe_method(
-    spec: DeploymentSpec, moe: MoEConfig, rules: IntegrationRules
+    spec: DeploymentSpec,
+    moe: MoEConfig,
+    rules: IntegrationRules,
+    startup: StartupRules | None = None,
 ) -> MoEMethodPlan:
     """Resolve, parse, gate and build: the MoE quant method vLLM constructs for the layer,
-    as the release whose integration behaviour `rules` holds builds it."""
+    as the release whose integration behaviour `rules` holds builds it, its engine config
+    checked on the way (`startup`: the platform's refusals; none when not given)."""
     name = resolve_method(spec, rules)
     config = spec.hf_quantization_config
     platform = spec.platform
     config_class = _CONFIG_CLASS[name]
     parsed: QuantConfig | None = None
     scheme_map: dict[str, CtScheme] = {}
+    quark: tuple[str | None, Mapping[str, Any]] | None = None
     if config_class == "auto_gptq":
         parsed = _parse_gptq(config, name, rules)
     elif config_class == "auto_awq":
         parsed = _parse_awq(config, name)
     elif config_class == "moe_wna16":
         parsed = _parse_moe_wna16(config, platform, name, rules)
+    elif config_class == "quark":
+        quark = parse_quark(config)
     else:
         scheme_map = parse_scheme_map(config, name, rules)
     minimum = _MIN_CAPABILITY[config_class]
@@ -370,6 +387,10 @@ def build_moe_method(
     refusal = eplb_refusal(spec.parallel, platform.device, rules.eplb_devices, name)
     if refusal is not None:
         raise refusal
+    # The VllmConfig's construction: the platform's check_and_update_config.
+    refused = platform_refusal(startup or StartupRules(), platform, name)
+    if refused is not None:
+        raise refused
     if not moe.is_act_and_mul and platform.device not in ("cuda", "rocm", "xpu"):
         raise vllm_error(
             "moe_method",
@@ -383,4 +404,6 @@ def build_moe_method(
         return _awq_method(parsed, name, spec, moe, rules)
     if isinstance(parsed, MoeWNA16Config):
         return _moe_wna16_method(parsed, name, spec.layer.name, rules)
+    if quark is not None:
+        return quark_moe_method(spec, *quark, rules)
     return ct_moe_method(spec, name, scheme_map, rules)

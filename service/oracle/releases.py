@@ -100,6 +100,9 @@ RELEASES: Mapping[str, Release] = MappingProxyType(
             Release(
                 "vllm-0.33", first="0.33.0", below="0.34", torch="2.14.0", humming_kernels="0.1.19"
             ),
+            Release(
+                "vllm-0.34", first="0.34.0", below="0.35", torch="2.14.0", humming_kernels="0.1.19"
+            ),
         )
     }
 )

@@ -35,7 +35,8 @@ ACTIVATIONS = (
 DTYPES = ("bfloat16", "float16")
 SCORING_FUNCS = ("softmax", "sigmoid", "sqrtsoftplus")
 ROUTER_LOGITS_DTYPES = ("float32", "bfloat16", "float16")
-#: vLLM's `--all2all-backend` values (what changes the MoE activation format and kernels).
+#: vLLM's `--all2all-backend` values, every release's (what changes the MoE activation format
+#: and kernels); a release that lacks one refuses it (`Ruleset.all2all_backends`).
 ALL2ALL_BACKENDS = (
     "allgather_reducescatter",
     "naive",
@@ -51,6 +52,7 @@ ALL2ALL_BACKENDS = (
     "flashinfer_nvlink_one_sided",
     "passthrough",
     "moonep",
+    "mori",
 )
 #: vLLM's `--quantization` values that reach a WNA16 MoE method.
 USER_QUANTIZATIONS = (
@@ -63,6 +65,7 @@ USER_QUANTIZATIONS = (
     "auto_awq",
     "moe_wna16",
     "compressed-tensors",
+    "quark",
 )
 DEFAULT_LAYER_NAME = "model.layers.0.mlp.experts"
 #: The largest count or size a spec field may hold: vLLM's MoE kernels take expert ids as

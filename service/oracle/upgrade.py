@@ -44,8 +44,10 @@ VERDICT_FIELD = "verdict."
 #: The stages of vLLM's start-up a failure can arise in (`ErrorInfo.stage`), in words.
 _STAGE_WORDS = {
     "kernel_config": "KernelConfig's check of the --moe-backend name",
+    "environment": "the platform's check of the VLLM_* environment at start-up",
     "quantization": "the quantization config's resolution and parsing",
     "capability": "the quant method's minimum compute capability",
+    "platform": "the platform's check of the engine configuration",
     "moe_method": "the MoE quant method's construction",
     "backend": "the WNA16 backend selection",
 }

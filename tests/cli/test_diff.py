@@ -72,7 +72,8 @@ def test_a_change_is_one_row_with_both_answers_and_the_cause_and_exits_1(
 
 
 def test_nothing_changing_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["diff", "--from", "0.32", "--deployment", str(jsonl(tmp_path, SILU))]) == 0
+    args = ["diff", "--from", "0.32", "--to", "0.33", "--deployment", str(jsonl(tmp_path, SILU))]
+    assert main(args) == 0
     assert capsys.readouterr().out.strip() == (
         "no answer changes from vllm-0.32 to vllm-0.33 (1 deployment; backend, experts_class, "
         "failure)"

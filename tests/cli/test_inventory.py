@@ -69,10 +69,10 @@ def test_rulesets_show_each_releases_range_and_pins(capsys: pytest.CaptureFixtur
         "  torch: 2.13.0",
         "  humming-kernels: 0.1.17",
     ]
-    start = lines.index("vllm-0.33 (default)")
+    start = lines.index("vllm-0.34 (default)")
     assert lines[start : start + 4] == [
-        "vllm-0.33 (default)",
-        "  vllm: >=0.33.0,<0.34",
+        "vllm-0.34 (default)",
+        "  vllm: >=0.34.0,<0.35",
         "  torch: 2.14.0",
         "  humming-kernels: 0.1.19",
     ]

@@ -182,7 +182,7 @@ def test_ruleset_flag_takes_every_spelling_of_a_release(
     fleet: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = ["select", "--config", str(fleet), "--gpu", "a100", "--json"]
-    _, matrix = run_json([*args, "--ruleset", "v0.33.0,0.33,VLLM-0.33"], capsys)
+    _, matrix = run_json([*args, "--ruleset", "v0.34.0,0.34,VLLM-0.34"], capsys)
     assert matrix["rulesets"] == [DEFAULT_RULESET]
     assert {c["ruleset"] for c in matrix["cells"]} == {DEFAULT_RULESET}
 

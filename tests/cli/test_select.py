@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from service.cli import main
+from service.oracle import DEFAULT_RULESET
 
 CONFIG = {
     "model_type": "qwen2_moe",
@@ -97,7 +98,7 @@ def test_table_shows_the_platform_explanations_and_what_would_change(
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "platform: preset h200: cuda 9.0  packages: none  env: none" in out
-    assert "ruleset: vllm-0.33" in out
+    assert f"ruleset: {DEFAULT_RULESET}" in out
     assert "[DEVICE] kernel does not support current device cuda" in out
     assert "= the humming package is not installed (pip install humming-kernels)" in out
     assert "to get HUMMING: install humming-kernels" in out

@@ -21,7 +21,12 @@ INTEGRATIONS = {
     "compressed_tensors": ("compressed-tensors", "compressed-tensors"),
     "moe_wna16/gptq": ("gptq", "moe_wna16"),
     "moe_wna16/awq": ("awq", "moe_wna16"),
+    "quark/reorder": ("quark", "quark-loaded"),
+    "quark/order": ("quark-order", "quark-loaded"),
 }
+#: The backends Quark's int4 weight-only layers are converted for besides TRITON and
+#: EMULATION: those vLLM's oracle can pick for them whose conversion refuses Quark.
+QUARK_REFUSING_BACKENDS = ("CPU", "HUMMING")
 
 
 @dataclass(frozen=True)
@@ -98,8 +103,9 @@ def grid() -> list[Case]:
     MARLIN's act-order layers of the integrations that have them (the releases that accept
     act-order sort it for Marlin; Marlin without act-order is `test_marlin_parity`'s)."""
     cases = []
+    plain = [i for i in INTEGRATIONS if not i.startswith("quark")]
     for integration, backend, bits, group, sym, act, bias in itertools.product(
-        INTEGRATIONS,
+        plain,
         ("TRITON", "EMULATION"),
         (4, 8),
         (32, 64, 128, -1),
@@ -113,7 +119,7 @@ def grid() -> list[Case]:
         for dtype in dtypes:
             cases.append(Case(integration, backend, bits, group, sym, act, bias, dtype))
     for integration, group, sym, act, bias in itertools.product(
-        INTEGRATIONS, (32, 64, 128, -1), (True, False), (False, True), (False, True)
+        plain, (32, 64, 128, -1), (True, False), (False, True), (False, True)
     ):
         if _plain(integration, act, bias):
             cases.append(Case(integration, "XPU", 4, group, sym, act, bias, "float16"))
@@ -121,6 +127,23 @@ def grid() -> list[Case]:
         ("auto_gptq", "compressed_tensors"), (4, 8), (32, 64, 128), (True, False), (False, True)
     ):
         cases.append(Case(integration, "MARLIN", bits, group, sym, True, bias, "float16"))
+    return [*cases, *_quark_cases()]
+
+
+def _quark_cases() -> list[Case]:
+    """AMD Quark's int4 exports (both pack methods), after the others so their seeds stay:
+    TRITON and EMULATION over group sizes and symmetry, and the backends whose conversion
+    refuses Quark. No XPU: vLLM's XPU platform does not list Quark."""
+    quark = [i for i in INTEGRATIONS if i.startswith("quark")]
+    cases = []
+    for integration, backend, group, sym in itertools.product(
+        quark, ("TRITON", "EMULATION"), (32, 64, 128, -1), (True, False)
+    ):
+        dtypes = ("float16", "bfloat16") if backend == "EMULATION" else ("float16",)
+        for dtype in dtypes:
+            cases.append(Case(integration, backend, 4, group, sym, False, False, dtype))
+    for backend, group, sym in itertools.product(QUARK_REFUSING_BACKENDS, (32, 128), (True, False)):
+        cases.append(Case("quark/reorder", backend, 4, group, sym, False, False, "float16"))
     return cases
 
 
@@ -185,11 +208,55 @@ def _is(integration: str) -> Callable[[Case], bool]:
     return lambda case: case.integration.startswith(integration)
 
 
+_QUARK = _is("quark")
 GPTQ_INTEGRATION = ("auto_gptq", "moe_wna16/gptq")
 
 # First match wins. Refusals are what vLLM 0.33.0 raises; Wrong is where it converts but
 # the result is not the checkpoint's weights; Exact lists what we do differently on purpose.
 RULES: tuple[Rule, ...] = (
+    (
+        lambda c: _QUARK(c) and c.group_size == -1,
+        Refused(
+            "ValueError",
+            "Quark W4A16 weight.group_size must be a positive int, got -1",
+            "Quark's int4 weight-only scheme needs a positive group size",
+        ),
+    ),
+    (
+        lambda c: _QUARK(c) and c.backend == "CPU",
+        Refused(
+            "TypeError",
+            "CPU WNA16 MoE backend requires AutoAWQConfig, AutoGPTQConfig or "
+            "QuantizationArgs, got QuarkConfig.",
+            "vLLM's CPU conversion knows no Quark layout (hazard QUARK_CPU_TYPE_ERROR)",
+        ),
+    ),
+    (
+        lambda c: _QUARK(c) and c.backend == "EMULATION" and not c.sym,
+        Refused(
+            "RuntimeError",
+            "is invalid for input of size",
+            "vLLM's emulation unpacks Quark's uint8 zero points as int32 GPTQ words (hazard "
+            "QUARK_EMULATION_MISREAD)",
+        ),
+    ),
+    (
+        lambda c: _QUARK(c) and c.backend == "EMULATION",
+        Wrong(
+            "vLLM's emulation treats Quark's loaded uint8 N-first bytes as int32 GPTQ words: "
+            "w13 comes out [E, N, 4K] instead of [E, N, K] (hazard QUARK_EMULATION_MISREAD)"
+        ),
+    ),
+    (
+        lambda c: _QUARK(c) and c.backend == "HUMMING",
+        Refused(
+            "TypeError",
+            "Humming WNA16 checkpoint schema requires AutoAWQConfig, AutoGPTQConfig or "
+            "QuantizationArgs, got QuarkConfig.",
+            "vLLM's Humming conversion knows no Quark layout (hazard "
+            "QUARK_HUMMING_SCHEMA_TYPE_ERROR)",
+        ),
+    ),
     (
         lambda c: c.integration in GPTQ_INTEGRATION and _act(c),
         Refused(
@@ -423,8 +490,18 @@ MOE_WNA16_INT8_ZERO_POINTS: Rule = (
     ),
 )
 
+QUARK_NO_W4A16_METHOD: Rule = (
+    _QUARK,
+    Refused(
+        "RuntimeError",
+        "Unsupported FusedMoe scheme",
+        "up to 0.30 Quark has no int4 weight-only MoE method: its config refuses the layer",
+    ),
+)
+
 _UP_TO_0_31: tuple[Rule, ...] = (MOE_WNA16_INT8_ZERO_POINTS,)
 _UP_TO_0_30: tuple[Rule, ...] = (
+    QUARK_NO_W4A16_METHOD,
     MOE_WNA16_EMULATION_SYMMETRIC,
     CT_TRITON_ONE_GROUP_ZERO_POINTS,
     *_UP_TO_0_31,

@@ -1,4 +1,4 @@
-"""Exactness: our TRITON, EMULATION, XPU and MARLIN writers against vLLM 0.33.0's own conversion.
+"""Exactness: our TRITON, EMULATION, XPU and MARLIN writers against the live release's conversion.
 
 For every (vLLM integration, backend, bits, group size, symmetry, act-order, bias, scale
 dtype) in `exactness_cases.grid()`, the same synthetic checkpoint (our quantizer, our GPTQ /
@@ -21,7 +21,7 @@ Each case then checks, bit for bit:
    exactly that vLLM behaviour and ours equals the canonical dequantization;
 3. where vLLM refuses (its exception type and message) or gets it wrong, it still does.
 
-Skipped when no vLLM 0.33.0 environment exists (`make test` builds `.venv-vllm`).
+Skipped when no vLLM environment exists (`make test` builds `.venv-vllm`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from service.formats.canonical import QuantizedMoELayer
 from service.formats.errors import ConversionUnsupported
 from service.formats.readers import LAYOUTS, write_checkpoint, write_stacked
 from service.formats.registry import convert, read_layer, read_stacked_layer
+from service.oracle import DEFAULT_RULESET
 from tests.formats import conversion_records
 from tests.formats.exactness_cases import Case, E, Exact, Refused, Wrong, expectation
 from tests.formats.exactness_model import VLLM_NAMES, case_options, model_of_vllm, strip_g_idx
@@ -55,13 +56,13 @@ def _vllm_python() -> Path:
         return path
     default = ROOT / ".venv-vllm" / "bin" / "python"
     if not default.exists():
-        pytest.skip("vLLM 0.33.0 reference environment not built (run `make test`)")
+        pytest.skip("vLLM reference environment not built (run `make test`)")
     return default
 
 
 @dataclass(frozen=True)
 class VllmRun:
-    """One run of vLLM 0.33.0 over every case: its outputs' folder, results and inputs."""
+    """One run of the live vLLM release over every case: its outputs' folder, results and inputs."""
 
     directory: Path
     results: dict[str, Any]
@@ -188,9 +189,9 @@ def test_grid_covers_every_outcome_kind() -> None:
 
 
 def test_live_conversions_equal_the_record(vllm_run: VllmRun) -> None:
-    """vLLM 0.33.0 live gives exactly its checked-in conversion record: the recording path
+    """The live vLLM release gives exactly its checked-in conversion record: the recording path
     (`make parity-record`) digests what the live comparison sees."""
-    record = conversion_records.load(conversion_records.record_path("vllm-0.33"))
+    record = conversion_records.load(conversion_records.record_path(DEFAULT_RULESET))
     stale = record.stale_for(conversion_records.cases_hash(CASES, vllm_run.inputs))
     assert stale is None, stale
     recorded = record.by_id()

@@ -1,4 +1,4 @@
-"""MARLIN / BATCHED_MARLIN writers bit for bit against vLLM 0.33.0's own conversion.
+"""MARLIN / BATCHED_MARLIN writers bit for bit against the live vLLM release's own conversion.
 
 vLLM runs in its own environment through `tests/formats/vllm_checker.py` (cases in
 `tests/formats/vllm_cases/marlin.py`), with its CUDA-only weight repack replaced by the
@@ -36,8 +36,14 @@ from service.formats.errors import ConversionUnsupported
 from service.formats.readers import LAYOUTS, SourceQuantization, write_checkpoint
 from service.formats.registry import read_layer
 from service.formats.synthetic.quantize import random_layer
+from service.formats.writers import ConversionOptions
 from service.formats.writers import marlin_layout as layout
-from service.formats.writers.marlin import marlin_tensors, padded_intermediate
+from service.formats.writers.marlin import (
+    marlin_tensors,
+    padded_intermediate,
+    refuse_removed_activations,
+)
+from service.oracle import DEFAULT_RULESET, RULESETS
 
 pytestmark = pytest.mark.parity
 
@@ -346,7 +352,7 @@ def _vllm_python() -> Path:
         return path
     default = ROOT / ".venv-vllm" / "bin" / "python"
     if not default.exists():
-        pytest.skip("vLLM 0.33.0 reference environment not built (run `make test`)")
+        pytest.skip("vLLM reference environment not built (run `make test`)")
     return default
 
 
@@ -497,6 +503,17 @@ def test_marlin_matches_vllm(case: Case, vllm_run: tuple[Path, dict[str, Any]]) 
         assert not result["ok"] and result["error_type"] == "RuntimeError", result
         ours = _ours(case)
         assert ours["w13_qweight"] is not None
+        return
+    if case.a8 and not result["ok"]:
+        # The live release has no 8-bit Marlin activations (0.34 removed them): it refuses,
+        # and so does a conversion for its ruleset. (0.33's bytes for them were proved live
+        # while 0.33 was the live release.)
+        assert result["error_type"] == "NotImplementedError", result
+        assert not RULESETS[DEFAULT_RULESET].conversions.marlin_8bit_activations
+        if case.family == "convert":
+            options = ConversionOptions(activation_dtype=case.activation_dtype)
+            with pytest.raises(ConversionUnsupported, match="no Marlin path"):
+                refuse_removed_activations(options, case.backend)
         return
     assert result["ok"], result
     theirs = _theirs(case, case_dir, result)

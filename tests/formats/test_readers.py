@@ -115,6 +115,65 @@ def test_moe_wna16_is_uint8_n_first_even_index_low() -> None:
     assert packed["qzeros"].tolist() == [[0x65]]
 
 
+def _quark_row() -> QuantizedExperts:
+    """Eight output columns, column n holding code n + 4 (so -4..3 as signed int4)."""
+    return QuantizedExperts(
+        codes=(torch.arange(8, dtype=torch.uint8) + 4).reshape(1, 8, 1).repeat(1, 1, 32),
+        scales=torch.ones(1, 8, 1, dtype=torch.float16),
+        bits=4,
+        group_size=-1,
+    )
+
+
+def test_quark_reorder_packs_n_in_awq_order_with_signed_symmetric_codes() -> None:
+    quant = SourceQuantization(4, -1, symmetric=True)
+    packed = LAYOUTS["quark"].encode(_quark_row(), quant)
+    assert packed["weight"].shape == (1, 32, 1)  # [E, K, N/8], int32 packed along N
+    # nibble i holds column [0, 2, 4, 6, 1, 3, 5, 7][i]; code c is stored as c ^ 8
+    # (two's complement of c - 8): columns 0..7 hold codes 4..11, stored C, D, E, F, 0..3
+    assert packed["weight"][0, 0, 0] == 0x31FD20EC
+    assert "zeros" not in packed
+    ordered = LAYOUTS["quark-order"].encode(_quark_row(), quant)
+    assert ordered["weight"][0, 0, 0] == 0x3210FEDC  # nibble i holds column i
+
+
+def test_quark_asymmetric_codes_and_zero_points_are_stored_as_they_are() -> None:
+    row = _quark_row()
+    row = QuantizedExperts(
+        codes=row.codes,
+        scales=row.scales,
+        bits=4,
+        group_size=-1,
+        zeros=torch.arange(8, dtype=torch.uint8).reshape(1, 8, 1) + 1,
+    )
+    packed = LAYOUTS["quark"].encode(row, SourceQuantization(4, -1, symmetric=False))
+    assert packed["weight"][0, 0, 0] == _word(0xB975A864)
+    assert packed["zeros"][0, 0, 0] == _word(0x86427531)  # [E, G, N/8], AWQ order
+
+
+def test_quark_symmetric_zero_points_are_dropped_unread() -> None:
+    quant = SourceQuantization(4, -1, symmetric=True)
+    packed = LAYOUTS["quark"].encode(_quark_row(), quant)
+    # A symmetric export may carry any zero points: vLLM loads and never reads them.
+    packed["zeros"] = torch.full((1, 1, 1), 0x12345678, dtype=torch.int32)
+    fields = {role: role for role in LAYOUTS["quark"].roles}
+    back = LAYOUTS["quark"].decode(packed, quant, fields)
+    assert back.zeros is None
+    assert torch.equal(back.codes, _quark_row().codes)
+
+
+def test_quark_has_no_expert_bias_or_8_bit_weights() -> None:
+    seed = torch.Generator().manual_seed(0)
+    layer = random_layer(
+        1, 64, 32, bits=4, group_size=32, symmetric=True, bias=True, generator=seed
+    )
+    with pytest.raises(FormatError, match="no expert bias"):
+        LAYOUTS["quark"].encode(layer.w2, SourceQuantization(4, 32))
+    wide = random_layer(1, 64, 32, bits=8, group_size=32, symmetric=True, generator=seed)
+    with pytest.raises(FormatError, match=r"\(4,\)-bit"):
+        LAYOUTS["quark"].encode(wide.w2, SourceQuantization(8, 32))
+
+
 # -- round trips -------------------------------------------------------------------------
 
 
@@ -123,7 +182,10 @@ def _combos() -> list[tuple[str, int, int, bool, bool, bool]]:
     for layout, bits, group, sym, act, bias in itertools.product(
         sorted(LAYOUTS), (4, 8), (32, 64, 128, -1), (True, False), (False, True), (False, True)
     ):
-        if act and "g_idx" not in LAYOUTS[layout].names:
+        names = LAYOUTS[layout].names
+        if (act and "g_idx" not in names) or (bias and "bias" not in names):
+            continue
+        if bits not in LAYOUTS[layout].supported_bits:
             continue
         out.append((layout, bits, group, sym, act, bias))
     return out

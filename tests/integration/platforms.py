@@ -18,9 +18,10 @@ from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import moe_control_service_pb2_grpc as pb_grpc
 from service.oracle import Decision, SelectionError, Verdict, select
 
-#: An x86 CPU without AMX and without optional packages: vLLM 0.33 has no WNA16 MoE
-#: backend for it (ZEN_CPU needs zentorch, CPU needs AMX), whatever this host's CPU is.
-NO_AMX_CPU: dict[str, Any] = {"device": "cpu", "amx": False, "x86": True, "packages": []}
+#: An x86 CPU without AMX, with vLLM's CPU build (triton-cpu, which 0.34 requires on x86) and
+#: no optional kernel package: vLLM has no WNA16 MoE backend for it (ZEN_CPU needs zentorch,
+#: CPU needs AMX), whatever this host's CPU is.
+NO_AMX_CPU: dict[str, Any] = {"device": "cpu", "amx": False, "x86": True, "packages": ["triton"]}
 
 #: A spec field that makes vLLM 0.33 fail on every CPU: Marlin needs a CUDA device. MEASURED
 #: takes no what-if platform, so this is how its failure path is reached on any host.

@@ -31,7 +31,7 @@ def test_list_rulesets_answers_the_oracles_rulesets(stub: Any) -> None:
         assert codec.rulesets_from_pb(response) == listing()
     assert [r.name for r in response.rulesets] == list(RELEASES)
     info = response.rulesets[-1]
-    assert (info.name, info.first_version, info.below_version) == ("vllm-0.33", "0.33.0", "0.34")
+    assert (info.name, info.first_version, info.below_version) == ("vllm-0.34", "0.34.0", "0.35")
     assert (info.torch_version, info.humming_kernels_version, info.is_default) == (
         "2.14.0",
         "0.1.19",
@@ -122,5 +122,6 @@ def test_cli_rulesets_over_the_server_is_the_local_listing(
     text = capsys.readouterr().out
     assert text.startswith(f"{next(iter(RELEASES))}\n  vllm: ")
     assert "\nvllm-0.32\n  vllm: >=0.32.0,<0.33\n  torch: 2.13.0\n" in text
-    assert "\nvllm-0.33 (default)\n  vllm: >=0.33.0,<0.34\n  torch: 2.14.0\n" in text
+    assert "\nvllm-0.33\n  vllm: >=0.33.0,<0.34\n  torch: 2.14.0\n" in text
+    assert "\nvllm-0.34 (default)\n  vllm: >=0.34.0,<0.35\n  torch: 2.14.0\n" in text
     assert "  humming-kernels: 0.1.19\n" in text

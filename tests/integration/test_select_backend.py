@@ -21,6 +21,7 @@ from service.api.codecs import selection as codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import platform_pb2, selection_pb2
 from service.oracle import (
+    DEFAULT_RULESET,
     PLATFORM_PRESETS,
     PlatformProfile,
     SelectionError,
@@ -393,7 +394,7 @@ def test_metrics_move_with_the_right_labels(server: ServerProcess, stub: Any) ->
         name = labels.pop("name")
         assert _metric(after, name, **labels) - _metric(before, name, **labels) == delta, name
     assert _metric(after, "moe_control_worker_ready", worker="0", device="cpu") == 1
-    assert _metric(after, "moe_control_build_info", ruleset="vllm-0.33") == 1
+    assert _metric(after, "moe_control_build_info", ruleset=DEFAULT_RULESET) == 1
     assert 'grpc_server_handling_seconds_bucket{grpc_method="SelectBackend"' in after
     for line in after.splitlines():
         if line.startswith("moe_control_backend_rejections_total{"):
@@ -459,7 +460,7 @@ def test_a_failed_answer_names_its_platform_and_ruleset(stub: Any) -> None:
     code, details = rich_error(caught.value)
     assert code is grpc.StatusCode.FAILED_PRECONDITION
     failure = unpack(details, selection_pb2.SelectionFailure)
-    assert (failure.ruleset, failure.platform.preset) == ("vllm-0.33", "cpu-noamx")
+    assert (failure.ruleset, failure.platform.preset) == (DEFAULT_RULESET, "cpu-noamx")
     assert any(h.backend == "ZEN_CPU" for h in failure.what_would_change.hints)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from service.oracle import InvalidSpecError, SelectionError, Verdict, select
+from service.oracle import DEFAULT_RULESET, InvalidSpecError, SelectionError, Verdict, select
 
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
 LAYER = {"num_experts": 60, "top_k": 4, "hidden_size": 2048, "intermediate_size": 1408}
@@ -67,11 +67,11 @@ def test_every_answer_names_its_platform_and_ruleset_failed_ones_too() -> None:
     decision = select(_spec({"preset": "h200", "packages": []}))
     assert decision.to_json()["platform"]["preset"] == "h200"
     assert decision.to_json()["platform"]["packages"] == []
-    assert decision.to_json()["ruleset"] == "vllm-0.33"
+    assert decision.to_json()["ruleset"] == DEFAULT_RULESET
     with pytest.raises(SelectionError) as caught:
         select(_spec("cpu-noamx"))
     failed = caught.value.to_json()
-    assert failed["ruleset"] == "vllm-0.33"
+    assert failed["ruleset"] == DEFAULT_RULESET
     assert failed["platform"] is not None
     assert failed["platform"]["preset"] == "cpu-noamx"
     assert failed["platform"]["amx"] is False

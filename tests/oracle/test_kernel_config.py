@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from service.cli import main
-from service.oracle import SelectionError, select
+from service.oracle import DEFAULT_RULESET, SelectionError, select
 from service.oracle.kernel_config import normalise_moe_backend, parse_moe_backend
 from service.oracle.rulesets import get_ruleset
 from service.oracle.rulesets.kernel_names import MOE_BACKENDS_0_33
@@ -97,7 +97,7 @@ def test_an_unknown_name_is_refused_by_the_parser_before_anything_else() -> None
     answer = info.value.to_json()
     assert answer["quantization"] is None and answer["moe_method"] is None
     assert answer["candidates"] == []
-    assert answer["ruleset"] == "vllm-0.33"
+    assert answer["ruleset"] == DEFAULT_RULESET
 
 
 def test_cli_select_with_upper_case_triton_picks_triton(

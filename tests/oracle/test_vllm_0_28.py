@@ -137,6 +137,10 @@ DELTA_ROWS = {
     "Humming keys": "scheme QuantKey(uint4b8,scale(f16,static,GroupShape(row=1, col=32))",
     "Triton keys": "support quantization scheme QuantKey(uint4,",
     "Triton activations": "MoEActivation.SWIGLUOAI_UNINTERLEAVE activation",
+    # Quark's legacy layer-config lookup walks a missing layer_quant_config unguarded and
+    # reads the type table only after it.
+    "Quark legacy lookup, no layer table": "argument of type 'NoneType' is not iterable",
+    "Quark legacy lookup, type table": "'NoneType' object has no attribute 'items'",
 }
 
 

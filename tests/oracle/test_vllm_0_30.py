@@ -57,7 +57,10 @@ def test_vllm_cpu_int4_w4a8_is_a_field_error_naming_what_0_30_reads() -> None:
     (violation,) = caught.value.violations
     assert violation.field == "platform.env.VLLM_CPU_INT4_W4A8"
     assert "vllm-0.30" in violation.description
-    assert str(sorted(set(DECISION_ENV_FLAGS) - {"VLLM_CPU_INT4_W4A8"})) in violation.description
+    assert str(sorted(RULESETS["vllm-0.31"].env_flags - {"VLLM_CPU_INT4_W4A8"})) in (
+        violation.description
+    )
+    assert "VLLM_CPU_INT4_W4A8" in DECISION_ENV_FLAGS
 
 
 def test_the_flags_0_30_reads_are_still_accepted() -> None:
@@ -118,9 +121,10 @@ def test_expert_load_balancing_on_xpu_is_refused_by_0_30s_parallel_config() -> N
 
 
 def test_the_0_30_record_tells_the_releases_apart() -> None:
-    # 0.31's ruleset fails exactly three kinds of the record's answers: CPU deployments
-    # (ZEN_CPU is among 0.31's candidates), asymmetric compressed-tensors checkpoints of
-    # widths without a zero-point type, and EPLB on XPU; so the record proves each row.
+    # 0.31's ruleset fails exactly four kinds of the record's answers: AMD Quark int4
+    # weight-only layers (0.31 added its WNA16 MoE method), CPU deployments (ZEN_CPU is among
+    # 0.31's candidates), asymmetric compressed-tensors checkpoints of widths without a
+    # zero-point type, and EPLB on XPU; so the record proves each row.
     specs = generate()
     wrong = {spec["id"] for spec, _ in misanswered("vllm-0.30", "vllm-0.31")}
 
@@ -129,6 +133,8 @@ def test_the_0_30_record_tells_the_releases_apart() -> None:
             group.get("weights") or {}
             for group in (spec["hf_quantization_config"].get("config_groups") or {}).values()
         ]
+        if spec["hf_quantization_config"].get("quant_method") == "quark":
+            return "quark-w4a16"
         if spec["platform"]["device"] == "cpu":
             return "cpu"
         if any(not w.get("symmetric", True) and w.get("num_bits") not in (4, 8) for w in weights):
@@ -138,4 +144,9 @@ def test_the_0_30_record_tells_the_releases_apart() -> None:
         return None
 
     kinds = {spec["id"]: kind(spec) for spec in specs}
-    assert {kinds[spec_id] for spec_id in wrong} == {"cpu", "ct-zero-point-width", "xpu-eplb"}
+    assert {kinds[spec_id] for spec_id in wrong} == {
+        "quark-w4a16",
+        "cpu",
+        "ct-zero-point-width",
+        "xpu-eplb",
+    }

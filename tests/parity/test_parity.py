@@ -1,4 +1,4 @@
-"""Parity: the oracle against vLLM 0.33.0 itself, over the whole generated grid, live.
+"""Parity: the oracle against the newest vLLM release itself, over the whole grid, live.
 
 vLLM runs in its own environment (`.venv-vllm`, built by `make test`) through
 `tests/parity/vllm_reference.py`, which takes vLLM's real start-up path with only the platform
@@ -36,7 +36,7 @@ def _vllm_python() -> Path:
         return path
     default = ROOT / ".venv-vllm" / "bin" / "python"
     if not default.exists():
-        pytest.skip("vLLM 0.33.0 reference environment not built (run `make test`)")
+        pytest.skip("vLLM reference environment not built (run `make test`)")
     return default
 
 
@@ -56,7 +56,9 @@ def test_oracle_matches_vllm_on_the_whole_grid(live: tuple[list[dict], list[dict
         if diffs:
             failures.append(f"{spec['id']}: " + "; ".join(diffs))
     passed = len(specs) - len(failures)
-    sys.stderr.write(f"\nparity: {passed} of {len(specs)} scenarios identical to vLLM 0.33.0\n")
+    sys.stderr.write(
+        f"\nparity: {passed} of {len(specs)} scenarios identical to {DEFAULT_RULESET}\n"
+    )
     assert not failures, f"{len(failures)} of {len(specs)} differ:\n" + "\n".join(failures[:30])
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""vLLM 0.33.0's own answer to "which WNA16 MoE backend does this deployment get?".
+"""A vLLM release's own answer to "which WNA16 MoE backend does this deployment get?".
 
-Usage (vLLM 0.33.0 must be importable, e.g. the venv in /tmp/vllmvenv)::
+Usage (the release must be importable, e.g. the environment `make test` builds)::
 
     /tmp/vllmvenv/bin/python tests/parity/vllm_reference.py < specs.jsonl > answers.jsonl
 
@@ -26,16 +26,18 @@ the distributed world (TP/DP/EP ranks). None of these can be real on a CPU-only 
 2. The platform classes are vLLM's real ones (``CudaPlatformBase``, ``RocmPlatform``,
    ``XPUPlatform``, ``CpuPlatform``/``ZenCpuPlatform``), subclassed only to answer the
    questions a driver would answer (capability, device name, device count, CPU
-   architecture). Importing them needs stand-ins for compiled extensions that cannot load
-   here (``vllm._C_stable_libtorch``, ``vllm_xpu_kernels``) and, for ROCm, a GCN arch at
-   import time. Per spec an instance is bound to ``vllm.platforms._current_platform`` and
-   to every ``vllm.*`` module global that held the previous platform object. For ROCm the
-   module's ``_GCN_ARCH`` is set and its ``_ON_*`` flags are recomputed by executing
-   ``vllm/platforms/rocm.py``'s own assignment statements.
+   architecture: x86, or Arm where the spec says it is not x86). Importing them needs
+   stand-ins for compiled extensions that cannot load here (``vllm._C_stable_libtorch``,
+   ``vllm_xpu_kernels``) and, for ROCm, a GCN arch at import time. Per spec an instance is
+   bound to ``vllm.platforms._current_platform`` and to every ``vllm.*`` module global that
+   held the previous platform object. For ROCm the module's ``_GCN_ARCH`` is set and its
+   ``_ON_*`` flags are recomputed by executing ``vllm/platforms/rocm.py``'s own assignment
+   statements.
 3. Installed-package probes (``has_humming``, every ``has_flashinfer*``, ``has_zentorch_op``,
-   ``IS_AITER_FOUND``), the x86 AMX probe ``torch.cpu._is_amx_tile_supported`` and the
-   checkpoint-metadata reader ``get_safetensors_params_metadata`` (there is no checkpoint on
-   disk) are replaced wherever they were imported by name, by functions that read the spec.
+   ``IS_AITER_FOUND``, and on a CPU ``vllm.triton_utils.HAS_TRITON``, triton-cpu), the x86
+   AMX probe ``torch.cpu._is_amx_tile_supported`` and the checkpoint-metadata reader
+   ``get_safetensors_params_metadata`` (there is no checkpoint on disk) are replaced
+   wherever they were imported by name, by functions that read the spec.
    ROCm's ``torch.ops._rocm_C.moe_gptq_gemm_rdna3`` is assumed built (as in a ROCm build).
 4. ``VLLM_*`` variables are set per spec (all others unset) and the ``functools`` caches of
    ``vllm.envs``, the platforms, the utils, the fused-MoE and the quantization modules are
@@ -43,9 +45,13 @@ the distributed world (TP/DP/EP ranks). None of these can be real on a CPU-only 
 5. The distributed world is four stand-in group coordinators in
    ``vllm.distributed.parallel_state`` (TP, DP, PCP, EP) with the spec's sizes and rank 0.
 
-The path then run per spec is vLLM's: ``ModelConfig._verify_quantization`` (on a stand-in
+The path then run per spec is vLLM's: ``Platform.validate_environ`` as
+``EngineArgs.create_engine_config`` calls it (stage ``environment``: 0.34 refuses removed and
+retired ``VLLM_*`` variables there), ``ModelConfig._verify_quantization`` (on a stand-in
 ``self``), ``VllmConfig._get_quantization_config`` (``get_quant_config``, capability and
-dtype gates), a real ``VllmConfig`` made current with ``set_current_vllm_config``, and the
+dtype gates), a real ``VllmConfig`` (whose construction runs the platform's
+``check_and_update_config``: stage ``platform``, after the parallel config's own validation,
+stage ``moe_method``) made current with ``set_current_vllm_config``, and the
 real ``FusedMoEFactory``, whose ``RoutedExperts`` asks the quant config for its MoE method
 (``get_quant_method``: skip lists, GPTQModel ``dynamic`` rules, Marlin-shape fall-back to
 MoeWNA16), whose ``__init__`` runs ``select_wna16_moe_backend``. The layer then runs its
@@ -280,6 +286,7 @@ class _PlatformFactory:
             "zen_cpu": zen_cpu.ZenCpuPlatform,
         }
         self._x86 = CpuArchEnum.X86
+        self._arm = CpuArchEnum.ARM
         self._cache: dict[tuple, Any] = {}
 
     def platform_for(self, spec_platform: dict) -> Any:
@@ -288,7 +295,12 @@ class _PlatformFactory:
             self._set_gcn_arch(spec_platform.get("arch") or "")
         if device == "cpu" and "zentorch" in _MACHINE.packages:
             device = "zen_cpu"
-        key = (device, spec_platform.get("capability"), spec_platform.get("arch"))
+        key = (
+            device,
+            spec_platform.get("capability"),
+            spec_platform.get("arch"),
+            spec_platform.get("x86", True),
+        )
         if key not in self._cache:
             self._cache[key] = self._make(device, spec_platform)()
         return self._cache[key]
@@ -305,8 +317,8 @@ class _PlatformFactory:
         if device == "cuda":
             attrs.update(self._cuda_attrs(spec_platform.get("capability")))
         if device in ("cpu", "zen_cpu"):
-            x86 = self._x86
-            attrs["get_cpu_architecture"] = classmethod(lambda cls: x86)
+            arch = self._x86 if spec_platform.get("x86", True) else self._arm
+            attrs["get_cpu_architecture"] = classmethod(lambda cls: arch)
         name = f"Fake{self._bases[device].__name__}"
         return type(name, (_FakeDevice, self._bases[device]), attrs)
 
@@ -380,6 +392,26 @@ def _fake_has_zentorch_op(op_names: list[str]) -> bool:
     return current_platform.is_zen_cpu() and "zentorch" in _MACHINE.packages
 
 
+def _apply_triton_probe(device: str) -> None:
+    """``HAS_TRITON`` as the CPU platform reads it (lazily, from ``vllm.triton_utils``): on a
+    CPU whether the spec installs triton-cpu; elsewhere the real value, untouched. The engine
+    config's own copy (``vllm.config.vllm``, imported by name: 0.27 to 0.32 refuse
+    ``VLLM_USE_V2_MODEL_RUNNER=1`` without Triton while building it) is what the machine has:
+    a GPU install of vLLM always brings Triton, which this CPU host cannot load for a GPU."""
+    from vllm import triton_utils
+    from vllm.config import vllm as engine_config
+
+    if device == "cpu":
+        triton_utils.HAS_TRITON = "triton" in _MACHINE.packages
+        engine_config.HAS_TRITON = triton_utils.HAS_TRITON
+    else:
+        triton_utils.HAS_TRITON = _REAL_HAS_TRITON[0]
+        engine_config.HAS_TRITON = True
+
+
+_REAL_HAS_TRITON: list[bool] = []
+
+
 def _fake_amx_tile_supported() -> bool:
     return _MACHINE.amx
 
@@ -405,6 +437,9 @@ def _install_package_probes() -> None:
     _replace_everywhere(zentorch_utils.has_zentorch_op, _fake_has_zentorch_op)
     _replace_everywhere(hf_utils.get_safetensors_params_metadata, _no_checkpoint_metadata)
     torch.cpu._is_amx_tile_supported = _fake_amx_tile_supported
+    from vllm import triton_utils
+
+    _REAL_HAS_TRITON.append(bool(triton_utils.HAS_TRITON))
     # A ROCm build of vLLM registers this op in _rocm_C; the check is ROCm-only.
     torch.ops._rocm_C.moe_gptq_gemm_rdna3 = _no_checkpoint_metadata
 
@@ -473,6 +508,7 @@ class _World:
         platform = self._factory.platform_for(spec_platform)
         self._platforms_module._current_platform = platform
         self._platform.rebind(platform)
+        _apply_triton_probe(spec_platform["device"])
         self._refresh_library_state()
         self._apply_distributed(spec["parallel"])
 
@@ -693,6 +729,20 @@ def _parse_moe_backend(spec: dict) -> str:
     return args.moe_backend
 
 
+def _validate_environ() -> None:
+    """``Platform.validate_environ`` with ``EngineArgs``' default ``hard_fail`` (off), as
+    ``create_engine_config`` calls it before it builds the model config."""
+    from vllm.platforms import current_platform
+
+    validate = getattr(current_platform, "validate_environ", None)
+    if validate is None:
+        return
+    try:
+        validate(False)
+    except Exception as exc:
+        raise _VllmRaisedError("environment", exc) from exc
+
+
 def _build_vllm_config(spec: dict, moe_backend: str) -> Any:
     from vllm.config import KernelConfig, LoRAConfig, ParallelConfig, VllmConfig
 
@@ -708,11 +758,15 @@ def _build_vllm_config(spec: dict, moe_backend: str) -> Any:
     kernel_config = KernelConfig()
     if moe_backend != "auto":  # as EngineArgs.create_engine_config assigns it
         kernel_config.moe_backend = moe_backend
-    vllm_config = VllmConfig(
-        optimization_level=0,
-        parallel_config=ParallelConfig(**kwargs),
-        kernel_config=kernel_config,
-    )
+    parallel_config = ParallelConfig(**kwargs)
+    try:
+        vllm_config = VllmConfig(
+            optimization_level=0,
+            parallel_config=parallel_config,
+            kernel_config=kernel_config,
+        )
+    except Exception as exc:  # the platform's check_and_update_config refused it
+        raise _VllmRaisedError("platform", exc) from exc
     # LoRAConfig is verified against a ModelConfig, which the spec does not have.
     object.__setattr__(vllm_config, "lora_config", LoRAConfig() if spec.get("lora") else None)
     return vllm_config
@@ -776,6 +830,8 @@ def _build_moe_method(spec: dict, moe_backend: str, quant_config: Any) -> Any:
         vllm_config = _build_vllm_config(spec, moe_backend)
         with set_current_vllm_config(vllm_config):
             FusedMoEFactory(**_factory_kwargs(spec, quant_config))
+    except _VllmRaisedError:
+        raise
     except _StopAtWeightsError:
         return _RUN.method
     except Exception as exc:
@@ -912,6 +968,7 @@ def answer(world: _World, spec: dict) -> dict:
     quantization = None
     try:
         moe_backend = _parse_moe_backend(spec)
+        _validate_environ()
         model_config = _model_config_stand_in(spec)
         _resolve_quantization(model_config)
         quantization = model_config.quantization

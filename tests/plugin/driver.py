@@ -27,9 +27,10 @@ TIMEOUT_S = 900
 #: Layers built per deployment (one decision, this many layers).
 LAYERS = 3
 
-#: Deployments that reach select_wna16_moe_backend through each integration and platform
-#: kind, with each outcome: a backend chosen, none eligible, a forced backend refused. The
-#: last two are decided differently by vLLM 0.32 (the comparison with another release).
+#: Deployments that reach select_wna16_moe_backend through each integration (AMD Quark's
+#: included) and platform kind, with each outcome: a backend chosen, none eligible, a forced
+#: backend refused. The last two are decided differently by vLLM 0.32 (the comparison with
+#: another release).
 SPEC_IDS = (
     "h100|gptq-int4-g128|qwen1.5-moe-a2.7b",
     "t4|gptq-int4-g128|qwen1.5-moe-a2.7b",
@@ -39,6 +40,8 @@ SPEC_IDS = (
     "a100|gptq-int4-g128|forced-triton",
     "mi250x|ct-int4-g128|qwen1.5-moe-a2.7b",
     "xpu|gptq-int4-g128|qwen1.5-moe-a2.7b",
+    "h100|quark-int4-g128|qwen1.5-moe-a2.7b",
+    "mi300x|quark-uint4-asym-g32|qwen1.5-moe-a2.7b",
     "cpu|gptq-int4-g128|gelu-tanh",
     "cpu|ct-int4-g32|gelu-tanh",
 )

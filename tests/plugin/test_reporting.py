@@ -1,10 +1,10 @@
-"""The plugin inside vLLM 0.33 against a real moe-control server on loopback.
+"""The plugin inside the live vLLM release against a real moe-control server on loopback.
 
 vLLM loads the plugin through its own plugin loader (`load_general_plugins`, the plugin
 installed in vLLM's environment by `make test`) and builds MoE layers through its real
 integration path (the parity harness: quantization resolution, VllmConfig, FusedMoEFactory;
 only the machine faked), several layers per deployment. Against a server that compares with
-vLLM 0.33's ruleset every distinct decision arrives once and agrees; against one told to
+the live release's ruleset every distinct decision arrives once and agrees; against one told to
 compare with vLLM 0.32 the deployments 0.32 decides differently are counted and listed; and
 against a server that is absent, refusing every report, or asking for another token, vLLM
 decides exactly as without the plugin and the plugin costs one warning line; against a stopped
@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.api.generated.moe_control.v1 import observed_pb2
 from service.cli import main
+from service.oracle import DEFAULT_RULESET, RULESETS
 from tests.parity.compare import differences, ours
 from tests.plugin.driver import LAYERS, DriverRun, deployments, run_driver
 
@@ -148,9 +149,9 @@ def test_each_distinct_decision_arrives_once_and_agrees(world: dict[str, Any]) -
     assert len(found) == len(specs)
     for deployment in found:
         assert deployment.count == 1
-        assert deployment.ruleset == "vllm-0.33" and not deployment.note
+        assert deployment.ruleset == DEFAULT_RULESET and not deployment.note
         assert not deployment.first_difference, deployment
-        assert deployment.vllm_version == "0.33.0"
+        assert deployment.vllm_version == RULESETS[DEFAULT_RULESET].release.first
         assert deployment.observed.layer_name == "model.layers.0.mlp.experts"
         spec = json.loads(deployment.observed.deployment_json)
         assert spec["layer"]["name"] == deployment.observed.layer_name

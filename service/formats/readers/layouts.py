@@ -1,4 +1,4 @@
-"""The four source layouts as data: where each tensor's axes are, which one is packed, how.
+"""The source layouts as data: where each tensor's axes are, which one is packed, how.
 
 A projection (gate, up or down of every expert) is stored as a few tensors; the layouts differ
 only in axis order, packed axis, word type, AWQ's in-word order, and whether zero points are
@@ -11,6 +11,7 @@ leading expert axis E; per-expert checkpoint tensors are stacked before decoding
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -89,6 +90,12 @@ class SourceLayout:
     """GPTQ writes the midpoint (minus one) even for symmetric weights."""
     g_idx_always_stored: bool = False
     """GPTQ writes the trivial g_idx even without act-order."""
+    signed_when_symmetric: bool = False
+    """Quark stores symmetric weights as two's-complement codes: the canonical (offset)
+    code is the stored one with its top bit flipped, as vLLM's Quark loader flips it."""
+    zeros_ignored_when_symmetric: bool = False
+    """Quark exports may carry zero points for symmetric weights; vLLM loads and never
+    reads them, so they are dropped unchecked."""
     supported_bits: tuple[int, ...] = SUPPORTED_BITS
 
     @property
@@ -206,13 +213,15 @@ class SourceLayout:
     ) -> QuantizedExperts:
         """Stacked, already shape-checked tensors of one projection -> canonical form."""
         bits = quant.bits
-        codes = unpack_as(self.weight, parts["weight"], bits, ("N", "K"))
+        codes = self._flip_signed(unpack_as(self.weight, parts["weight"], bits, ("N", "K")), quant)
         scales = to_canonical(parts["scales"], self.scales, ("N", "G")).contiguous()
         k = int(codes.shape[2])
         groups = int(scales.shape[2])
         check_groups(quant, k, groups, fields["scales"])
         zeros = None
         stored = parts.get("zeros")
+        if quant.symmetric and self.zeros_ignored_when_symmetric:
+            stored = None
         if stored is not None:
             raw = unpack_as(self.zeros, stored, bits, ("N", "G"))
             zeros = self.real_zeros(raw, quant, fields["zeros"])
@@ -229,6 +238,12 @@ class SourceLayout:
             g_idx=g_idx,
             bias=None if bias is None else bias.contiguous(),
         )
+
+    def _flip_signed(self, codes: torch.Tensor, quant: SourceQuantization) -> torch.Tensor:
+        """Two's-complement codes <-> offset codes (the same flip both ways)."""
+        if not (self.signed_when_symmetric and quant.symmetric):
+            return codes
+        return codes ^ (1 << (quant.bits - 1))
 
     def real_zeros(
         self, raw: torch.Tensor, quant: SourceQuantization, field_name: str
@@ -263,7 +278,8 @@ class SourceLayout:
         dims = {"N": experts.n, "K": experts.k, "G": experts.num_groups}
         _check_packable(self.weight, dims, bits, self.names["weight"])
         out: dict[Role, torch.Tensor] = {}
-        out["weight"] = _pack_as(self.weight, experts.codes, bits, ("N", "K"))
+        codes = self._flip_signed(experts.codes, quant)
+        out["weight"] = _pack_as(self.weight, codes, bits, ("N", "K"))
         out["scales"] = _from_canonical(experts.scales, ("N", "G"), self.scales).contiguous()
         stored = None
         if experts.zeros is not None:
@@ -286,6 +302,8 @@ class SourceLayout:
         ):
             out["g_idx"] = experts.group_index().to(torch.int32).contiguous()
         if experts.bias is not None:
+            if "bias" not in self.names:
+                raise FormatError("bias", f"{self.name} has no expert bias tensor")
             out["bias"] = experts.bias.contiguous()
         if "shape" in self.names:
             shape = torch.tensor(
@@ -409,6 +427,45 @@ MOE_WNA16 = SourceLayout(
     names={"weight": "qweight", "scales": "scales", "zeros": "qzeros", "bias": "bias"},
 )
 
+_QUARK_NAMES: Mapping[Role, str] = {
+    "weight": "weight",
+    "scales": "weight_scale",
+    "zeros": "weight_zero_point",
+}
+
+QUARK = SourceLayout(
+    name="quark",
+    weight=PackedAxes(("K", "N"), "N", torch.int32, {4: packing.AWQ_ORDER_4BIT}),
+    zeros=PackedAxes(("G", "N"), "N", torch.int32, {4: packing.AWQ_ORDER_4BIT}),
+    scales=("G", "N"),
+    names=_QUARK_NAMES,
+    signed_when_symmetric=True,
+    zeros_ignored_when_symmetric=True,
+    supported_bits=(4,),
+)
+"""AMD Quark's int4 export with `pack_method: reorder` (AWQ's in-word order)."""
+
+QUARK_ORDER = dataclasses.replace(
+    QUARK,
+    name="quark-order",
+    weight=PackedAxes(("K", "N"), "N", torch.int32),
+    zeros=PackedAxes(("G", "N"), "N", torch.int32),
+)
+"""AMD Quark's int4 export with `pack_method: order` (codes in sequence)."""
+
+QUARK_LOADED = SourceLayout(
+    name="quark-loaded",
+    weight=PackedAxes(("N", "K"), "K", torch.uint8),
+    zeros=PackedAxes(("N", "G"), "N", torch.uint8),
+    scales=("N", "G"),
+    names=_QUARK_NAMES,
+    zeros_ignored_when_symmetric=True,
+    supported_bits=(4,),
+)
+"""What vLLM's Quark loader builds from either export: MoeWNA16's N-first bytes of offset
+codes, under Quark's parameter names (the layout it hands to the conversion)."""
+
 LAYOUTS: Mapping[str, SourceLayout] = {
-    layout.name: layout for layout in (GPTQ, AWQ, COMPRESSED_TENSORS, MOE_WNA16)
+    layout.name: layout
+    for layout in (GPTQ, AWQ, COMPRESSED_TENSORS, MOE_WNA16, QUARK, QUARK_ORDER, QUARK_LOADED)
 }

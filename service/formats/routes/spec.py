@@ -5,7 +5,8 @@ oracle (pure Python) answers `auto` with the converting worker's own platform; t
 then only does the heavy lifting. The local CLI uses the same functions.
 
 * `source_spec`: the checkpoint's `quantization_config` (Hugging Face form) -> the source
-  layout and its quantization facts (bits, group size, symmetry, act-order, GPTQ v1/v2).
+  layout and its quantization facts (bits, group size, symmetry, act-order, GPTQ v1/v2,
+  Quark's pack method).
 * `resolve_target`: the requested backend, or the oracle's choice for the platform.
 """
 
@@ -20,7 +21,17 @@ from service.oracle import DEFAULT_RULESET, Decision, DeploymentSpec, select
 from service.oracle.rulesets import get_ruleset
 
 #: The layouts vLLM's integrations hand to `convert_to_wna16_moe_kernel_format`.
-SOURCE_LAYOUTS = ("gptq", "awq", "compressed-tensors", "moe_wna16")
+SOURCE_LAYOUTS = (
+    "gptq",
+    "awq",
+    "compressed-tensors",
+    "moe_wna16",
+    "quark",
+    "quark-order",
+    "quark-loaded",
+)
+#: AMD Quark's export `pack_method` -> its checkpoint layout.
+_QUARK_LAYOUTS = {"reorder": "quark", "order": "quark-order"}
 _AUTO = ("", "AUTO")
 
 
@@ -119,11 +130,47 @@ def _compressed_tensors(config: Mapping[str, Any], field: str) -> SourceSpec:
     raise ConvertInputError(f"{field}.config_groups", "no group quantizes weights")
 
 
+def _quark_weight(config: Mapping[str, Any], field: str) -> tuple[Mapping[str, Any], str]:
+    """The routed experts' weight scheme: the global one, else a `layer_quant_config`
+    entry naming experts (an export that quantizes the experts only)."""
+    found = (config.get("global_quant_config") or {}).get("weight")
+    path = f"{field}.global_quant_config.weight"
+    if found is None:
+        for pattern, layer in (config.get("layer_quant_config") or {}).items():
+            if "experts" in str(pattern) and isinstance(layer, Mapping):
+                found, path = layer.get("weight"), f"{field}.layer_quant_config.{pattern}.weight"
+                break
+    if isinstance(found, list) and len(found) == 1:
+        found = found[0]
+    if not isinstance(found, Mapping):
+        raise ConvertInputError(path, "required: an int4 weight scheme for the experts")
+    return found, path
+
+
+def _quark(config: Mapping[str, Any], field: str) -> SourceSpec:
+    export = config.get("export")
+    pack_method = export.get("pack_method") if isinstance(export, Mapping) else None
+    if pack_method not in _QUARK_LAYOUTS:
+        raise ConvertInputError(
+            f"{field}.export.pack_method", f"must be one of {sorted(_QUARK_LAYOUTS)}"
+        )
+    weight, path = _quark_weight(config, field)
+    if weight.get("dtype") not in ("int4", "uint4"):
+        raise ConvertInputError(f"{path}.dtype", "only int4/uint4 weight-only schemes convert")
+    return SourceSpec(
+        layout=_QUARK_LAYOUTS[pack_method],
+        bits=4,
+        group_size=_get(weight, ("group_size",), int, path),
+        symmetric=_get(weight, ("symmetric",), bool, path),
+    )
+
+
 _PARSERS = {
     "gptq": _gptq,
     "awq": _awq,
     "awq_marlin": _awq,
     "compressed-tensors": _compressed_tensors,
+    "quark": _quark,
 }
 
 
@@ -153,6 +200,9 @@ def source_spec(
         spec = SourceSpec(
             "moe_wna16", spec.bits, spec.group_size, spec.symmetric, False, spec.gptq_v2
         )
+    elif stacked and method == "quark":
+        # vLLM's Quark loader has already unpacked either export into its N-first bytes.
+        spec = SourceSpec("quark-loaded", spec.bits, spec.group_size, spec.symmetric)
     return spec
 
 

@@ -341,10 +341,27 @@ def sorts_act_order(options: ConversionOptions) -> bool:
     return asked == "sort"
 
 
+def refuse_removed_activations(options: ConversionOptions, backend: str) -> None:
+    """Refuse 8-bit activations where the ruleset's release has no Marlin path for them
+    (`ConversionRules.marlin_8bit_activations`: vLLM 0.34 removed `VLLM_MARLIN_INPUT_DTYPE`),
+    naming the releases that have one."""
+    path = _activation_path(options.activation_dtype, backend)
+    if not path.a8 or get_ruleset(options.ruleset).conversions.marlin_8bit_activations:
+        return
+    having = [name for name, rules in RULESETS.items() if rules.conversions.marlin_8bit_activations]
+    raise ConversionUnsupported(
+        backend,
+        f"{get_ruleset(options.ruleset).name} has no Marlin path for {options.activation_dtype} "
+        f"activations (vLLM 0.34 removed VLLM_MARLIN_INPUT_DTYPE); rulesets that have one: "
+        f"{having}",
+    )
+
+
 def _writer(backend: str) -> Writer:
     def write(
         layer: QuantizedMoELayer, *, source: str, options: ConversionOptions
     ) -> ConvertedLayer:
+        refuse_removed_activations(options, backend)
         tensors = marlin_tensors(
             layer,
             activation_dtype=options.activation_dtype,

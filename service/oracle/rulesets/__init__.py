@@ -19,6 +19,7 @@ from service.oracle.rulesets.vllm_0_30 import RULESET as VLLM_0_30
 from service.oracle.rulesets.vllm_0_31 import RULESET as VLLM_0_31
 from service.oracle.rulesets.vllm_0_32 import RULESET as VLLM_0_32
 from service.oracle.rulesets.vllm_0_33 import RULESET as VLLM_0_33
+from service.oracle.rulesets.vllm_0_34 import RULESET as VLLM_0_34
 
 __all__ = [
     "DEFAULT_RULESET",
@@ -36,7 +37,16 @@ RULESETS: Mapping[str, Ruleset] = MappingProxyType(
     {
         r.name: r
         for r in sorted(
-            (VLLM_0_27, VLLM_0_28, VLLM_0_29, VLLM_0_30, VLLM_0_31, VLLM_0_32, VLLM_0_33),
+            (
+                VLLM_0_27,
+                VLLM_0_28,
+                VLLM_0_29,
+                VLLM_0_30,
+                VLLM_0_31,
+                VLLM_0_32,
+                VLLM_0_33,
+                VLLM_0_34,
+            ),
             key=lambda r: list(RELEASES).index(r.name),
         )
     }

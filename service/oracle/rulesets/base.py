@@ -17,6 +17,7 @@ from service.oracle.platform import PlatformProfile
 from service.oracle.quant_key import QuantKey
 from service.oracle.quant_method import IntegrationRules, QuantConfig
 from service.oracle.releases import Release
+from service.oracle.startup import StartupRules
 
 __all__ = [
     "Check",
@@ -27,6 +28,7 @@ __all__ = [
     "Release",
     "RuleContext",
     "Ruleset",
+    "StartupRules",
     "StructuralRule",
 ]
 
@@ -134,16 +136,30 @@ class Ruleset:
     #: Every name KernelConfig accepts for `moe_backend` (its `MoEBackend` literal).
     kernel_config_moe_backends: tuple[str, ...]
     priority: Priority
+    #: `FusedMoEConfig`'s activation format: what the all2all prepare step hands the experts
+    #: classes, whose `activation_format` must accept it (`moe_config.format_accepts`).
+    activation_format: Callable[[MoEConfig], str]
+    #: `ParallelConfig`'s `All2AllBackend` literal: the `--all2all-backend` values the release
+    #: accepts (a spec naming another is refused under it, naming these).
+    all2all_backends: tuple[str, ...]
     #: Every reason code an experts class's checks answer (the engine's common checks and
     #: the classes' own), declared so that metrics can list the codes before any decision.
     class_check_codes: tuple[str, ...] = ()
-    #: The environment flags this release reads for the decision (a subset of
-    #: `platform.DECISION_ENV_FLAGS`); a spec setting another is refused under it.
+    #: The environment flags a spec may set under this release: those it reads for the
+    #: decision (a subset of `platform.DECISION_ENV_FLAGS`) and the start-up flags
+    #: (`platform.STARTUP_ENV_FLAGS`, which a release refuses at start-up or starts
+    #: regardless of); a spec setting another is refused under it.
     env_flags: frozenset[str] = frozenset()
     #: What this release's quantization integrations do where releases differ.
     integrations: IntegrationRules = field(default_factory=IntegrationRules)
     #: How this release's weight conversions lay tensors out where releases differ.
     conversions: ConversionRules = field(default_factory=ConversionRules)
+    #: Fields the release's `FusedMoEParallelConfig` has after `enable_eplb` that no spec
+    #: sets, with the value every deployment has (its parallel-config reason prints them).
+    parallel_config_extra: tuple[tuple[str, object], ...] = ()
+    #: What the release refuses while it builds its engine configuration (stages
+    #: `environment` and `platform`).
+    startup: StartupRules = field(default_factory=StartupRules)
 
     @property
     def reason_codes(self) -> tuple[str, ...]:

@@ -23,6 +23,10 @@ does; these rows differ:
 - `MoeWNA16Method.__init__` (Q/moe_wna16.py:224) asserts `group_size == -1` for 8-bit.
 - compressed-tensors' format/bits refusal (CTM/compressed_tensors_moe.py:82) hands
   `ValueError` four pieces, so its text is the tuple of them.
+- Quark's `_find_matched_config` (Q/quark/quark.py:612) walks `layer_quant_config`
+  unguarded (a config without one raises AttributeError) and asks `layer_type_quant_config`
+  only when no pattern matched (a missing one raises TypeError there); 0.29 reads the type
+  table first and takes a missing `layer_quant_config` as empty.
 - KernelConfig's `MoEBackend` (`vllm/config/kernel.py:122`) lacks b12x,
   flashinfer_moe_ep_mega_deep_gemm and flashinfer_moe_ep_mega_cutedsl.
 
@@ -80,6 +84,7 @@ INTEGRATIONS = dataclasses.replace(
     ct_moe_bits=frozenset({4, 8}),
     ct_non_marlin_symmetric_only=True,
     ct_format_error_in_pieces=True,
+    quark_legacy_config_lookup=True,
 )
 
 RULESET: Ruleset = dataclasses.replace(

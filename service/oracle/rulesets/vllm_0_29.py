@@ -37,6 +37,10 @@ class's checks but Humming's gemm type) is 0.30's; these rows differ:
   (normally choosing TRITON) and its choice is what vLLM reports, though the layer then runs
   the RDNA3 HIP kernel.
 - XPU's `supported_quantization` (`vllm/platforms/xpu.py:113`) lacks "moe_wna16".
+- Quark's MoE method hands its scheme predicates the `weight` / `input_tensors` lists as
+  they are (`quark_moe.py`; 0.30 added `_unwrap_single_quant_config`), so a list weight of
+  any length but two fails on the first predicate that reads it with AttributeError
+  ("'list' object has no attribute 'get'").
 
 What the spec cannot express: compressed-tensors' weight key for a 2/3/5/6/7-bit
 per-channel scheme is built from the unnormalised None group size
@@ -180,6 +184,7 @@ INTEGRATIONS: IntegrationRules = dataclasses.replace(
     ),
     act_order_supported=True,
     ct_rocm_gfx1100_method=CT_RDNA3_METHOD,
+    quark_unwraps_single_configs=False,
 )
 
 RULESET: Ruleset = dataclasses.replace(

@@ -13,6 +13,12 @@ Read from the installed 0.30.0 wheel beside 0.31.0's. The rows that differ:
 - `ParallelConfig` (`vllm/config/parallel.py:527`) refuses expert-parallel load balancing
   on anything but CUDA and ROCm (0.31 added XPU): pydantic's `ValidationError` while the
   engine config is built.
+- AMD Quark has no int4 weight-only MoE method (`quantization/quark/quark_moe.py`:
+  `QuarkW4A16Int4MoEMethod` and `QuarkConfig._is_w4a16_int4` arrived in 0.31), so an int4
+  weight-only routed-experts layer gets `get_moe_method_target`'s
+  RuntimeError("Unsupported FusedMoe scheme") and never reaches the oracle.
+- `ParallelConfig`'s `All2AllBackend` literal lacks `moonep` (0.31 added it), as 0.27's to
+  0.29's do; a spec naming it is refused under this ruleset and the older ones.
 
 One conversion differs (`ConversionRules`, read by the writers, not the oracle):
 `_process_weights_xpu` (`fused_moe/oracle/int_wna16.py`) transposes dimensions 1 and 2 of
@@ -36,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from service.oracle.conversions import ConversionRules
 from service.oracle.quant_method import IntegrationRules
 from service.oracle.releases import RELEASES
 from service.oracle.rulesets import vllm_0_31 as base
@@ -65,12 +70,19 @@ PRIORITY: Priority = dataclasses.replace(
     base.PRIORITY, cpu=tuple(b for b in base.PRIORITY.cpu if b not in ABSENT_BACKENDS)
 )
 #: compressed-tensors' zero-point types exist for 4 and 8 bits only; ParallelConfig balances
-#: experts on CUDA and ROCm only.
+#: experts on CUDA and ROCm only; Quark has no int4 weight-only MoE method.
 INTEGRATIONS: IntegrationRules = dataclasses.replace(
-    base.RULESET.integrations, ct_zero_point_bits=frozenset({4, 8}), eplb_devices=("cuda", "rocm")
+    base.RULESET.integrations,
+    ct_zero_point_bits=frozenset({4, 8}),
+    eplb_devices=("cuda", "rocm"),
+    quark_w4a16_moe=False,
+)
+#: `All2AllBackend` without `moonep`, which 0.31 added (0.27 to 0.30 have the same literal).
+ALL2ALL_BACKENDS: tuple[str, ...] = tuple(
+    name for name in base.RULESET.all2all_backends if name != "moonep"
 )
 #: `_process_weights_xpu` transposes whatever it is handed (`fused_moe/oracle/int_wna16.py`).
-CONVERSIONS = ConversionRules(xpu_transposes=True)
+CONVERSIONS = dataclasses.replace(base.RULESET.conversions, xpu_transposes=True)
 #: The experts classes that differ from 0.33's, by backend (as 0.31's; ZEN_CPU is absent).
 EXPERTS_DELTA = base.EXPERTS_DELTA
 
@@ -85,4 +97,5 @@ RULESET: Ruleset = dataclasses.replace(
     env_flags=base.RULESET.env_flags - UNREAD_ENV_FLAGS,
     integrations=INTEGRATIONS,
     conversions=CONVERSIONS,
+    all2all_backends=ALL2ALL_BACKENDS,
 )

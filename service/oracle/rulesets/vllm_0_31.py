@@ -10,7 +10,8 @@ MoeWNA16, compressed-tensors) pass the same arguments. The rows that differ:
   is no `prioritize_humming` (`quantization/utils/humming/priority.py` does not exist), so
   MARLIN stays ahead of HUMMING on SM90 as on every other capability;
 - KernelConfig's `MoEBackend` literal (`vllm/config/kernel.py`) has
-  `flashinfer_moe_ep_mega_cutedsl` and lacks `flashinfer_moe_ep_cutedsl` and `aiter_mega_moe`.
+  `flashinfer_moe_ep_mega_cutedsl` and lacks `flashinfer_moe_ep_cutedsl` and `aiter_mega_moe`;
+- ParallelConfig's `All2AllBackend` literal (`vllm/config/parallel.py`) lacks `passthrough`.
 
 Differences that change no answer the spec can ask for, so no row carries them:
 compressed-tensors looks its MoE projections' schemes up under the fixed names
@@ -39,6 +40,10 @@ PRIORITY: Priority = dataclasses.replace(
     base.RULESET.priority,
     humming_preferred_capabilities=frozenset(),
 )
+#: `All2AllBackend` without `passthrough`, which 0.32 added.
+ALL2ALL_BACKENDS: tuple[str, ...] = tuple(
+    name for name in base.RULESET.all2all_backends if name != "passthrough"
+)
 #: The experts classes that differ from 0.33's, by backend (0.32's: 0.31's classes are its).
 EXPERTS_DELTA = base.EXPERTS_DELTA
 
@@ -48,4 +53,5 @@ RULESET: Ruleset = dataclasses.replace(
     release=RELEASES[NAME],
     priority=PRIORITY,
     kernel_config_moe_backends=MOE_BACKENDS_0_31,
+    all2all_backends=ALL2ALL_BACKENDS,
 )

@@ -8,8 +8,14 @@ Reason texts are vLLM's, character for character; codes are ours and stable.
 
 from __future__ import annotations
 
-from service.oracle.moe_config import MoEParallelConfig
-from service.oracle.platform import DECISION_ENV_FLAGS, PlatformProfile
+from service.oracle.conversions import ConversionRules
+from service.oracle.moe_config import (
+    BATCHED_FORMAT,
+    STANDARD_FORMAT,
+    MoEConfig,
+    MoEParallelConfig,
+)
+from service.oracle.platform import DECISION_ENV_FLAGS, STARTUP_ENV_FLAGS, PlatformProfile
 from service.oracle.quant_key import (
     K_INT4_STATIC,
     K_INT4_STATIC_32,
@@ -436,6 +442,34 @@ STRUCTURAL_RULES: tuple[StructuralRule, ...] = (
     ),
 )
 
+# --- the all2all backends and the activation format they hand the experts ------------------
+
+#: `vllm/config/parallel.py`'s `All2AllBackend` literal, in its order. Every release from 0.27
+#: has `deepep_v2` (and hands it over in the standard format up to 0.33).
+ALL2ALL_BACKENDS: tuple[str, ...] = (
+    "naive",
+    "pplx",
+    "deepep_high_throughput",
+    "deepep_low_latency",
+    "deepep_v2",
+    "mori_high_throughput",
+    "mori_low_latency",
+    "moonep",
+    "nixl_ep",
+    "allgather_reducescatter",
+    "flashinfer_all2allv",
+    "flashinfer_nvlink_two_sided",
+    "flashinfer_nvlink_one_sided",
+    "passthrough",
+)
+
+
+def activation_format(moe: MoEConfig) -> str:
+    """`select_wna16_moe_backend`'s format: batched for DeepEP low-latency and NIXL EP
+    (`use_batched_activation_format`), standard otherwise."""
+    return BATCHED_FORMAT if moe.parallel.use_batched_activation_format else STANDARD_FORMAT
+
+
 # --- priority --------------------------------------------------------------------------------
 
 #: `_get_priority_backends` for CUDA and ROCm, before `prioritize_humming` reorders it.
@@ -486,7 +520,12 @@ RULESET = Ruleset(
     },
     kernel_config_moe_backends=MOE_BACKENDS_0_33,
     priority=PRIORITY,
-    env_flags=frozenset(DECISION_ENV_FLAGS),
+    activation_format=activation_format,
+    all2all_backends=ALL2ALL_BACKENDS,
+    # Marlin still converts for int8 and fp8 activations (VLLM_MARLIN_INPUT_DTYPE).
+    conversions=ConversionRules(marlin_8bit_activations=True),
+    # The start-up flags too: 0.33 and older start whatever they say (0.34 refuses some).
+    env_flags=frozenset({*DECISION_ENV_FLAGS, *STARTUP_ENV_FLAGS}),
     # ParallelConfig: EPLB needs `is_cuda_alike() or is_xpu()`.
     class_check_codes=(
         # FusedMoEExperts.is_supported_config, in its order (service.oracle.engine)

@@ -12,7 +12,7 @@ from service.api.codecs import selection as selection_codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.servicer import SelectionServicer
 from service.metrics import Metrics
-from service.oracle import PLATFORM_PRESETS, UnknownRulesetError
+from service.oracle import DEFAULT_RULESET, PLATFORM_PRESETS, UnknownRulesetError
 from service.oracle.releases import RELEASES
 from service.oracle.rulesets import listing
 from tests.api.test_servicer import GPTQ, LAYER, Platforms, ask
@@ -25,7 +25,7 @@ def test_the_response_carries_every_ruleset_and_reads_back_as_the_listing() -> N
     info = response.rulesets[-1]
     assert (old.torch_version, old.humming_kernels_version) == ("2.13.0", "0.1.17")
     assert not old.is_default
-    assert (info.name, info.first_version, info.below_version) == ("vllm-0.33", "0.33.0", "0.34")
+    assert (info.name, info.first_version, info.below_version) == ("vllm-0.34", "0.34.0", "0.35")
     assert (info.torch_version, info.humming_kernels_version) == ("2.14.0", "0.1.19")
     assert info.is_default and "HUMMING" in info.backends and "marlin" in info.moe_backends
     wire = pb.ListRulesetsResponse.FromString(response.SerializeToString())
@@ -66,4 +66,6 @@ def test_select_backend_decides_by_the_field_else_the_specs_else_the_default(
     if spec_ruleset is not None:
         body["ruleset"] = spec_ruleset
     data = pb.SelectBackendRequest(spec_json=json.dumps(body), ruleset=field).SerializeToString()
-    assert ask(selection, data).ruleset == "vllm-0.33"
+    assert ask(selection, data).ruleset == (
+        "vllm-0.33" if field or spec_ruleset else DEFAULT_RULESET
+    )

@@ -11,6 +11,7 @@ from service.api.codecs import selection as codec
 from service.api.generated.moe_control.v1 import moe_control_service_pb2 as pb
 from service.api.generated.moe_control.v1 import platform_pb2, selection_pb2
 from service.oracle import (
+    DEFAULT_RULESET,
     PLATFORM_PRESETS,
     InvalidSpecError,
     PlatformProfile,
@@ -185,6 +186,6 @@ def test_a_failure_carries_its_platform_ruleset_and_hints_over_the_wire() -> Non
     wire = selection_pb2.SelectionFailure.FromString(
         codec.selection_failure_to_pb(caught.value).SerializeToString()
     )
-    assert (wire.ruleset, wire.platform.preset) == ("vllm-0.33", "cpu-noamx")
+    assert (wire.ruleset, wire.platform.preset) == (DEFAULT_RULESET, "cpu-noamx")
     assert wire.what_would_change.hints
     assert codec.selection_error_from_pb(wire).to_json() == caught.value.to_json()

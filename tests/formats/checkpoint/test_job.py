@@ -32,7 +32,7 @@ from service.formats.errors import (
 from service.formats.io.naming import match_expert_tensor
 from service.formats.io.paths import DataRoot
 from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
-from service.oracle import preset
+from service.oracle import DEFAULT_RULESET, preset
 
 SMALL = SyntheticSpec(num_layers=3, num_experts=4, hidden_size=128, intermediate_size=128)
 
@@ -138,7 +138,7 @@ def test_converts_every_layer_and_copies_the_rest(checkpoint: tuple[Path, Any]) 
         for name, tensor in expected.items():
             assert torch.equal(converted[f"{module}.{name}"], tensor), (module, name)
     manifest = json.loads((out / MANIFEST_NAME).read_text())
-    assert manifest["backend"] == "TRITON" and manifest["ruleset"] == "vllm-0.33"
+    assert manifest["backend"] == "TRITON" and manifest["ruleset"] == DEFAULT_RULESET
     assert [layer["index"] for layer in manifest["layers"]] == [0, 1, 2]
     assert manifest["target_format"]["backend"] == "TRITON"
     files = {f["name"]: f for f in manifest["source"]["files"]}

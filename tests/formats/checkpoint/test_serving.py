@@ -14,7 +14,7 @@ from service.formats.checkpoint.plan import MANIFEST_NAME, plan_job
 from service.formats.checkpoint.serving import CONVERSION_SLOTS, QUANT_METHOD, slot_of
 from service.formats.io.paths import DataRoot
 from service.formats.synthetic.checkpoints import SyntheticSpec, write_synthetic_checkpoint
-from service.oracle import preset
+from service.oracle import DEFAULT_RULESET, preset
 
 SPEC = SyntheticSpec(layout="compressed-tensors", symmetric=False, num_layers=2, num_experts=2)
 
@@ -39,7 +39,7 @@ def test_config_names_the_conversion_and_keeps_the_rest(root: Path) -> None:
     quant = config.pop("quantization_config")
     assert config == {k: v for k, v in source.items() if k != "quantization_config"}
     assert quant["quant_method"] == QUANT_METHOD
-    assert (quant["backend"], quant["ruleset"]) == ("TRITON", "vllm-0.33")
+    assert (quant["backend"], quant["ruleset"]) == ("TRITON", DEFAULT_RULESET)
     assert quant["source_quantization_config"] == source["quantization_config"]
     assert quant["source"]["layout"] == "compressed-tensors"
     names = ("w13_qweight", "w2_qweight", "w13_scales", "w2_scales", "w13_qzeros", "w2_qzeros")

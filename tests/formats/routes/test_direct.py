@@ -200,7 +200,10 @@ SPECIAL: dict[str, tuple[str, str, Variant, bool]] = {
     "awq-marlin-int8-activations": (
         "awq",
         "MARLIN",
-        lambda: (*_checkpoint("awq"), {"options": ConversionOptions(activation_dtype=torch.int8)}),
+        lambda: (
+            *_checkpoint("awq"),
+            {"options": ConversionOptions(activation_dtype=torch.int8, ruleset="vllm-0.33")},
+        ),
         False,
     ),
     "gptq-act-order-marlin-sorted": (

@@ -30,6 +30,7 @@ Cases:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -51,6 +52,8 @@ CONVERT_OUTPUTS = (
     "w13_bias",
     "w2_bias",
 )
+#: The conversion's outputs from vLLM 0.34, without the 8-bit activations' global scales.
+CONVERT_OUTPUTS_WITHOUT_INPUT_SCALES = tuple(n for n in CONVERT_OUTPUTS if "input_global" not in n)
 
 
 def _reference_repack(codes: torch.Tensor, bits: int, a8: bool) -> torch.Tensor:
@@ -61,6 +64,8 @@ def _reference_repack(codes: torch.Tensor, bits: int, a8: bool) -> torch.Tensor:
         marlin_weights,
     )
 
+    if a8 and len(inspect.signature(get_weight_perm).parameters) < 2:
+        raise NotImplementedError("this release has no Marlin tile layout for 8-bit activations")
     a8_args: dict[str, Any] = {"is_a_8bit": True} if a8 else {}
     perm = get_weight_perm(bits, *([True] if a8 else []))
     size_k, size_n = int(codes.shape[1]), int(codes.shape[2])
@@ -283,12 +288,16 @@ def marlin_convert(spec: Mapping[str, Any], inputs: dict[str, torch.Tensor]) -> 
     )
     args = _handed_over(spec, inputs)
     input_dtype = {None: None, "int8": torch.int8, "fp8": torch.float8_e4m3fn}[spec["input_dtype"]]
+    # 0.34 dropped the parameter with its 8-bit activation paths (and the two outputs).
+    takes_dtype = "input_dtype" in inspect.signature(convert_to_wna16_moe_kernel_format).parameters
+    if not takes_dtype and input_dtype is not None:
+        raise NotImplementedError("this release has no Marlin path for 8-bit activations")
     with repack_references():
         result = convert_to_wna16_moe_kernel_format(
             WNA16MoEBackend.MARLIN,
             layer,
             _quant_config(spec),
-            input_dtype,
+            *([input_dtype] if takes_dtype else []),
             args["w13"],
             args["w2"],
             args["w13_scale"],
@@ -299,4 +308,5 @@ def marlin_convert(spec: Mapping[str, Any], inputs: dict[str, torch.Tensor]) -> 
             w2_bias=args.get("w2_bias"),
         )
     assert result is not None
-    return dict(zip(CONVERT_OUTPUTS, result, strict=True)), {}
+    names = CONVERT_OUTPUTS if takes_dtype else CONVERT_OUTPUTS_WITHOUT_INPUT_SCALES
+    return dict(zip(names, result, strict=True)), {}

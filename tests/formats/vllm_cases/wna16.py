@@ -2,9 +2,10 @@
 
 Case ``wna16_convert`` runs, with vLLM 0.33.0's own code, what a server start does to one MoE
 layer's experts: build the integration's config and MoE method (AutoGPTQ, AutoAWQ,
-compressed-tensors WNA16, MoeWNA16), `create_weights` on a layer, feed every per-expert
-checkpoint tensor through vLLM's weight loaders (MoeWNA16's converting loader wrapped around
-`RoutedExperts.weight_loader`), then `process_weights_after_loading`, which calls
+compressed-tensors WNA16, MoeWNA16; AMD Quark's through `QuarkConfig.get_quant_method`, as a
+model's layer asks for it), `create_weights` on a layer, feed every per-expert checkpoint
+tensor through vLLM's weight loaders (MoeWNA16's and Quark's converting loaders wrapped
+around `RoutedExperts.weight_loader`), then `process_weights_after_loading`, which calls
 `convert_to_wna16_moe_kernel_format` for the spec's backend. It returns the loaded layer
 parameters (``param.<name>``: the stacked integration layout of the fact sheet's 8.2) and
 the conversion's ten outputs (``out.<name>``).
@@ -16,10 +17,10 @@ gated, no padding, identity expert map), the tensor-parallel group lookups of Mo
 loader answer rank 0 on CPU, MoeWNA16's AWQ capability check sees an SM90 GPU, and the
 kernel set-up after conversion is skipped. Everything that touches a tensor is vLLM's.
 
-Spec: ``integration`` (auto_gptq | auto_awq | compressed_tensors | moe_wna16), ``method``
-(moe_wna16: gptq | awq), ``backend`` (a `WNA16MoEBackend` name), ``bits``,
-``group_size``, ``sym``, ``desc_act``, ``has_bias``, ``num_experts``, ``hidden``,
-``intermediate``, ``params_dtype``. Inputs: per-expert tensors named
+Spec: ``integration`` (auto_gptq | auto_awq | compressed_tensors | moe_wna16 | quark),
+``method`` (moe_wna16: gptq | awq; quark: its export's pack method), ``backend`` (a
+`WNA16MoEBackend` name), ``bits``, ``group_size``, ``sym``, ``desc_act``, ``has_bias``,
+``num_experts``, ``hidden``, ``intermediate``, ``params_dtype``. Inputs: per-expert tensors named
 ``<e>.<gate_proj|up_proj|down_proj>.<tensor>``.
 """
 
@@ -53,8 +54,14 @@ OUTPUT_NAMES_WITH_G_IDX = (
     "w2_g_idx_sort_indices",
     *OUTPUT_NAMES[4:],
 )
+#: The conversion's outputs from vLLM 0.34, which dropped the two input global scales (the
+#: 8-bit Marlin activations they served are gone).
+OUTPUT_NAMES_WITHOUT_INPUT_SCALES = tuple(n for n in OUTPUT_NAMES if "input_global" not in n)
 #: The conversion's output names by the length of the tuple a release returns.
-OUTPUTS_BY_LENGTH = {len(names): names for names in (OUTPUT_NAMES, OUTPUT_NAMES_WITH_G_IDX)}
+OUTPUTS_BY_LENGTH = {
+    len(names): names
+    for names in (OUTPUT_NAMES, OUTPUT_NAMES_WITH_G_IDX, OUTPUT_NAMES_WITHOUT_INPUT_SCALES)
+}
 #: The SM count of the GPU the cases pretend to run on (an H100 SXM, compute capability 9.0).
 FAKE_SM_COUNT = 132
 PROJECTIONS = {"gate_proj": ("w13", "w1"), "up_proj": ("w13", "w3"), "down_proj": ("w2", "w2")}
@@ -64,6 +71,10 @@ def _backend(spec: Mapping[str, Any]) -> Any:
     from vllm.model_executor.layers.fused_moe.oracle.int_wna16 import WNA16MoEBackend
 
     return WNA16MoEBackend[spec["backend"]]
+
+
+#: The routed-experts layer's name a Quark config is asked about.
+QUARK_LAYER = "model.layers.0.mlp.experts"
 
 
 def _moe(spec: Mapping[str, Any]) -> SimpleNamespace:
@@ -77,7 +88,7 @@ def _moe(spec: Mapping[str, Any]) -> SimpleNamespace:
     )
 
 
-def _auto_gptq(spec: Mapping[str, Any]) -> tuple[Any, Any, str]:
+def _auto_gptq(spec: Mapping[str, Any], layer: Any) -> tuple[Any, Any, str]:
     from vllm.model_executor.layers.quantization import auto_gptq
 
     config = auto_gptq.AutoGPTQConfig(
@@ -86,14 +97,14 @@ def _auto_gptq(spec: Mapping[str, Any]) -> tuple[Any, Any, str]:
     return auto_gptq, auto_gptq.AutoGPTQMoEMethod(config, _moe(spec)), "auto_gptq"
 
 
-def _auto_awq(spec: Mapping[str, Any]) -> tuple[Any, Any, str]:
+def _auto_awq(spec: Mapping[str, Any], layer: Any) -> tuple[Any, Any, str]:
     from vllm.model_executor.layers.quantization import auto_awq
 
     config = auto_awq.AutoAWQConfig(spec["bits"], spec["group_size"], not spec["sym"], False)
     return auto_awq, auto_awq.AutoAWQMoEMethod(config, _moe(spec)), "auto_awq"
 
 
-def _compressed_tensors(spec: Mapping[str, Any]) -> tuple[Any, Any, str]:
+def _compressed_tensors(spec: Mapping[str, Any], layer: Any) -> tuple[Any, Any, str]:
     from compressed_tensors.quantization import QuantizationArgs
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
         compressed_tensors_moe_wna16 as module,
@@ -112,7 +123,7 @@ def _compressed_tensors(spec: Mapping[str, Any]) -> tuple[Any, Any, str]:
     return module, method, "compressed_tensors"
 
 
-def _moe_wna16(spec: Mapping[str, Any]) -> tuple[Any, Any, str]:
+def _moe_wna16(spec: Mapping[str, Any], layer: Any) -> tuple[Any, Any, str]:
     from vllm.model_executor.layers.quantization import moe_wna16
 
     full = {
@@ -129,11 +140,39 @@ def _moe_wna16(spec: Mapping[str, Any]) -> tuple[Any, Any, str]:
     return moe_wna16, moe_wna16.MoeWNA16Method(config, _moe(spec)), "moe_wna16"
 
 
-INTEGRATIONS: Mapping[str, Callable[[Mapping[str, Any]], tuple[Any, Any, str]]] = {
+def _quark(spec: Mapping[str, Any], layer: Any) -> tuple[Any, Any, str]:
+    """QuarkConfig.from_config on a Quark export's config, then the method the config
+    builds for the routed-experts layer (a release without Quark's int4 weight-only method
+    refuses the layer here, as it refuses a model's)."""
+    from vllm.model_executor.layers.quantization.quark import quark, quark_moe
+
+    # The method reads the MoE config from the layer (the others are handed `_moe`'s).
+    vars(layer.moe_config).update(vars(_moe(spec)))
+    weight = {
+        "dtype": "int4" if spec["sym"] else "uint4",
+        "qscheme": "per_group",
+        "group_size": spec["group_size"],
+        "symmetric": spec["sym"],
+    }
+    config = quark.QuarkConfig.from_config(
+        {
+            "quant_method": "quark",
+            "export": {"kv_cache_group": [], "pack_method": spec["method"]},
+            "global_quant_config": {"weight": weight, "input_tensors": None},
+            "layer_quant_config": {},
+            "layer_type_quant_config": {},
+            "exclude": [],
+        }
+    )
+    return quark_moe, config.get_quant_method(layer, QUARK_LAYER), "quark"
+
+
+INTEGRATIONS: Mapping[str, Callable[[Mapping[str, Any], Any], tuple[Any, Any, str]]] = {
     "auto_gptq": _auto_gptq,
     "auto_awq": _auto_awq,
     "compressed_tensors": _compressed_tensors,
     "moe_wna16": _moe_wna16,
+    "quark": _quark,
 }
 
 
@@ -154,7 +193,11 @@ def _layer(spec: Mapping[str, Any]) -> Any:
         moe_parallel_config=SimpleNamespace(tp_size=1),
         tp_rank=0,
         tp_size=1,
+        num_experts=spec["num_experts"],  # 0.34's weight loader bounds the expert id by it
     )
+    # 0.34's weight loader adds the fused shared experts to that bound.
+    layer.expert_map_manager = SimpleNamespace(num_fused_shared_experts=0)
+    layer.shared_expert_online_loader = None  # 0.34: no shared experts loaded online
     layer._fused_shared_expert_quantizer = None
     layer._loaded_expert_biases = set()
     layer.intermediate_size_per_partition = spec["intermediate"]
@@ -175,9 +218,11 @@ def wna16_convert(spec: Mapping[str, Any], inputs: dict[str, torch.Tensor]) -> C
         from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (  # noqa: E501
             compressed_tensors_moe_wna16 as ct_module,
         )
+        from vllm.model_executor.layers.quantization.quark import quark_moe
 
-        for module in (auto_gptq, auto_awq, ct_module, moe_wna16):
-            _patch(module, "select_wna16_moe_backend", lambda *a, **k: (backend, None), undo)
+        for module in (auto_gptq, auto_awq, ct_module, moe_wna16, quark_moe):
+            if hasattr(module, "select_wna16_moe_backend"):  # Quark's: from 0.31
+                _patch(module, "select_wna16_moe_backend", lambda *a, **k: (backend, None), undo)
         capability = SimpleNamespace(to_int=lambda: 90)
         _patch(
             moe_wna16,
@@ -192,8 +237,8 @@ def wna16_convert(spec: Mapping[str, Any], inputs: dict[str, torch.Tensor]) -> C
         if hasattr(marlin_utils, "num_compute_units"):
             _patch(marlin_utils, "num_compute_units", lambda *a: FAKE_SM_COUNT, undo)
         _patch(moe_wna16, "get_tensor_model_parallel_rank", lambda: 0, undo)
-        module, method, _name = factory(spec)
         layer = _layer(spec)
+        module, method, _name = factory(spec, layer)
         layer.quant_method = method
         layer.quant_config = getattr(method, "quant_config", None)
         dtype = getattr(torch, spec["params_dtype"])
