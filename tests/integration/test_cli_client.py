@@ -141,8 +141,9 @@ def test_run_on_a_held_layer_fails_over_the_tolerance(
 def test_run_on_a_held_layer_refuses_a_contradicting_shape(
     server: ServerProcess, held_layer: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # A flag that contradicts the held layer is a bad flag: one line, exit 2.
     argv = ["run", "--server", server.address, "--layer-id", held_layer, "--hidden", "128"]
-    assert main(argv) == 1
+    assert main(argv) == 2
     assert f"--hidden 128: the held layer has {H}" in capsys.readouterr().err
 
 
