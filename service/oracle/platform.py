@@ -62,13 +62,14 @@ PACKAGE_DISTRIBUTIONS: Mapping[str, str] = MappingProxyType(
 
 
 def parse_capability(value: object, *, field_name: str = "platform.capability") -> tuple[int, int]:
-    """Parse "9.0", "90", 9.0, [9, 0] or (9, 0) into a (major, minor) pair."""
+    """Parse "9.0", "90", 9.0, [9, 0] or (9, 0) into a (major, minor) pair: a major of 0 to
+    99 and a minor of 0 to 9 (vLLM packs them as major * 10 + minor)."""
     if (
         isinstance(value, list | tuple)
         and len(value) == 2
         and all(isinstance(v, int) for v in value)
     ):
-        return int(value[0]), int(value[1])
+        return _bounded_capability(int(value[0]), int(value[1]), value, field_name)
     text = str(value).strip()
     if "." in text:
         major, _, minor = text.partition(".")
@@ -80,7 +81,16 @@ def parse_capability(value: object, *, field_name: str = "platform.capability") 
         raise InvalidSpecError.single(
             field_name, f"expected a compute capability like '9.0' or [9, 0], got {value!r}"
         )
-    return int(major), int(minor)
+    return _bounded_capability(int(major), int(minor), value, field_name)
+
+
+def _bounded_capability(major: int, minor: int, value: object, field_name: str) -> tuple[int, int]:
+    if not (0 <= major <= 99 and 0 <= minor <= 9):
+        raise InvalidSpecError.single(
+            field_name,
+            f"expected a compute capability like '9.0' (major 0-99, minor 0-9), got {value!r}",
+        )
+    return major, minor
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,13 @@ def test_capability_forms(text: object, expected: tuple[int, int]) -> None:
     assert parse_capability(text) == expected
 
 
+@pytest.mark.parametrize("value", ["11910373160.0", [9, 10], [-1, 0], "100.0"])
+def test_capabilities_beyond_any_device_name_the_field(value: object) -> None:
+    with pytest.raises(InvalidSpecError) as caught:
+        parse_capability(value, field_name="platform.capability")
+    assert caught.value.violations[0].field == "platform.capability"
+
+
 def test_all_violations_are_reported_at_once() -> None:
     with pytest.raises(InvalidSpecError) as caught:
         parse_deployment({"layer": {"num_experts": 0, "activation": "tanh"}, "bogus": 1})
